@@ -1,0 +1,1 @@
+"""Per-op dispatchers and backend classes; importing a family registers its backends."""

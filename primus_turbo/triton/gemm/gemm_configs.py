@@ -1,0 +1,118 @@
+"""Tile configs for the dense Triton GEMM, as data per arch family, and the pure heuristic.
+
+Nothing here imports Triton or touches a device, so the choice is unit-tested on the CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from primus_turbo.pytorch.core.platform import ArchFamily
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+    extra: tuple[tuple[str, Any], ...] = ()  # backend compile options, e.g. waves_per_eu
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages, **dict(self.extra)}
+
+    @property
+    def name(self) -> str:
+        extra = "".join(f"_{k}{v}" for k, v in self.extra)
+        return (
+            f"m{self.block_m}n{self.block_n}k{self.block_k}g{self.group_m}"
+            f"w{self.num_warps}s{self.num_stages}{extra}"
+        )
+
+
+def _amd(bm, bn, bk, warps, stages, waves=0, nonk=16):
+    return GemmConfig(
+        bm, bn, bk, 8, warps, stages, (("matrix_instr_nonkdim", nonk), ("waves_per_eu", waves))
+    )
+
+
+def configs_cdna3() -> list[GemmConfig]:
+    """gfx942 (MI300X/MI325X): 64 KiB LDS, 512 VGPRs per lane incl. AGPRs; 2-stage LDS pipeline."""
+    return [
+        _amd(256, 256, 64, 8, 2),
+        _amd(256, 128, 64, 8, 2, waves=2),
+        _amd(128, 256, 64, 8, 2, waves=2),
+        _amd(128, 128, 64, 4, 2, waves=2),
+        _amd(64, 64, 64, 4, 2),
+    ]
+
+
+def configs_cdna4() -> list[GemmConfig]:
+    """gfx950 (MI350X/MI355X): 160 KiB LDS allows deeper K tiles."""
+    return [
+        _amd(256, 256, 64, 8, 2),
+        _amd(256, 256, 32, 8, 2),
+        _amd(256, 128, 64, 8, 2, waves=2),
+        _amd(128, 256, 64, 8, 2, waves=2),
+        _amd(128, 128, 64, 4, 2, waves=2),
+        _amd(64, 64, 64, 4, 2),
+    ]
+
+
+def configs_hopper() -> list[GemmConfig]:
+    """sm_90: wgmma tiles with 3-4 cp.async stages in 228 KiB of shared memory."""
+    return [
+        GemmConfig(128, 256, 64, 8, 8, 3),
+        GemmConfig(256, 128, 64, 8, 8, 3),
+        GemmConfig(128, 128, 64, 8, 4, 4),
+        GemmConfig(128, 128, 128, 8, 8, 3),
+        GemmConfig(64, 128, 64, 8, 4, 4),
+        GemmConfig(64, 64, 64, 8, 4, 4),
+    ]
+
+
+def configs_interpreter() -> list[GemmConfig]:
+    """Small tiles for the CPU interpreter (speed there is irrelevant; masks matter)."""
+    return [GemmConfig(16, 16, 16, 2, 1, 1), GemmConfig(32, 32, 32, 4, 4, 1)]
+
+
+CONFIGS_BY_FAMILY = {
+    ArchFamily.CDNA3: configs_cdna3,
+    ArchFamily.CDNA4: configs_cdna4,
+    ArchFamily.HOPPER: configs_hopper,
+    ArchFamily.OTHER_GPU: configs_hopper,
+    ArchFamily.CPU: configs_interpreter,
+}
+
+
+def gemm_configs(family: ArchFamily) -> list[GemmConfig]:
+    return CONFIGS_BY_FAMILY[family]()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def select_config(m: int, n: int, k: int, family: ArchFamily, num_cus: int) -> GemmConfig:
+    """Heuristic choice: the largest tile that still gives every CU at least one tile.
+
+    Large tiles maximise arithmetic intensity; when the output has too few tiles to fill the
+    machine (small M or N), smaller tiles win because idle CUs cost more than re-reads.
+    """
+    configs = gemm_configs(family)
+    if family == ArchFamily.CPU:
+        return configs[0]
+    best = configs[-1]
+    best_area = 0
+    for cfg in configs:
+        tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
+        area = cfg.block_m * cfg.block_n
+        waste = (cfg.block_m - m % cfg.block_m) % cfg.block_m
+        fits = tiles >= num_cus and waste * 4 <= cfg.block_m
+        if fits and area > best_area:
+            best, best_area = cfg, area
+    return best

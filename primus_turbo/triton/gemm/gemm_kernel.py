@@ -1,0 +1,250 @@
+"""Dense GEMM in Triton: ``C[M, N] = A[M, K] @ B[K, N]`` with fp32 accumulation.
+
+Operands are addressed through strides, so the four layouts (A or A^T, B or B^T) are the same
+kernel with swapped strides; no transpose is materialised. Inputs fp16/bf16 (fp32 in the
+interpreter tier), output fp16/bf16/fp32.
+
+Grid mapping: a persistent grid of ``num_programs <= num_tiles`` programs walks the output tiles
+with stride ``num_programs``; tile ids are swizzled in groups of ``GROUP_M`` rows of tiles so that
+consecutive programs share B columns in L2. With ``num_programs == num_tiles`` this is the classic
+one-tile-per-program launch. Row/column offsets are int64 so outputs past 2**31 elements are safe.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from primus_turbo.pytorch.core.platform import (
+    ArchFamily,
+    arch_family,
+    is_graph_capturing,
+    num_compute_units,
+    triton_interpret,
+)
+from primus_turbo.triton.aot import AOT_TARGETS, AotSpec, triton_dtype_name
+from primus_turbo.triton.gemm.gemm_configs import GemmConfig, gemm_configs, select_config
+
+
+@triton.jit
+def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    width = GROUP_M * num_pid_n
+    group_id = tile_id // width
+    first_m = group_id * GROUP_M
+    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile_id % width) % group_size
+    pid_n = (tile_id % width) // group_size
+    return pid_m, pid_n
+
+
+@triton.jit
+def gemm_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    num_programs,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
+    for tile_id in range(pid, num_tiles, num_programs):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        # Clamp rows/cols into range instead of masking loads: out-of-range rows only feed
+        # out-of-range outputs, which the store mask drops.
+        rm_load = tl.where(rm < M, rm, 0).to(tl.int64)
+        rn_load = tl.where(rn < N, rn, 0).to(tl.int64)
+        a_ptrs = a_ptr + rm_load[:, None] * stride_am + offs_k[None, :] * stride_ak
+        b_ptrs = b_ptr + offs_k[:, None] * stride_bk + rn_load[None, :] * stride_bn
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(0, k_tiles):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                k_left = K - kt * BLOCK_K
+                a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+                b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            if UPCAST:
+                # The CPU interpreter mis-computes bf16 x bf16 dots; fp32 operands are exact.
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        c = acc.to(c_ptr.dtype.element_ty)
+        rm64 = rm.to(tl.int64)
+        rn64 = rn.to(tl.int64)
+        c_ptrs = c_ptr + rm64[:, None] * stride_cm + rn64[None, :] * stride_cn
+        tl.store(c_ptrs, c, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+# ---- launcher ------------------------------------------------------------------------------
+
+SUPPORTED_INPUT_DTYPES = (torch.float16, torch.bfloat16)
+SUPPORTED_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+_tuned: dict[tuple, GemmConfig] = {}
+
+
+def _launch(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily) -> None:
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    if family == ArchFamily.CPU:
+        programs = tiles
+    else:
+        programs = min(tiles, num_compute_units(a.device) * 2)
+    gemm_kernel[(programs,)](
+        a,
+        b,
+        c,
+        m,
+        n,
+        k,
+        sa[0],
+        sa[1],
+        sb[0],
+        sb[1],
+        c.stride(0),
+        c.stride(1),
+        programs,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        EVEN_K=k % cfg.block_k == 0,
+        UPCAST=triton_interpret() and a.dtype == torch.bfloat16,
+        **cfg.options,
+    )
+
+
+def _tune_key(m, n, k, a, b, c, sa, sb):
+    # Round M/N/K to powers of two so that nearby shapes share a tuning result; keep the
+    # layout (which stride is 1) since it changes the best config.
+    def bucket(x):
+        return 1 << max(x - 1, 0).bit_length()
+
+    return (bucket(m), bucket(n), bucket(k), a.dtype, c.dtype, sa[1] == 1, sb[1] == 1, a.device)
+
+
+def _pick_config(a, b, c, m, n, k, sa, sb, family: ArchFamily) -> GemmConfig:
+    if family == ArchFamily.CPU or is_graph_capturing() or not _config_tuning_enabled():
+        return select_config(m, n, k, family, num_compute_units(a.device))
+    key = _tune_key(m, n, k, a, b, c, sa, sb)
+    cfg = _tuned.get(key)
+    if cfg is None:
+        timings = {}
+        for cand in gemm_configs(family):
+            try:
+                timings[cand] = triton.testing.do_bench(
+                    lambda cand=cand: _launch(a, b, c, m, n, k, sa, sb, cand, family),
+                    warmup=5,
+                    rep=20,
+                    return_mode="median",
+                )
+            except Exception:  # e.g. out of shared memory for this tile on this chip
+                continue
+        cfg = min(timings, key=timings.get)
+        _tuned[key] = cfg
+    return cfg
+
+
+@functools.cache
+def _config_tuning_enabled() -> bool:
+    import os
+
+    return os.environ.get("PRIMUS_TURBO_TRITON_TUNE", "1").strip() != "0"
+
+
+def gemm_triton(
+    a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """``op(a) @ op(b)`` with the Triton kernel; ``op`` transposes when the flag is set.
+
+    Args:
+        a: ``[M, K]`` (``[K, M]`` if ``trans_a``), fp16/bf16, any strides.
+        b: ``[K, N]`` (``[N, K]`` if ``trans_b``), same dtype as ``a``.
+        out_dtype: fp16/bf16/fp32.
+    Returns:
+        ``[M, N]`` contiguous tensor of ``out_dtype``.
+    """
+    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+    n = b.shape[0] if trans_b else b.shape[1]
+    sa = (a.stride(1), a.stride(0)) if trans_a else (a.stride(0), a.stride(1))
+    sb = (b.stride(1), b.stride(0)) if trans_b else (b.stride(0), b.stride(1))
+    c = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    if m == 0 or n == 0:
+        return c
+    if k == 0:
+        return c.zero_()
+    family = arch_family(a.device)
+    cfg = _pick_config(a, b, c, m, n, k, sa, sb, family)
+    _launch(a, b, c, m, n, k, sa, sb, cfg, family)
+    return c
+
+
+# ---- ahead-of-time check -------------------------------------------------------------------
+
+_AOT_FAMILY = {"gfx942": ArchFamily.CDNA3, "gfx950": ArchFamily.CDNA4, "sm_90": ArchFamily.HOPPER}
+
+
+def aot_specs(target: str) -> list[AotSpec]:
+    """bf16 NT (weights ``[N, K]``) and fp16 NN specialisations for every config of the family."""
+    assert target in AOT_TARGETS, target
+    family = _AOT_FAMILY[target]
+    default = select_config(8192, 8192, 8192, family, 304 if family != ArchFamily.HOPPER else 132)
+    specs = []
+    for dtype in (torch.bfloat16, torch.float16):
+        t = triton_dtype_name(dtype)
+        signature = {
+            "a_ptr": f"*{t}",
+            "b_ptr": f"*{t}",
+            "c_ptr": f"*{t}",
+            **{
+                name: "i32"
+                for name in (
+                    "M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn",
+                    "stride_cm", "stride_cn", "num_programs",
+                )
+            },
+        }
+        for cfg in gemm_configs(family):
+            specs.append(
+                AotSpec(
+                    name=f"gemm_{t}_{cfg.name}",
+                    fn=gemm_kernel,
+                    signature=signature,
+                    constexprs={
+                        "BLOCK_M": cfg.block_m,
+                        "BLOCK_N": cfg.block_n,
+                        "BLOCK_K": cfg.block_k,
+                        "GROUP_M": cfg.group_m,
+                        "EVEN_K": True,
+                        "UPCAST": False,
+                    },
+                    options=cfg.options,
+                    default=cfg == default,
+                )
+            )
+    return specs
