@@ -37,7 +37,9 @@ def disk_cache_enabled() -> bool:
     return os.environ.get("PRIMUS_TURBO_AUTOTUNE_CACHE", "1").strip() != "0"
 
 
-def time_fn(fn: Callable[[], object], device: torch.device, warmup: int = 5, rep: int = 20) -> float:
+def time_fn(
+    fn: Callable[[], object], device: torch.device, warmup: int = 5, rep: int = 20
+) -> float:
     """Median time of ``fn()`` in milliseconds; ``inf`` if it raises.
 
     On a GPU each repetition is bracketed by events on the current stream; on the CPU a

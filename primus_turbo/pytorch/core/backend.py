@@ -412,5 +412,3 @@ class AutoKernelDispatcher:
     @classmethod
     def dispatch(cls, user: BackendChoice | None = None, **kwargs: Any) -> Any:
         return cls.execute(cls.resolve(user, **kwargs), **kwargs)
-
-

@@ -56,7 +56,7 @@ def _index(device: torch.device | str | int | None) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _props(index: int):
     return torch.cuda.get_device_properties(index)
 

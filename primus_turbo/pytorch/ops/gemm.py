@@ -115,5 +115,7 @@ def gemm(
             f"a tensor of shape {tuple(b.shape)} for fuse_bgrad_accum_pattern='megatron'",
             None if main_grad is None else tuple(main_grad.shape),
         )
-    backend = GemmDispatcher.resolve(a=a, b=b, trans_a=trans_a, trans_b=trans_b, out_dtype=out_dtype)
+    backend = GemmDispatcher.resolve(
+        a=a, b=b, trans_a=trans_a, trans_b=trans_b, out_dtype=out_dtype
+    )
     return GemmFunction.apply(a, b, trans_a, trans_b, out_dtype, backend.value, accum)

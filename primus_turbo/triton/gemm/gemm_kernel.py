@@ -224,8 +224,16 @@ def aot_specs(target: str) -> list[AotSpec]:
             **{
                 name: "i32"
                 for name in (
-                    "M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn",
-                    "stride_cm", "stride_cn", "num_programs",
+                    "M",
+                    "N",
+                    "K",
+                    "stride_am",
+                    "stride_ak",
+                    "stride_bk",
+                    "stride_bn",
+                    "stride_cm",
+                    "stride_cn",
+                    "num_programs",
                 )
             },
         }

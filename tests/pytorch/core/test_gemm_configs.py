@@ -1,0 +1,51 @@
+"""The Triton GEMM config data and the pure heuristic (no GPU needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from primus_turbo.pytorch.core.platform import ArchFamily
+from primus_turbo.triton.gemm.gemm_configs import gemm_configs, select_config
+
+GPU_FAMILIES = [ArchFamily.CDNA3, ArchFamily.CDNA4, ArchFamily.HOPPER]
+CUS = {ArchFamily.CDNA3: 304, ArchFamily.CDNA4: 256, ArchFamily.HOPPER: 132}
+
+
+@pytest.mark.parametrize("family", GPU_FAMILIES + [ArchFamily.CPU])
+def test_configs_are_well_formed(family):
+    configs = gemm_configs(family)
+    assert configs and len(set(configs)) == len(configs)
+    for cfg in configs:
+        for v in (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps):
+            assert v & (v - 1) == 0, cfg  # powers of two
+        assert cfg.block_k >= 16 and cfg.num_stages >= 1
+
+
+@pytest.mark.parametrize("family", [ArchFamily.CDNA3, ArchFamily.CDNA4])
+def test_amd_configs_carry_amd_options(family):
+    for cfg in gemm_configs(family):
+        assert cfg.options["matrix_instr_nonkdim"] == 16
+        assert cfg.num_stages <= 2  # LDS pipelining depth that fits 64/160 KiB
+
+
+@pytest.mark.parametrize("family", GPU_FAMILIES)
+def test_large_shape_takes_a_large_tile(family):
+    cfg = select_config(8192, 8192, 8192, family, CUS[family])
+    assert cfg.block_m * cfg.block_n >= 128 * 256
+
+
+@pytest.mark.parametrize("family", GPU_FAMILIES)
+def test_small_output_takes_a_small_tile(family):
+    big = select_config(8192, 8192, 8192, family, CUS[family])
+    small = select_config(256, 512, 8192, family, CUS[family])
+    assert small.block_m * small.block_n < big.block_m * big.block_n
+
+
+def test_heuristic_is_pure_and_deterministic():
+    a = select_config(3000, 5000, 1000, ArchFamily.HOPPER, 132)
+    b = select_config(3000, 5000, 1000, ArchFamily.HOPPER, 132)
+    assert a == b
+
+
+def test_cpu_family_uses_interpreter_tiles():
+    assert select_config(4096, 4096, 4096, ArchFamily.CPU, 2).block_m <= 32

@@ -1,0 +1,266 @@
+"""Dense GEMM: every backend x layout x dtype, forward and both gradients vs the fp32 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import primus_turbo.pytorch as turbo
+from primus_turbo.pytorch.core import BackendType, GlobalBackendManager
+from primus_turbo.pytorch.reference import gemm_ref
+from tests.conftest import HAS_GPU
+from tests.pytorch.test_utils import assert_close, rand
+
+pytestmark = pytest.mark.gemm
+
+LAYOUTS = [(False, False), (False, True), (True, False), (True, True)]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+# 1, odd, not a multiple of any tile, and zero-size M/N/K.
+SHAPES = [(1, 1, 1), (1, 17, 33), (17, 1, 5), (37, 53, 29), (100, 33, 129), (64, 64, 64)]
+ZERO_SHAPES = [(0, 16, 16), (16, 0, 16), (16, 16, 0)]
+GPU_SHAPES = [(256, 512, 384), (1000, 1000, 1000), (4096, 4096, 512), (1, 4096, 4096)]
+BACKENDS = [None, BackendType.TORCH, BackendType.TRITON, BackendType.HIPBLASLT]
+
+
+def _operands(m, n, k, trans_a, trans_b, dtype, device):
+    a = rand(*((k, m) if trans_a else (m, k)), dtype=dtype, device=device, requires_grad=True)
+    b = rand(*((n, k) if trans_b else (k, n)), dtype=dtype, device=device, requires_grad=True)
+    return a, b
+
+
+def _skip_unsupported(backend, dtype, device):
+    if backend == BackendType.HIPBLASLT and device == "cpu":
+        pytest.skip("HIPBLASLT needs a GPU (covered by test_pinned_backend_refuses_with_reasons)")
+    if backend == BackendType.TRITON and dtype == torch.float32:
+        pytest.skip("TRITON takes fp16/bf16 (covered by test_pinned_backend_refuses_with_reasons)")
+
+
+def _check_fwd_bwd(m, n, k, trans_a, trans_b, dtype, device, out_dtype=None):
+    a, b = _operands(m, n, k, trans_a, trans_b, dtype, device)
+    out = turbo.ops.gemm(a, b, trans_a=trans_a, trans_b=trans_b, out_dtype=out_dtype)
+    expect_dtype = out_dtype or dtype
+    assert out.shape == (m, n) and out.dtype == expect_dtype
+
+    a_ref = a.detach().float().requires_grad_()
+    b_ref = b.detach().float().requires_grad_()
+    ref = gemm_ref(a_ref, b_ref, trans_a, trans_b, torch.float32)
+    assert_close(out, ref, dtype)
+
+    grad = rand(m, n, dtype=expect_dtype, device=device)
+    out.backward(grad)
+    ref.backward(grad.to(dtype).float())
+    assert a.grad.shape == a.shape and a.grad.dtype == a.dtype
+    assert b.grad.shape == b.shape and b.grad.dtype == b.dtype
+    assert_close(a.grad, a_ref.grad, dtype)
+    assert_close(b.grad, b_ref.grad, dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name if b else "default")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("trans_a,trans_b", LAYOUTS, ids=["NN", "NT", "TN", "TT"])
+@pytest.mark.parametrize("m,n,k", SHAPES + ZERO_SHAPES, ids=str)
+def test_gemm_fwd_bwd(m, n, k, trans_a, trans_b, dtype, backend, device):
+    _skip_unsupported(backend, dtype, device)
+    if backend is not None:
+        GlobalBackendManager.set_gemm_backend(backend)
+    _check_fwd_bwd(m, n, k, trans_a, trans_b, dtype, device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name if b else "default")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("trans_a,trans_b", LAYOUTS, ids=["NN", "NT", "TN", "TT"])
+@pytest.mark.parametrize("m,n,k", GPU_SHAPES, ids=str)
+def test_gemm_fwd_bwd_gpu_shapes(m, n, k, trans_a, trans_b, dtype, backend, device):
+    _skip_unsupported(backend, dtype, device)
+    if backend is not None:
+        GlobalBackendManager.set_gemm_backend(backend)
+    _check_fwd_bwd(m, n, k, trans_a, trans_b, dtype, device)
+
+
+@pytest.mark.parametrize("backend", [BackendType.TORCH, BackendType.TRITON], ids=lambda b: b.name)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_gemm_fp32_output(dtype, backend, device):
+    GlobalBackendManager.set_gemm_backend(backend)
+    _check_fwd_bwd(37, 45, 70, False, True, dtype, device, out_dtype=torch.float32)
+
+
+def test_gemm_fp32_output_default_dispatch(device):
+    _check_fwd_bwd(33, 17, 65, False, False, torch.bfloat16, device, out_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("backend", [BackendType.TORCH, BackendType.TRITON], ids=lambda b: b.name)
+def test_gemm_non_contiguous_inputs(backend, device):
+    GlobalBackendManager.set_gemm_backend(backend)
+    base_a = rand(40, 2 * 48, dtype=torch.bfloat16, device=device)
+    base_b = rand(3, 48, 36, dtype=torch.bfloat16, device=device)
+    a = base_a[:, ::2]  # column stride 2
+    b = base_b[1].t()  # a transposed view: [36, 48] with strides (1, 36)
+    out = turbo.ops.gemm(a, b, trans_b=True)
+    assert_close(out, gemm_ref(a, b, False, True, torch.float32), torch.bfloat16)
+
+
+@pytest.mark.parametrize("backend", [BackendType.TORCH, BackendType.TRITON], ids=lambda b: b.name)
+@pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False)], ids=["NT", "TN"])
+def test_gemm_torch_compile(backend, trans_a, trans_b, device):
+    GlobalBackendManager.set_gemm_backend(backend)
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda x, w: turbo.ops.gemm(x, w, trans_a=trans_a, trans_b=trans_b) * 2.0, fullgraph=True
+    )
+    m, n, k = 48, 40, 24
+    x, w = _operands(m, n, k, trans_a, trans_b, torch.bfloat16, device)
+    out = compiled(x, w)
+    grad = rand(m, n, dtype=torch.bfloat16, device=device)
+    out.backward(grad)
+    x_ref = x.detach().float().requires_grad_()
+    w_ref = w.detach().float().requires_grad_()
+    ref = gemm_ref(x_ref, w_ref, trans_a, trans_b, torch.float32)
+    (ref * 2.0).backward(grad.float())
+    assert out.dtype == torch.bfloat16
+    assert_close(out, ref * 2.0, torch.bfloat16)
+    assert_close(x.grad, x_ref.grad, torch.bfloat16)
+    assert_close(w.grad, w_ref.grad, torch.bfloat16)
+
+
+def test_gemm_fuse_bgrad_accum_megatron(device):
+    a, b = _operands(19, 23, 31, False, True, torch.float32, device)
+    b.main_grad = rand(*b.shape, dtype=torch.float32, device=device)
+    before = b.main_grad.clone()
+    out = turbo.ops.gemm(a, b, trans_b=True, fuse_bgrad_accum_pattern="megatron")
+    assert b.grad_added_to_main_grad
+    grad = rand(19, 23, dtype=torch.float32, device=device)
+    out.backward(grad)
+    assert b.grad is None
+    expect = before + grad.t() @ a.detach()
+    assert_close(b.main_grad, expect, torch.float32)
+
+
+@pytest.mark.deterministic
+@pytest.mark.parametrize("backend", BACKENDS[1:], ids=lambda b: b.name)
+def test_gemm_deterministic(backend, device):
+    _skip_unsupported(backend, torch.bfloat16, device)
+    GlobalBackendManager.set_gemm_backend(backend)
+    GlobalBackendManager.set_auto_tune(False)
+    m, n, k = (96, 80, 112) if device == "cpu" else (1024, 768, 2048)
+    a, b = _operands(m, n, k, False, True, torch.bfloat16, device)
+    grad = rand(m, n, dtype=torch.bfloat16, device=device)
+    first = None
+    for _ in range(5 if device == "cpu" else 10):
+        a.grad = b.grad = None
+        out = turbo.ops.gemm(a, b, trans_b=True)
+        out.backward(grad)
+        now = (out.detach().clone(), a.grad.clone(), b.grad.clone())
+        if first is None:
+            first = now
+        for x, y in zip(first, now, strict=True):
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert_close(first[0], gemm_ref(a, b, False, True, torch.float32), torch.bfloat16)
+
+
+def test_default_dispatch_choice(device):
+    from primus_turbo.pytorch.kernels.gemm.gemm_impl import GemmDispatcher
+
+    a, b = _operands(8, 8, 8, False, False, torch.bfloat16, device)
+    kw = dict(a=a, b=b, trans_a=False, trans_b=False)
+    expect = BackendType.HIPBLASLT if HAS_GPU else BackendType.TORCH
+    assert GemmDispatcher.resolve(**kw, out_dtype=torch.bfloat16) == expect
+    if HAS_GPU:
+        assert GemmDispatcher.resolve(**kw, out_dtype=torch.float32) == BackendType.TRITON
+
+
+# ---- bad input -----------------------------------------------------------------------------
+
+
+def test_bad_rank(device):
+    a = rand(2, 3, 4, dtype=torch.float32, device=device)
+    b = rand(4, 5, dtype=torch.float32, device=device)
+    with pytest.raises(ValueError, match=r"gemm: argument 'a' expected a 2-D tensor, got shape"):
+        turbo.ops.gemm(a, b)
+
+
+def test_mismatched_k(device):
+    a = rand(3, 4, dtype=torch.float32, device=device)
+    b = rand(5, 6, dtype=torch.float32, device=device)
+    with pytest.raises(ValueError, match=r"argument 'b' expected a reduction size K=4.*K=5"):
+        turbo.ops.gemm(a, b)
+    with pytest.raises(ValueError, match=r"K=3"):
+        turbo.ops.gemm(a, b, trans_a=True, trans_b=True)
+
+
+def test_mixed_devices():
+    a = torch.randn(3, 4)
+    b = torch.randn(4, 5, device="meta")
+    with pytest.raises(RuntimeError, match=r"expected all tensors on one device, got a on cpu"):
+        turbo.ops.gemm(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float8_e4m3fn, torch.float64], ids=str)
+def test_unsupported_dtype(dtype, device):
+    a = torch.ones(3, 4, device=device).to(dtype)
+    with pytest.raises(TypeError, match=r"argument 'a' expected dtype in \{float16, bfloat16"):
+        turbo.ops.gemm(a, a.t())
+
+
+def test_mixed_dtypes(device):
+    a = rand(3, 4, dtype=torch.float16, device=device)
+    b = rand(4, 5, dtype=torch.bfloat16, device=device)
+    with pytest.raises(TypeError, match=r"argument 'b' expected dtype torch.float16"):
+        turbo.ops.gemm(a, b)
+
+
+def test_bad_out_dtype(device):
+    a = rand(3, 4, dtype=torch.float16, device=device)
+    with pytest.raises(TypeError, match=r"argument 'out_dtype' expected a dtype in"):
+        turbo.ops.gemm(a, a.t(), out_dtype=torch.int8)
+
+
+def test_not_a_tensor():
+    with pytest.raises(TypeError, match=r"argument 'a' expected a torch.Tensor, got list"):
+        turbo.ops.gemm([[1.0]], torch.ones(1, 1))
+
+
+def test_bad_fuse_pattern(device):
+    a = rand(3, 4, dtype=torch.float32, device=device)
+    with pytest.raises(ValueError, match=r"fuse_bgrad_accum_pattern"):
+        turbo.ops.gemm(a, a.t(), fuse_bgrad_accum_pattern="deepspeed")
+    with pytest.raises(ValueError, match=r"b.main_grad"):
+        turbo.ops.gemm(a, a.t().contiguous(), fuse_bgrad_accum_pattern="megatron")
+
+
+def test_pinned_backend_refuses_with_reasons(device):
+    a = rand(3, 4, dtype=torch.float32, device=device)
+    GlobalBackendManager.set_gemm_backend(BackendType.TRITON)
+    with pytest.raises(ValueError, match=r"pinned backend TRITON cannot handle") as info:
+        turbo.ops.gemm(a, a.t())
+    msg = str(info.value)
+    for name in ("HIPBLASLT:", "TRITON: needs a and b of one dtype in fp16/bf16", "TORCH:"):
+        assert name in msg
+    if device == "cpu":
+        GlobalBackendManager.set_gemm_backend(BackendType.HIPBLASLT)
+        with pytest.raises(ValueError, match=r"HIPBLASLT: needs a GPU tensor, got device cpu"):
+            turbo.ops.gemm(a, a.t())
+
+
+def test_env_pinned_backend(monkeypatch, device):
+    monkeypatch.setenv("PRIMUS_TURBO_GEMM_BACKEND", "fp8:TRITON,other:TORCH")
+    from primus_turbo.pytorch.kernels.gemm.gemm_impl import GemmDispatcher
+
+    a = rand(4, 4, dtype=torch.bfloat16, device=device)
+    kw = dict(a=a, b=a, trans_a=False, trans_b=False, out_dtype=torch.bfloat16)
+    assert GemmDispatcher.resolve(**kw) == BackendType.TORCH
+    GlobalBackendManager.set_gemm_backend("TRITON")  # code wins over env
+    assert GemmDispatcher.resolve(**kw) == BackendType.TRITON
+
+
+@pytest.mark.gpu
+def test_gemm_int64_offsets():
+    """An output of more than 2**31 elements: the kernel's row offsets must be 64-bit."""
+    GlobalBackendManager.set_gemm_backend(BackendType.TRITON)
+    m, n, k = 65600, 32800, 16
+    a = rand(m, k, dtype=torch.bfloat16, device="cuda")
+    b = rand(n, k, dtype=torch.bfloat16, device="cuda")
+    out = turbo.ops.gemm(a, b, trans_b=True)
+    rows = torch.tensor([0, 1, m // 2, m - 2, m - 1], device="cuda")
+    ref = gemm_ref(a[rows], b, False, True, torch.float32)
+    assert_close(out[rows], ref, torch.bfloat16)
