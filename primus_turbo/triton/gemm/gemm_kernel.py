@@ -114,7 +114,7 @@ def _launch(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily) -> No
     if family == ArchFamily.CPU:
         programs = tiles
     else:
-        programs = min(tiles, num_compute_units(a.device) * 2)
+        programs = min(tiles, num_compute_units(a.device) * cfg.programs_per_cu)
     gemm_kernel[(programs,)](
         a,
         b,
@@ -210,33 +210,33 @@ _AOT_FAMILY = {"gfx942": ArchFamily.CDNA3, "gfx950": ArchFamily.CDNA4, "sm_90": 
 
 
 def aot_specs(target: str) -> list[AotSpec]:
-    """bf16 NT (weights ``[N, K]``) and fp16 NN specialisations for every config of the family."""
+    """Every config of the target's family, as launched for bf16 NT (weights ``[N, K]``) and
+    fp16 NN: the integer hints (``:16`` divisible by 16, ``:1`` equal to 1) are what Triton's
+    launcher specialises on for contiguous operands with 16-aligned sizes."""
     assert target in AOT_TARGETS, target
     family = _AOT_FAMILY[target]
     default = select_config(8192, 8192, 8192, family, 304 if family != ArchFamily.HOPPER else 132)
+    layouts = {
+        torch.bfloat16: {"stride_ak": "i32:1", "stride_bk": "i32:1", "stride_bn": "i32:16"},
+        torch.float16: {"stride_ak": "i32:1", "stride_bk": "i32:16", "stride_bn": "i32:1"},
+    }
     specs = []
-    for dtype in (torch.bfloat16, torch.float16):
+    for dtype, strides in layouts.items():
         t = triton_dtype_name(dtype)
         signature = {
             "a_ptr": f"*{t}",
             "b_ptr": f"*{t}",
             "c_ptr": f"*{t}",
-            **{
-                name: "i32"
-                for name in (
-                    "M",
-                    "N",
-                    "K",
-                    "stride_am",
-                    "stride_ak",
-                    "stride_bk",
-                    "stride_bn",
-                    "stride_cm",
-                    "stride_cn",
-                    "num_programs",
-                )
-            },
+            "M": "i32:16",
+            "N": "i32:16",
+            "K": "i32:16",
+            "stride_am": "i32:16",
+            **strides,
+            "stride_cm": "i32:16",
+            "stride_cn": "i32:1",
+            "num_programs": "i32",
         }
+        signature = {k: signature[k] for k in _KERNEL_ARGS}
         for cfg in gemm_configs(family):
             specs.append(
                 AotSpec(
@@ -256,3 +256,9 @@ def aot_specs(target: str) -> list[AotSpec]:
                 )
             )
     return specs
+
+
+_KERNEL_ARGS = (
+    "a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn",
+    "stride_cm", "stride_cn", "num_programs",
+)  # fmt: skip

@@ -1,0 +1,519 @@
+"""The one shared benchmark harness: device facts, timing, correctness metrics, CSV/markdown output.
+
+Benchmark scripts only build inputs and state their FLOP/byte formulas; everything else lives here:
+
+* :func:`device_info` -- platform (CUDA/ROCm/CPU), short GPU name, torch/triton versions, date.
+* :func:`time_ms` -- ``(median_ms, stddev_ms)`` of one callable: ``triton.testing.do_bench`` on a
+  GPU (CUDA events, L2 flushed before every call), a ``perf_counter`` loop on CPU.
+* :func:`bench_modes` -- forward / backward / step timings of one autograd op (backward is
+  ``out.backward(grad, retain_graph=True)`` timed alone, input grads reset to ``None`` before each
+  call so no gradient-accumulation kernel is timed).
+* :func:`time_loop_ms` -- wall clock of ``iters`` back-to-back calls between two synchronisations
+  (the engine of ``quick_test_bench.py``; do not compare its numbers with :func:`time_ms`).
+* :func:`compute_snr`, :func:`check_allclose` -- chunked fp64 correctness metrics.
+* :class:`Results` -- tidy CSV (one row per measured case; numbers stay numbers) plus the
+  ``Platform, GPU, torch, triton, date`` columns, and a markdown table printer.
+* :func:`geomean`, :func:`tflops`, :func:`gbps`, :func:`shard`, :func:`add_common_args`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import datetime
+import enum
+import functools
+import math
+import os
+import re
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
+
+import torch
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+
+# Correctness gates shared by every benchmark (DESIGN.md section 7, primus_api.md section 5).
+# allclose tolerances are applied after dividing both tensors by the reference's abs-max, so one
+# tolerance works for any K (outputs grow like sqrt(K)); see check_allclose.
+ALLCLOSE_TOL: dict[torch.dtype, float] = {
+    torch.float32: 1e-4,
+    torch.float16: 1e-2,
+    torch.bfloat16: 1e-2,
+}
+# SNR (dB) that every compared tensor must exceed. bf16 rounding of an exactly computed result
+# alone gives ~55 dB against an fp32 reference (fp16: ~65 dB); 35 dB leaves room for fp32
+# accumulation-order differences at large K while any real bug (a dropped K tile, a wrong
+# stride) lands far below 20 dB. fp8/fp4 values follow the upstream benchmark gates.
+SNR_THRESHOLD_DB: dict[str, float] = {
+    "fp32": 60.0,
+    "bf16": 35.0,
+    "fp16": 35.0,
+    "fp8_e4m3": 25.0,
+    "fp8_e5m2": 20.0,
+    "fp4": 10.0,
+}
+
+_CHUNK = 1 << 24  # elements per chunk for fp64 metrics (128 MiB of fp64 per operand)
+
+T = TypeVar("T")
+
+
+# ------------------------------------------------------------------------------------------
+# Device facts
+# ------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    """Where the benchmark runs. ``gpu`` is the short name used in file names ("H200")."""
+
+    device: torch.device
+    platform: str  # "CUDA", "ROCm" or "CPU"
+    gpu: str  # "H200", "MI300X", ... or "cpu"
+    device_name: str  # full name reported by the driver
+    torch_version: str
+    triton_version: str
+    date: str  # YYYY-MM-DD
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def date_compact(self) -> str:
+        return self.date.replace("-", "")
+
+    def columns(self) -> dict[str, str]:
+        """The metadata columns every CSV row carries."""
+        return {
+            "Platform": self.platform,
+            "GPU": self.gpu,
+            "torch": self.torch_version,
+            "triton": self.triton_version,
+            "date": self.date,
+        }
+
+    def banner(self) -> str:
+        return (
+            f"device: {self.device_name} ({self.platform}, {self.device}) | torch "
+            f"{self.torch_version} | triton {self.triton_version} | {self.date}"
+        )
+
+
+_GPU_NAME_RE = re.compile(r"(MI\d+[A-Z]*|GB\d+|[HBA]\d{2,3}[A-Z]*|L40S?|RTX ?\d+\w*)", re.I)
+
+
+def short_gpu_name(name: str) -> str:
+    """``"NVIDIA H200"`` -> ``"H200"``, ``"AMD Instinct MI300X"`` -> ``"MI300X"``."""
+    match = _GPU_NAME_RE.search(name)
+    short = match.group(1) if match else (name.split()[-1] if name.split() else "gpu")
+    return re.sub(r"[^A-Za-z0-9_.-]", "", short.replace(" ", "")) or "gpu"
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+
+        return triton.__version__
+    except Exception:  # triton is optional for CPU-only baselines
+        return "none"
+
+
+@functools.cache
+def device_info(force_cpu: bool = False) -> DeviceInfo:
+    """Facts about the benchmark device: the current GPU, or the CPU when there is none."""
+    today = datetime.date.today().isoformat()
+    if torch.cuda.is_available() and not force_cpu:
+        name = torch.cuda.get_device_name(torch.cuda.current_device())
+        platform = "ROCm" if torch.version.hip is not None else "CUDA"
+        device = torch.device("cuda", torch.cuda.current_device())
+        gpu = short_gpu_name(name)
+    else:
+        import platform as _platform
+
+        name = _platform.processor() or _platform.machine() or "cpu"
+        platform, device, gpu = "CPU", torch.device("cpu"), "cpu"
+    return DeviceInfo(device, platform, gpu, name, torch.__version__, _triton_version(), today)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ------------------------------------------------------------------------------------------
+# Timing
+# ------------------------------------------------------------------------------------------
+class Timing(NamedTuple):
+    median_ms: float
+    stddev_ms: float
+
+
+NAN_TIMING = Timing(math.nan, math.nan)
+
+GPU_WARMUP_MS, GPU_REP_MS = 25.0, 100.0  # triton.testing.do_bench defaults
+CPU_WARMUP_MS, CPU_REP_MS = 5.0, 25.0  # CPU runs only exercise code paths; keep them short
+
+
+def default_budget(device: torch.device) -> tuple[float, float]:
+    """``(warmup_ms, rep_ms)`` defaults for ``device``."""
+    return (GPU_WARMUP_MS, GPU_REP_MS) if device.type == "cuda" else (CPU_WARMUP_MS, CPU_REP_MS)
+
+
+def _summary(times_ms: Sequence[float]) -> Timing:
+    med = statistics.median(times_ms)
+    std = statistics.stdev(times_ms) if len(times_ms) > 1 else 0.0
+    return Timing(float(med), float(std))
+
+
+def _reset_grads(tensors: Sequence[torch.Tensor] | None) -> None:
+    for t in tensors or ():
+        t.grad = None
+
+
+def _cpu_time(
+    fn: Callable[[], Any],
+    warmup_ms: float,
+    rep_ms: float,
+    grad_to_none: Sequence[torch.Tensor] | None,
+    min_rep: int = 3,
+    max_rep: int = 10_000,
+) -> list[float]:
+    """Per-call perf_counter times, sized like do_bench (estimate, then fill the budgets)."""
+    _reset_grads(grad_to_none)
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        _reset_grads(grad_to_none)
+        fn()
+    estimate_ms = max((time.perf_counter() - t0) * 1e3 / 3, 1e-6)
+    for _ in range(max(1, min(max_rep, int(warmup_ms / estimate_ms)))):
+        _reset_grads(grad_to_none)
+        fn()
+    times = []
+    for _ in range(max(min_rep, min(max_rep, int(rep_ms / estimate_ms)))):
+        _reset_grads(grad_to_none)
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return times
+
+
+def time_ms(
+    fn: Callable[[], Any],
+    warmup: float | None = None,
+    rep: float | None = None,
+    *,
+    device: torch.device | None = None,
+    grad_to_none: Sequence[torch.Tensor] | None = None,
+) -> Timing:
+    """``(median_ms, stddev_ms)`` of ``fn()``.
+
+    Args:
+        fn: the callable to time (no arguments).
+        warmup, rep: warm-up and measurement budgets in milliseconds (as in ``do_bench``);
+            default per device (:func:`default_budget`).
+        device: where ``fn`` runs; default the benchmark device.
+        grad_to_none: tensors whose ``.grad`` is reset before every call.
+
+    On a GPU this is ``triton.testing.do_bench(..., return_mode="all")`` (CUDA/HIP events, L2
+    flushed before every call); the median of those samples is exactly what
+    ``return_mode="median"`` returns, and one run gives the stddev as well. On CPU it is a
+    ``perf_counter`` loop with the same warm-up/repetition sizing.
+    """
+    device = device if device is not None else device_info().device
+    dw, dr = default_budget(device)
+    warmup = dw if warmup is None else warmup
+    rep = dr if rep is None else rep
+    if device.type == "cuda":
+        import triton.testing
+
+        times = triton.testing.do_bench(
+            fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="all"
+        )
+    else:
+        times = _cpu_time(fn, warmup, rep, grad_to_none)
+    return _summary(times)
+
+
+def time_loop_ms(
+    fn: Callable[[], Any],
+    iters: int,
+    device: torch.device,
+    grad_to_none: Sequence[torch.Tensor] | None = None,
+) -> float:
+    """Mean ms per call of ``iters`` back-to-back calls, timed by ``perf_counter`` between two
+    synchronisations (the launch queue stays full, as in a training loop)."""
+    synchronize(device)
+    t = time.perf_counter()
+    for _ in range(iters):
+        _reset_grads(grad_to_none)
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - t) * 1e3 / iters
+
+
+class Mode(enum.Enum):
+    """What one timing covers."""
+
+    FWD = "fwd"  # the forward call, autograd graph recorded (as in training)
+    BWD = "bwd"  # out.backward(grad, retain_graph=True) alone, on a saved forward
+    STEP = "step"  # forward + backward in one timed call
+
+
+def bench_modes(
+    fwd: Callable[[], torch.Tensor],
+    grad_out: torch.Tensor | None,
+    leaves: Sequence[torch.Tensor],
+    modes: Iterable[Mode] = (Mode.FWD, Mode.BWD),
+    warmup: float | None = None,
+    rep: float | None = None,
+    device: torch.device | None = None,
+) -> dict[Mode, Timing]:
+    """Time ``fwd`` in each requested mode.
+
+    Args:
+        fwd: builds the output from the (captured) inputs; called under ``enable_grad``.
+        grad_out: gradient of the output (same shape); needed for BWD and STEP.
+        leaves: the inputs that receive gradients; their ``.grad`` is reset before each call.
+    """
+    out_timings: dict[Mode, Timing] = {}
+    with torch.enable_grad():
+        for mode in modes:
+            if mode is Mode.FWD:
+                out_timings[mode] = time_ms(fwd, warmup, rep, device=device)
+            elif mode is Mode.BWD:
+                assert grad_out is not None, "BWD mode needs grad_out"
+                out = fwd()
+
+                def _bwd(out: torch.Tensor = out) -> None:
+                    out.backward(grad_out, retain_graph=True)
+
+                out_timings[mode] = time_ms(_bwd, warmup, rep, device=device, grad_to_none=leaves)
+                del out
+            elif mode is Mode.STEP:
+                assert grad_out is not None, "STEP mode needs grad_out"
+
+                def _step() -> None:
+                    fwd().backward(grad_out)
+
+                out_timings[mode] = time_ms(_step, warmup, rep, device=device, grad_to_none=leaves)
+    _reset_grads(leaves)
+    return out_timings
+
+
+def tflops(flops: float, ms: float) -> float:
+    """``flops / (ms * 1e-3) / 1e12``; NaN for a missing or zero time."""
+    if not (ms > 0) or math.isnan(ms):
+        return math.nan
+    return flops / (ms * 1e-3) / 1e12
+
+
+def gbps(nbytes: float, ms: float) -> float:
+    """``nbytes / (ms * 1e-3) / 1e9``; NaN for a missing or zero time."""
+    if not (ms > 0) or math.isnan(ms):
+        return math.nan
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def ratio(x: float, y: float) -> float:
+    """``x / y`` or NaN when either side is missing or ``y`` is zero."""
+    if math.isnan(x) or math.isnan(y) or y == 0:
+        return math.nan
+    return x / y
+
+
+# ------------------------------------------------------------------------------------------
+# Correctness metrics
+# ------------------------------------------------------------------------------------------
+def _chunks(x: torch.Tensor) -> Iterable[torch.Tensor]:
+    flat = x.detach().reshape(-1)
+    for i in range(0, flat.numel(), _CHUNK):
+        yield flat[i : i + _CHUNK]
+
+
+def compute_snr(ref: torch.Tensor, out: torch.Tensor) -> float:
+    """``10 * log10(||ref||^2 / ||ref - out||^2)`` in dB, accumulated in fp64 (chunked).
+
+    ``inf`` when the tensors are equal, ``nan`` when the reference is all zeros and they differ.
+    """
+    if ref.shape != out.shape:
+        raise ValueError(f"compute_snr: shapes differ: {tuple(ref.shape)} vs {tuple(out.shape)}")
+    signal = noise = 0.0
+    for r, o in zip(_chunks(ref), _chunks(out), strict=True):
+        r64 = r.to(torch.float64)
+        signal += float(r64.square().sum())
+        noise += float((r64 - o.to(torch.float64)).square().sum())
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return math.nan
+    return 10.0 * math.log10(signal / noise)
+
+
+def check_allclose(
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    dtype: torch.dtype,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> bool:
+    """``allclose(out / s, ref / s)`` with ``s = max|ref|`` and the :data:`ALLCLOSE_TOL` of
+    ``dtype`` (the input precision), so the gate does not depend on the output's magnitude."""
+    if out.shape != ref.shape:
+        return False
+    tol = ALLCLOSE_TOL.get(dtype, 1e-2)
+    rtol = tol if rtol is None else rtol
+    atol = tol if atol is None else atol
+    scale = max((float(c.abs().max()) for c in _chunks(ref) if c.numel()), default=0.0) or 1.0
+    for o, r in zip(_chunks(out), _chunks(ref), strict=True):
+        o32 = o.to(torch.float32) / scale
+        r32 = r.to(torch.float32) / scale
+        if not torch.allclose(o32, r32, rtol=rtol, atol=atol):
+            return False
+    return True
+
+
+# ------------------------------------------------------------------------------------------
+# Aggregates and sharding
+# ------------------------------------------------------------------------------------------
+def geomean(values: Iterable[float]) -> float:
+    """Geometric mean of the finite positive values; NaN when there are none."""
+    ok = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
+    logs = [math.log(v) for v in ok]
+    return math.exp(sum(logs) / len(logs)) if logs else math.nan
+
+
+def shard(items: Sequence[T], num_shards: int, shard_id: int) -> list[tuple[int, T]]:
+    """``(1-based id, item)`` pairs of shard ``shard_id`` (round-robin over the full list, so ids
+    stay stable across shard counts)."""
+    if num_shards < 1:
+        raise ValueError(f"--num-shards expected >= 1, got {num_shards}")
+    if not 0 <= shard_id < num_shards:
+        raise ValueError(f"--shard-id expected in [0, {num_shards}), got {shard_id}")
+    return [(i + 1, x) for i, x in enumerate(items) if i % num_shards == shard_id]
+
+
+def output_path(
+    output: str | None, default_name: str, num_shards: int = 1, shard_id: int = 0
+) -> Path:
+    """``output`` if given, else ``benchmark/results/<default_name>``; shards append
+    ``.part-<i>`` before the suffix."""
+    path = Path(output) if output else RESULTS_DIR / default_name
+    if num_shards > 1:
+        path = path.with_name(f"{path.stem}.part-{shard_id}{path.suffix or '.csv'}")
+    return path
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    """Flags every benchmark script shares."""
+    parser.add_argument("-o", "--output", default=None, help="output CSV path")
+    parser.add_argument("--num-shards", type=int, default=1, help="split the cases (default 1)")
+    parser.add_argument("--shard-id", type=int, default=0, help="this shard, in [0, num-shards)")
+    parser.add_argument(
+        "--profile",
+        choices=("gpu", "cpu"),
+        default=None,
+        help="shape set and device; default: gpu when a GPU is visible, else cpu",
+    )
+    parser.add_argument("--warmup-ms", type=float, default=None, help="warm-up budget per timing")
+    parser.add_argument("--rep-ms", type=float, default=None, help="measurement budget per timing")
+
+
+def resolve_profile(profile: str | None) -> tuple[str, DeviceInfo]:
+    """``(profile, device info)``; the cpu profile runs on the CPU even when a GPU is present."""
+    if profile is None:
+        profile = "gpu" if torch.cuda.is_available() else "cpu"
+    if profile == "gpu" and not torch.cuda.is_available():
+        raise SystemExit("--profile gpu: no GPU is visible (torch.cuda.is_available() is False)")
+    if profile == "cpu":
+        # Tiny CPU GEMMs on a shared machine: OpenMP workers spin against other processes and
+        # a 64^3 matmul takes 20 ms instead of 0.2 ms. One thread keeps the smoke run fast.
+        torch.set_num_threads(int(os.environ.get("BENCH_CPU_THREADS", "1")))
+    return profile, device_info(force_cpu=profile == "cpu")
+
+
+def cpu_notice(info: DeviceInfo) -> str | None:
+    if info.is_gpu:
+        return None
+    return (
+        "NOTE: CPU profile -- tiny shapes on the CPU. These numbers exercise the code paths and "
+        "are NOT performance figures."
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# Results: tidy CSV and markdown
+# ------------------------------------------------------------------------------------------
+def _csv_value(v: Any) -> Any:
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v) or math.isinf(v):
+            return repr(v)  # "nan" / "inf": float() and pandas parse both
+        return float(f"{v:.6g}")
+    if isinstance(v, enum.Enum):
+        return v.value
+    return v
+
+
+class Results:
+    """Rows of one benchmark run. Each row is one measured case; numbers stay ints/floats (NaN
+    for "not measured"), text columns stay text. The device metadata columns are appended."""
+
+    def __init__(self, info: DeviceInfo) -> None:
+        self.info = info
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, row: dict[str, Any]) -> dict[str, Any]:
+        full = {**row, **self.info.columns()}
+        self.rows.append(full)
+        return full
+
+    def columns(self) -> list[str]:
+        cols: list[str] = []
+        for row in self.rows:
+            cols.extend(c for c in row if c not in cols)
+        return cols
+
+    def write_csv(self, path: str | os.PathLike[str]) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cols = self.columns()
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=cols, restval="nan")
+            writer.writeheader()
+            for row in self.rows:
+                writer.writerow({k: _csv_value(v) for k, v in row.items()})
+        return path
+
+    def markdown(self, columns: Sequence[str] | None = None) -> str:
+        return markdown_table(self.rows, columns or self.columns())
+
+    def column(self, name: str, where: Callable[[dict[str, Any]], bool] | None = None) -> list:
+        return [r.get(name, math.nan) for r in self.rows if where is None or where(r)]
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool) or not isinstance(v, float):
+        return str(v)
+    if math.isnan(v) or math.isinf(v):
+        return str(v)
+    a = abs(v)
+    if a >= 100:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3g}"
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    """A GitHub markdown table of ``columns`` (missing cells print as ``-``)."""
+    head = "| " + " | ".join(columns) + " |"
+    sep = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join(_fmt(r[c]) if c in r else "-" for c in columns) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
