@@ -155,7 +155,7 @@ class Timing(NamedTuple):
 
 NAN_TIMING = Timing(math.nan, math.nan)
 
-GPU_WARMUP_MS, GPU_REP_MS = 25.0, 100.0  # triton.testing.do_bench defaults
+GPU_WARMUP_MS, GPU_REP_MS = 50.0, 200.0  # twice do_bench's defaults: steadier medians
 CPU_WARMUP_MS, CPU_REP_MS = 5.0, 25.0  # CPU runs only exercise code paths; keep them short
 
 

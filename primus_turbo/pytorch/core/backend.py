@@ -151,11 +151,17 @@ def parse_backend_env(value: str | None, env_name: str) -> dict[PrecisionType, B
 
 
 class GlobalBackendManager:
-    """Process-wide backend choices per op family (code settings win over env vars)."""
+    """Process-wide backend choices per op family (code settings win over env vars).
+
+    Env vars are read on first use and kept (the dispatch path runs on every op call);
+    ``reset()`` drops them so the next call reads the environment again.
+    """
 
     _code: ClassVar[dict[str, dict[PrecisionType, BackendChoice]]] = {}
     _auto_tune: ClassVar[bool | None] = None
-    _env_cache: ClassVar[dict[tuple[str, str], dict[PrecisionType, BackendChoice]]] = {}
+    _env_cache: ClassVar[dict[str, dict[PrecisionType, BackendChoice]]] = {}
+    _auto_tune_env: ClassVar[bool | None] = None
+    generation: ClassVar[int] = 0  # bumped on every change; keys the dispatchers' memo
 
     @classmethod
     def set_backend(
@@ -172,6 +178,7 @@ class GlobalBackendManager:
         """
         pinned = None if backend is None else BackendType.parse(backend)
         choice = BackendChoice(pinned, auto_tune)
+        cls.generation += 1
         table = cls._code.setdefault(family, {})
         for p in PrecisionType if precision is None else (precision,):
             if choice.empty:
@@ -187,30 +194,34 @@ class GlobalBackendManager:
         code = cls._code.get(family)
         if code is not None and precision in code:
             return code[precision]
-        name = env_var_name(family)
-        value = os.environ.get(name, "")
-        parsed = cls._env_cache.get((name, value))
-        if parsed is None:
-            parsed = parse_backend_env(value, name)
-            cls._env_cache[(name, value)] = parsed
+        parsed = cls._env_cache.get(family)
+        if parsed is None:  # env vars are read once; reset() reads them again
+            name = env_var_name(family)
+            parsed = parse_backend_env(os.environ.get(name, ""), name)
+            cls._env_cache[family] = parsed
         return parsed.get(precision)
 
     @classmethod
     def set_auto_tune(cls, enabled: bool | None) -> None:
         """Global autotune switch; ``None`` returns control to ``PRIMUS_TURBO_AUTO_TUNE``."""
         cls._auto_tune = enabled
+        cls.generation += 1
 
     @classmethod
     def auto_tune_enabled(cls) -> bool:
         if cls._auto_tune is not None:
             return cls._auto_tune
-        return os.environ.get("PRIMUS_TURBO_AUTO_TUNE", "0").strip() == "1"
+        if cls._auto_tune_env is None:
+            cls._auto_tune_env = os.environ.get("PRIMUS_TURBO_AUTO_TUNE", "0").strip() == "1"
+        return cls._auto_tune_env
 
     @classmethod
     def reset(cls) -> None:
         """Clear code settings, parsed env values, tune caches and warn-once state."""
         cls._code.clear()
         cls._auto_tune = None
+        cls._auto_tune_env = None
+        cls.generation += 1
         cls._env_cache.clear()
         AutoKernelDispatcher.clear_all_caches()
         reset_warn_once()
@@ -252,13 +263,18 @@ class AutoKernelDispatcher:
     """Generic dispatcher; one subclass per op family defines the family hooks."""
 
     family: ClassVar[str]
+    # True when make_key() covers everything can_handle() looks at: resolve() then memoises
+    # its answer per key until a backend setting changes (the per-call fast path).
+    memoize_resolution: ClassVar[bool] = False
     _backends: ClassVar[dict[BackendType, type[KernelBackend]]]
     _cache: ClassVar[TuneCache]
+    _memo: ClassVar[dict[Hashable, BackendType]]
     _all: ClassVar[list[type[AutoKernelDispatcher]]] = []
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._backends = {}
+        cls._memo = {}
         cls._cache = TuneCache(cls.family)
         AutoKernelDispatcher._all.append(cls)
 
@@ -318,24 +334,43 @@ class AutoKernelDispatcher:
     def clear_all_caches(cls) -> None:
         for d in AutoKernelDispatcher._all:
             d._cache.clear()
+            d._memo.clear()
 
     # ---- resolution ---------------------------------------------------------------------
     @classmethod
     def resolve(cls, user: BackendChoice | None = None, **kwargs: Any) -> BackendType:
         """Pick the backend for one call (see the module docstring for the order)."""
+        if user is None and cls.memoize_resolution and not torch.compiler.is_compiling():
+            memo_key = (GlobalBackendManager.generation, cls.make_key(**kwargs))
+            hit = cls._memo.get(memo_key)
+            if hit is None:
+                hit, final = cls._resolve(None, **kwargs)
+                if final:
+                    if len(cls._memo) >= 4096:
+                        cls._memo.clear()
+                    cls._memo[memo_key] = hit
+            return hit
+        return cls._resolve(user, **kwargs)[0]
+
+    @classmethod
+    def _resolve(cls, user: BackendChoice | None, **kwargs: Any) -> tuple[BackendType, bool]:
+        """The resolution itself; the flag says whether the answer may be memoised (it may
+        not when autotune was wanted but skipped during graph capture)."""
         choice = user
         if choice is None or choice.empty:
             choice = GlobalBackendManager.get_backend(cls.family, cls.precision(**kwargs))
         if choice is not None and choice.backend is not None:
-            return cls._pinned(choice.backend, **kwargs)
+            return cls._pinned(choice.backend, **kwargs), True
         want_tune = (choice is not None and choice.auto_tune) or (
             GlobalBackendManager.auto_tune_enabled()
         )
-        if want_tune and not torch.compiler.is_compiling() and not is_graph_capturing():
-            return cls.tune(**kwargs)
+        if want_tune:
+            if not torch.compiler.is_compiling() and not is_graph_capturing():
+                return cls.tune(**kwargs), True
+        final = not want_tune
         default = cls.default_backend(**kwargs)
         if default in cls._backends and cls._backends[default].can_handle(**kwargs):
-            return default
+            return default, final
         for b, impl in cls._backends.items():
             if impl.can_handle(**kwargs):
                 if not torch.compiler.is_compiling():
@@ -344,7 +379,7 @@ class AutoKernelDispatcher:
                         f"{default.name if default else None} cannot handle "
                         f"({cls.describe(**kwargs)}); falling back to {b.name}"
                     )
-                return b
+                return b, final
         raise NotImplementedError(
             f"primus_turbo.{cls.family}: no backend can handle ({cls.describe(**kwargs)}): "
             f"{cls._reasons(**kwargs)}"

@@ -36,21 +36,19 @@ def check_tensor(
     ndim: int | tuple[int, ...] | None = None,
     dtypes: Iterable[torch.dtype] | None = None,
 ) -> None:
-    """Check that ``t`` is a tensor of the given rank(s) and dtype(s)."""
-    check(isinstance(t, torch.Tensor), op, arg, "a torch.Tensor", type(t).__name__, TypeError)
-    assert isinstance(t, torch.Tensor)
+    """Check that ``t`` is a tensor of the given rank(s) and dtype(s).
+
+    Messages are formatted only on failure: this runs on every op call.
+    """
+    if not isinstance(t, torch.Tensor):
+        fail(op, arg, "a torch.Tensor", type(t).__name__, TypeError)
     if ndim is not None:
         ranks = (ndim,) if isinstance(ndim, int) else tuple(ndim)
-        check(
-            t.dim() in ranks,
-            op,
-            arg,
-            f"a {'/'.join(str(r) for r in ranks)}-D tensor",
-            f"shape {tuple(t.shape)}",
-        )
-    if dtypes is not None:
-        dtypes = tuple(dtypes)
-        check(t.dtype in dtypes, op, arg, f"dtype in {_dtype_names(dtypes)}", t.dtype, TypeError)
+        if t.dim() not in ranks:
+            rank_text = "/".join(str(r) for r in ranks)
+            fail(op, arg, f"a {rank_text}-D tensor", f"shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        fail(op, arg, f"dtype in {_dtype_names(dtypes)}", t.dtype, TypeError)
 
 
 def check_same_device(op: str, **tensors: torch.Tensor) -> None:
@@ -63,5 +61,5 @@ def check_same_device(op: str, **tensors: torch.Tensor) -> None:
 
 def check_dtype_arg(op: str, arg: str, value: object, allowed: Iterable[torch.dtype]) -> None:
     """Check a ``torch.dtype`` argument (e.g. ``out_dtype``)."""
-    allowed = tuple(allowed)
-    check(value in allowed, op, arg, f"a dtype in {_dtype_names(allowed)}", value, TypeError)
+    if value not in allowed:
+        fail(op, arg, f"a dtype in {_dtype_names(allowed)}", value, TypeError)

@@ -10,6 +10,7 @@ from primus_turbo.pytorch.core.checks import (
     check_dtype_arg,
     check_same_device,
     check_tensor,
+    fail,
 )
 from primus_turbo.pytorch.kernels.gemm.gemm_impl import (
     FLOAT_DTYPES,
@@ -85,19 +86,23 @@ def gemm(
     """
     check_tensor(_OP, "a", a, ndim=2, dtypes=FLOAT_DTYPES)
     check_tensor(_OP, "b", b, ndim=2, dtypes=FLOAT_DTYPES)
-    check(a.dtype == b.dtype, _OP, "b", f"dtype {a.dtype} (same as a)", b.dtype, TypeError)
-    check_same_device(_OP, a=a, b=b)
+    if a.dtype != b.dtype:
+        fail(_OP, "b", f"dtype {a.dtype} (same as a)", b.dtype, TypeError)
+    if a.device != b.device:
+        check_same_device(_OP, a=a, b=b)
     m, n, k = gemm_dims(a, b, trans_a, trans_b)
     k_b = b.shape[1] if trans_b else b.shape[0]
-    check(
-        k == k_b,
-        _OP,
-        "b",
-        f"a reduction size K={k} matching a (a: {tuple(a.shape)}, trans_a={trans_a})",
-        f"shape {tuple(b.shape)} with trans_b={trans_b} (K={k_b})",
-    )
-    out_dtype = a.dtype if out_dtype is None else out_dtype
-    check_dtype_arg(_OP, "out_dtype", out_dtype, FLOAT_DTYPES)
+    if k != k_b:
+        fail(
+            _OP,
+            "b",
+            f"a reduction size K={k} matching a (a: {tuple(a.shape)}, trans_a={trans_a})",
+            f"shape {tuple(b.shape)} with trans_b={trans_b} (K={k_b})",
+        )
+    if out_dtype is None:
+        out_dtype = a.dtype
+    else:
+        check_dtype_arg(_OP, "out_dtype", out_dtype, FLOAT_DTYPES)
     accum = fuse_bgrad_accum_pattern is not None
     if accum:
         check(
@@ -118,4 +123,7 @@ def gemm(
     backend = GemmDispatcher.resolve(
         a=a, b=b, trans_a=trans_a, trans_b=trans_b, out_dtype=out_dtype
     )
+    needs_grad = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+    if not (needs_grad or accum):  # inference: no autograd node to build
+        return gemm_impl(a, b, trans_a, trans_b, out_dtype, backend)
     return GemmFunction.apply(a, b, trans_a, trans_b, out_dtype, backend.value, accum)

@@ -72,21 +72,24 @@ def gemm_kernel(
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        # Clamp rows/cols into range instead of masking loads: out-of-range rows only feed
-        # out-of-range outputs, which the store mask drops.
-        rm_load = tl.where(rm < M, rm, 0).to(tl.int64)
-        rn_load = tl.where(rn < N, rn, 0).to(tl.int64)
-        a_ptrs = a_ptr + rm_load[:, None] * stride_am + offs_k[None, :] * stride_ak
-        b_ptrs = b_ptr + offs_k[:, None] * stride_bk + rn_load[None, :] * stride_bn
+        # Pointers come from the plain aranges (64-bit) so that Triton's axis analysis sees the
+        # contiguous dimension whichever layout A and B have and emits vector loads; edges are
+        # masked (a clamped index such as where(rm < M, rm, 0) would hide the contiguity).
+        rm64 = rm.to(tl.int64)
+        rn64 = rn.to(tl.int64)
+        mask_m = rm[:, None] < M
+        mask_n = rn[None, :] < N
+        a_ptrs = a_ptr + rm64[:, None] * stride_am + offs_k[None, :] * stride_ak
+        b_ptrs = b_ptr + offs_k[:, None] * stride_bk + rn64[None, :] * stride_bn
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(0, k_tiles):
             if EVEN_K:
-                a = tl.load(a_ptrs)
-                b = tl.load(b_ptrs)
+                a = tl.load(a_ptrs, mask=mask_m, other=0.0)
+                b = tl.load(b_ptrs, mask=mask_n, other=0.0)
             else:
                 k_left = K - kt * BLOCK_K
-                a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-                b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+                a = tl.load(a_ptrs, mask=mask_m & (offs_k[None, :] < k_left), other=0.0)
+                b = tl.load(b_ptrs, mask=mask_n & (offs_k[:, None] < k_left), other=0.0)
             if UPCAST:
                 # The CPU interpreter mis-computes bf16 x bf16 dots; fp32 operands are exact.
                 a = a.to(tl.float32)
@@ -95,10 +98,8 @@ def gemm_kernel(
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
         c = acc.to(c_ptr.dtype.element_ty)
-        rm64 = rm.to(tl.int64)
-        rn64 = rn.to(tl.int64)
         c_ptrs = c_ptr + rm64[:, None] * stride_cm + rn64[None, :] * stride_cn
-        tl.store(c_ptrs, c, mask=(rm[:, None] < M) & (rn[None, :] < N))
+        tl.store(c_ptrs, c, mask=mask_m & mask_n)
 
 
 # ---- launcher ------------------------------------------------------------------------------

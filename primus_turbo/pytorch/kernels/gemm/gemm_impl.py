@@ -34,6 +34,7 @@ def gemm_dims(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool):
 
 class GemmDispatcher(AutoKernelDispatcher):
     family = "gemm"
+    memoize_resolution = True  # make_key covers shape, dtypes, layout and device
 
     @classmethod
     def precision(cls, a: torch.Tensor, **kwargs: Any) -> PrecisionType:
@@ -50,7 +51,7 @@ class GemmDispatcher(AutoKernelDispatcher):
     @classmethod
     def make_key(cls, a, b, trans_a, trans_b, out_dtype, **kwargs):
         m, n, k = gemm_dims(a, b, trans_a, trans_b)
-        return (m, n, k, a.dtype, b.dtype, out_dtype, trans_a, trans_b)
+        return (m, n, k, a.dtype, b.dtype, out_dtype, trans_a, trans_b, a.device.type)
 
     @classmethod
     def describe(cls, a, b, trans_a, trans_b, out_dtype, **kwargs) -> str:
