@@ -198,7 +198,8 @@ class GlobalBackendManager:
         if parsed is None:  # env vars are read once; reset() reads them again
             name = env_var_name(family)
             parsed = parse_backend_env(os.environ.get(name, ""), name)
-            cls._env_cache[family] = parsed
+            if not torch.compiler.is_compiling():  # tracing must not mutate class state
+                cls._env_cache[family] = parsed
         return parsed.get(precision)
 
     @classmethod
@@ -211,9 +212,12 @@ class GlobalBackendManager:
     def auto_tune_enabled(cls) -> bool:
         if cls._auto_tune is not None:
             return cls._auto_tune
-        if cls._auto_tune_env is None:
-            cls._auto_tune_env = os.environ.get("PRIMUS_TURBO_AUTO_TUNE", "0").strip() == "1"
-        return cls._auto_tune_env
+        if cls._auto_tune_env is not None:
+            return cls._auto_tune_env
+        enabled = os.environ.get("PRIMUS_TURBO_AUTO_TUNE", "0").strip() == "1"
+        if not torch.compiler.is_compiling():  # tracing must not mutate class state
+            cls._auto_tune_env = enabled
+        return enabled
 
     @classmethod
     def reset(cls) -> None:
@@ -249,6 +253,9 @@ class KernelBackend(abc.ABC):
 
     backend_type: ClassVar[BackendType]
     autotune: ClassVar[bool] = True  # False: never timed, but can be pinned or fall back
+    # True when execute() is built from differentiable torch ops whose own backward runs on
+    # this same backend: ops may then skip their autograd.Function (less per-call overhead).
+    differentiable: ClassVar[bool] = False
 
     @staticmethod
     @abc.abstractmethod
@@ -439,6 +446,10 @@ class AutoKernelDispatcher:
     def time_backend(cls, backend: BackendType, device: torch.device, **kwargs: Any) -> float:
         impl = cls._backends[backend]
         return time_fn(lambda: impl.execute(**kwargs), device)
+
+    @classmethod
+    def backend_class(cls, backend: BackendType) -> type[KernelBackend]:
+        return cls._backends[backend]
 
     @classmethod
     def execute(cls, backend: BackendType, **kwargs: Any) -> Any:

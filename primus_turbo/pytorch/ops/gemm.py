@@ -124,6 +124,12 @@ def gemm(
         a=a, b=b, trans_a=trans_a, trans_b=trans_b, out_dtype=out_dtype
     )
     needs_grad = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
-    if not (needs_grad or accum):  # inference: no autograd node to build
+    if not accum and (
+        not needs_grad
+        or (
+            GemmDispatcher.backend_class(backend).differentiable
+            and not torch.compiler.is_compiling()
+        )
+    ):  # no autograd node of ours needed: inference, or torch's autograd on the same backend
         return gemm_impl(a, b, trans_a, trans_b, out_dtype, backend)
     return GemmFunction.apply(a, b, trans_a, trans_b, out_dtype, backend.value, accum)

@@ -122,3 +122,19 @@ def select_config(m: int, n: int, k: int, family: ArchFamily, num_cus: int) -> G
         if fits and area > best_area:
             best, best_area = cfg, area
     return best
+
+
+def select_split_k(m: int, n: int, k: int, cfg: GemmConfig, num_cus: int) -> int:
+    """Split K when the output has fewer tiles than CUs and K is long enough to share.
+
+    Returns a power of two <= 8 such that tiles * split roughly fills the CUs and every slice
+    keeps at least 8 K-tiles of work (shorter slices lose more to the fp32 partial sums).
+    """
+    tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
+    k_tiles = _cdiv(k, cfg.block_k)
+    split = 1
+    while split < 8 and tiles * split * 2 <= num_cus * 2 and k_tiles // (split * 2) >= 8:
+        if tiles * split >= num_cus:
+            break
+        split *= 2
+    return split

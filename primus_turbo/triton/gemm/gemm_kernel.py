@@ -8,6 +8,10 @@ Grid mapping: a persistent grid of ``num_programs <= num_tiles`` programs walks 
 with stride ``num_programs``; tile ids are swizzled in groups of ``GROUP_M`` rows of tiles so that
 consecutive programs share B columns in L2. With ``num_programs == num_tiles`` this is the classic
 one-tile-per-program launch. Row/column offsets are int64 so outputs past 2**31 elements are safe.
+
+Split-K (``SPLIT_K > 1``, for outputs with fewer tiles than CUs): work item ``w`` is tile
+``w % num_tiles`` over the K slice ``w // num_tiles``; each writes an fp32 partial to
+``c + slice * stride_cs`` and the launcher sums the slices in a fixed order (deterministic).
 """
 
 from __future__ import annotations
@@ -26,7 +30,12 @@ from primus_turbo.pytorch.core.platform import (
     triton_interpret,
 )
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec, triton_dtype_name
-from primus_turbo.triton.gemm.gemm_configs import GemmConfig, gemm_configs, select_config
+from primus_turbo.triton.gemm.gemm_configs import (
+    GemmConfig,
+    gemm_configs,
+    select_config,
+    select_split_k,
+)
 
 
 @triton.jit
@@ -54,6 +63,7 @@ def gemm_kernel(
     stride_bn,
     stride_cm,
     stride_cn,
+    stride_cs,
     num_programs,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -61,14 +71,24 @@ def gemm_kernel(
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
+    SPLIT_K: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
+    k_per_split = tl.cdiv(k_tiles, SPLIT_K)
     offs_k = tl.arange(0, BLOCK_K)
-    for tile_id in range(pid, num_tiles, num_programs):
+    for work_id in range(pid, num_tiles * SPLIT_K, num_programs):
+        if SPLIT_K == 1:
+            tile_id = work_id
+            kt_start = 0
+            kt_end = k_tiles
+        else:
+            tile_id = work_id % num_tiles
+            kt_start = (work_id // num_tiles) * k_per_split
+            kt_end = tl.minimum(kt_start + k_per_split, k_tiles)
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -79,10 +99,11 @@ def gemm_kernel(
         rn64 = rn.to(tl.int64)
         mask_m = rm[:, None] < M
         mask_n = rn[None, :] < N
-        a_ptrs = a_ptr + rm64[:, None] * stride_am + offs_k[None, :] * stride_ak
-        b_ptrs = b_ptr + offs_k[:, None] * stride_bk + rn64[None, :] * stride_bn
+        k0 = kt_start * BLOCK_K
+        a_ptrs = a_ptr + rm64[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak
+        b_ptrs = b_ptr + (k0 + offs_k)[:, None] * stride_bk + rn64[None, :] * stride_bn
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(0, k_tiles):
+        for kt in range(kt_start, kt_end):
             if EVEN_K:
                 a = tl.load(a_ptrs, mask=mask_m, other=0.0)
                 b = tl.load(b_ptrs, mask=mask_n, other=0.0)
@@ -99,6 +120,8 @@ def gemm_kernel(
             b_ptrs += BLOCK_K * stride_bk
         c = acc.to(c_ptr.dtype.element_ty)
         c_ptrs = c_ptr + rm64[:, None] * stride_cm + rn64[None, :] * stride_cn
+        if SPLIT_K > 1:
+            c_ptrs += (work_id // num_tiles).to(tl.int64) * stride_cs
         tl.store(c_ptrs, c, mask=mask_m & mask_n)
 
 
@@ -110,16 +133,18 @@ SUPPORTED_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _tuned: dict[tuple, GemmConfig] = {}
 
 
-def _launch(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily) -> None:
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+def _launch(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily, split_k: int = 1):
+    """Launch one config; with ``split_k > 1`` partials go to an fp32 workspace, then summed."""
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n) * split_k
     if family == ArchFamily.CPU:
         programs = tiles
     else:
         programs = min(tiles, num_compute_units(a.device) * cfg.programs_per_cu)
+    out = c if split_k == 1 else torch.empty((split_k, m, n), device=c.device, dtype=torch.float32)
     gemm_kernel[(programs,)](
         a,
         b,
-        c,
+        out,
         m,
         n,
         k,
@@ -127,8 +152,9 @@ def _launch(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily) -> No
         sa[1],
         sb[0],
         sb[1],
-        c.stride(0),
-        c.stride(1),
+        out.stride(-2),
+        out.stride(-1),
+        out.stride(0) if split_k > 1 else 0,
         programs,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
@@ -136,8 +162,11 @@ def _launch(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily) -> No
         GROUP_M=cfg.group_m,
         EVEN_K=k % cfg.block_k == 0,
         UPCAST=triton_interpret() and a.dtype == torch.bfloat16,
+        SPLIT_K=split_k,
         **cfg.options,
     )
+    if split_k > 1:
+        torch.sum(out, dim=0, out=c) if c.dtype == torch.float32 else c.copy_(out.sum(dim=0))
 
 
 def _tune_key(m, n, k, a, b, c, sa, sb):
@@ -149,26 +178,31 @@ def _tune_key(m, n, k, a, b, c, sa, sb):
     return (bucket(m), bucket(n), bucket(k), a.dtype, c.dtype, sa[1] == 1, sb[1] == 1, a.device)
 
 
-def _pick_config(a, b, c, m, n, k, sa, sb, family: ArchFamily) -> GemmConfig:
+def _pick_config(a, b, c, m, n, k, sa, sb, family: ArchFamily) -> tuple[GemmConfig, int]:
+    cus = num_compute_units(a.device)
     if family == ArchFamily.CPU or is_graph_capturing() or not _config_tuning_enabled():
-        return select_config(m, n, k, family, num_compute_units(a.device))
+        cfg = select_config(m, n, k, family, cus)
+        return cfg, select_split_k(m, n, k, cfg, cus)
     key = _tune_key(m, n, k, a, b, c, sa, sb)
-    cfg = _tuned.get(key)
-    if cfg is None:
+    choice = _tuned.get(key)
+    if choice is None:
         timings = {}
         for cand in gemm_configs(family):
-            try:
-                timings[cand] = triton.testing.do_bench(
-                    lambda cand=cand: _launch(a, b, c, m, n, k, sa, sb, cand, family),
-                    warmup=5,
-                    rep=20,
-                    return_mode="median",
-                )
-            except Exception:  # e.g. out of shared memory for this tile on this chip
-                continue
-        cfg = min(timings, key=timings.get)
-        _tuned[key] = cfg
-    return cfg
+            for split in sorted({1, select_split_k(m, n, k, cand, cus)}):
+                try:
+                    timings[(cand, split)] = triton.testing.do_bench(
+                        lambda cand=cand, split=split: _launch(
+                            a, b, c, m, n, k, sa, sb, cand, family, split
+                        ),
+                        warmup=5,
+                        rep=20,
+                        return_mode="median",
+                    )
+                except Exception:  # e.g. out of shared memory for this tile on this chip
+                    continue
+        choice = min(timings, key=timings.get)
+        _tuned[key] = choice
+    return choice
 
 
 @functools.cache
@@ -200,8 +234,8 @@ def gemm_triton(
     if k == 0:
         return c.zero_()
     family = arch_family(a.device)
-    cfg = _pick_config(a, b, c, m, n, k, sa, sb, family)
-    _launch(a, b, c, m, n, k, sa, sb, cfg, family)
+    cfg, split_k = _pick_config(a, b, c, m, n, k, sa, sb, family)
+    _launch(a, b, c, m, n, k, sa, sb, cfg, family, split_k)
     return c
 
 
@@ -235,6 +269,7 @@ def aot_specs(target: str) -> list[AotSpec]:
             **strides,
             "stride_cm": "i32:16",
             "stride_cn": "i32:1",
+            "stride_cs": "i32",
             "num_programs": "i32",
         }
         signature = {k: signature[k] for k in _KERNEL_ARGS}
@@ -251,15 +286,23 @@ def aot_specs(target: str) -> list[AotSpec]:
                         "GROUP_M": cfg.group_m,
                         "EVEN_K": True,
                         "UPCAST": False,
+                        "SPLIT_K": 1,
                     },
                     options=cfg.options,
                     default=cfg == default,
                 )
             )
+            if cfg == default:  # the split-K specialisation writes fp32 partials
+                split_sig = {**signature, "c_ptr": "*fp32"}
+                constexprs = {**specs[-1].constexprs, "SPLIT_K": 4}
+                specs.append(
+                    AotSpec(f"{specs[-1].name}_splitk4", gemm_kernel, split_sig, constexprs,
+                            cfg.options)
+                )  # fmt: skip
     return specs
 
 
 _KERNEL_ARGS = (
     "a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn",
-    "stride_cm", "stride_cn", "num_programs",
+    "stride_cm", "stride_cn", "stride_cs", "num_programs",
 )  # fmt: skip

@@ -49,3 +49,13 @@ def test_heuristic_is_pure_and_deterministic():
 
 def test_cpu_family_uses_interpreter_tiles():
     assert select_config(4096, 4096, 4096, ArchFamily.CPU, 2).block_m <= 32
+
+
+def test_split_k_only_when_tiles_do_not_fill_the_machine():
+    from primus_turbo.triton.gemm.gemm_configs import select_split_k
+
+    cfg = gemm_configs(ArchFamily.HOPPER)[0]  # 128x256
+    assert select_split_k(8192, 8192, 8192, cfg, 132) == 1  # 2048 tiles
+    assert select_split_k(4096, 576, 7168, cfg, 132) == 2  # 96 tiles, long K
+    assert select_split_k(128, 256, 8192, cfg, 132) == 8  # one tile, very long K
+    assert select_split_k(128, 256, 512, cfg, 132) == 1  # K too short to share

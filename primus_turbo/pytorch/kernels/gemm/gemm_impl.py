@@ -64,9 +64,14 @@ class GemmDispatcher(AutoKernelDispatcher):
 
 @GemmDispatcher.register
 class GemmHipblasltBackend(KernelBackend):
-    """Vendor BLAS-Lt (hipBLASLt on ROCm, cuBLASLt on CUDA) through ``torch.matmul``."""
+    """Vendor BLAS-Lt (hipBLASLt on ROCm, cuBLASLt on CUDA) through ``torch.matmul``.
+
+    ``torch.matmul``'s own backward runs the same BLAS-Lt GEMMs (dgrad/wgrad) that our autograd
+    function would, so this backend is marked differentiable.
+    """
 
     backend_type = BackendType.HIPBLASLT
+    differentiable = True
 
     @staticmethod
     def can_handle(a, b, trans_a, trans_b, out_dtype, **kwargs) -> Verdict:
