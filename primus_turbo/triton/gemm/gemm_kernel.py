@@ -180,15 +180,16 @@ def _tune_key(m, n, k, a, b, c, sa, sb):
 
 def _pick_config(a, b, c, m, n, k, sa, sb, family: ArchFamily) -> tuple[GemmConfig, int]:
     cus = num_compute_units(a.device)
+    split_on = _split_k_enabled()
     if family == ArchFamily.CPU or is_graph_capturing() or not _config_tuning_enabled():
         cfg = select_config(m, n, k, family, cus)
-        return cfg, select_split_k(m, n, k, cfg, cus)
+        return cfg, select_split_k(m, n, k, cfg, cus) if split_on else 1
     key = _tune_key(m, n, k, a, b, c, sa, sb)
     choice = _tuned.get(key)
     if choice is None:
         timings = {}
         for cand in gemm_configs(family):
-            for split in sorted({1, select_split_k(m, n, k, cand, cus)}):
+            for split in sorted({1, select_split_k(m, n, k, cand, cus) if split_on else 1}):
                 try:
                     timings[(cand, split)] = triton.testing.do_bench(
                         lambda cand=cand, split=split: _launch(
@@ -203,6 +204,16 @@ def _pick_config(a, b, c, m, n, k, sa, sb, family: ArchFamily) -> tuple[GemmConf
         choice = min(timings, key=timings.get)
         _tuned[key] = choice
     return choice
+
+
+@functools.cache
+def _split_k_enabled() -> bool:
+    """Split-K is opt-in (``PRIMUS_TURBO_GEMM_SPLIT_K=1``): on the H200 (2026-11-29) it made the
+    CPU-launch-bound 4096x576x7168 case slower (extra workspace and sum launches), so the
+    default keeps one launch per GEMM until the launch path is cheaper."""
+    import os
+
+    return os.environ.get("PRIMUS_TURBO_GEMM_SPLIT_K", "0").strip() == "1"
 
 
 @functools.cache

@@ -274,6 +274,7 @@ def test_gemm_triton_split_k(split_k, out_dtype, monkeypatch, device):
     from primus_turbo.triton.gemm import gemm_kernel as gk
 
     monkeypatch.setattr(gk, "_config_tuning_enabled", lambda: False)
+    monkeypatch.setattr(gk, "_split_k_enabled", lambda: True)
     monkeypatch.setattr(gk, "select_split_k", lambda *args: split_k)
     GlobalBackendManager.set_gemm_backend(BackendType.TRITON)
     _check_fwd_bwd(24, 40, 200, False, True, torch.bfloat16, device, out_dtype=out_dtype)
