@@ -98,11 +98,21 @@ def arch_family_of(arch: str | None, capability: tuple[int, int] | None) -> Arch
 
 def arch_family(device: torch.device | str | int | None = None) -> ArchFamily:
     """The family of ``device``; CPU when it is a CPU device or no GPU is present."""
+    if isinstance(device, torch.device):  # the per-launch path: cached per device
+        return _arch_family_cached(device.type, device.index)
     if device is not None and not isinstance(device, int) and torch.device(device).type != "cuda":
         return ArchFamily.CPU
     if not gpu_available():
         return ArchFamily.CPU
     return arch_family_of(amd_arch(device), cuda_capability(device))
+
+
+@functools.lru_cache(maxsize=64)
+def _arch_family_cached(kind: str, index: int | None) -> ArchFamily:
+    if kind != "cuda" or not gpu_available():
+        return ArchFamily.CPU
+    dev = index if index is not None else torch.cuda.current_device()
+    return arch_family_of(amd_arch(dev), cuda_capability(dev))
 
 
 def num_compute_units(device: torch.device | str | int | None = None) -> int:

@@ -6,6 +6,7 @@ Nothing here imports Triton or touches a device, so the choice is unit-tested on
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from primus_turbo.pytorch.core.platform import ArchFamily
@@ -22,8 +23,9 @@ class GemmConfig:
     programs_per_cu: int = 1  # persistent grid = min(tiles, CUs * this): resident CTAs per CU
     extra: tuple[tuple[str, Any], ...] = ()  # backend compile options, e.g. waves_per_eu
 
-    @property
+    @functools.cached_property
     def options(self) -> dict[str, Any]:
+        """Launch/compile options (cached: this is read on every launch; do not mutate)."""
         return {"num_warps": self.num_warps, "num_stages": self.num_stages, **dict(self.extra)}
 
     @property
@@ -95,14 +97,17 @@ CONFIGS_BY_FAMILY = {
 }
 
 
-def gemm_configs(family: ArchFamily) -> list[GemmConfig]:
-    return CONFIGS_BY_FAMILY[family]()
+@functools.cache
+def gemm_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
+    """The family's configs (built once per process)."""
+    return tuple(CONFIGS_BY_FAMILY[family]())
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@functools.lru_cache(maxsize=4096)
 def select_config(m: int, n: int, k: int, family: ArchFamily, num_cus: int) -> GemmConfig:
     """Heuristic choice: the largest tile that still gives every CU at least one tile.
 

@@ -135,7 +135,8 @@ _tuned: dict[tuple, GemmConfig] = {}
 
 def _launch(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily, split_k: int = 1):
     """Launch one config; with ``split_k > 1`` partials go to an fp32 workspace, then summed."""
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n) * split_k
+    # plain integer ceil-div: triton.cdiv is a @jit function, slow to call from the host
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n) * split_k
     if family == ArchFamily.CPU:
         programs = tiles
     else:
@@ -161,7 +162,7 @@ def _launch(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily, split
         BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m,
         EVEN_K=k % cfg.block_k == 0,
-        UPCAST=triton_interpret() and a.dtype == torch.bfloat16,
+        UPCAST=_interpreting() and a.dtype == torch.bfloat16,
         SPLIT_K=split_k,
         **cfg.options,
     )
@@ -204,6 +205,12 @@ def _pick_config(a, b, c, m, n, k, sa, sb, family: ArchFamily) -> tuple[GemmConf
         choice = min(timings, key=timings.get)
         _tuned[key] = choice
     return choice
+
+
+@functools.cache
+def _interpreting() -> bool:
+    # Fixed per process: @triton.jit already chose interpreter or compiler at import time.
+    return triton_interpret()
 
 
 @functools.cache
