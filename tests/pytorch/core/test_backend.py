@@ -331,3 +331,45 @@ def test_dispatch_executes_resolved_backend():
     x = _x()
     torch.testing.assert_close(ToyDispatcher.dispatch(x=x), x @ x)
     assert ToyDispatcher.calls == [T]
+
+
+# ---- memoised resolution (the per-call fast path) --------------------------------------------
+
+
+class MemoDispatcher(ToyDispatcher):
+    family = "memo"
+    memoize_resolution = True
+
+
+for _kind in (H, T):
+    MemoDispatcher.register(ToyDispatcher._backends[_kind])
+
+
+def test_memo_follows_setting_changes():
+    x = _x()
+    assert MemoDispatcher.resolve(x=x) == H
+    assert MemoDispatcher.resolve(x=x) == H  # served from the memo
+    GlobalBackendManager.set_backend("memo", T)
+    assert MemoDispatcher.resolve(x=x) == T
+    GlobalBackendManager.set_backend("memo", None)
+    assert MemoDispatcher.resolve(x=x) == H
+    GlobalBackendManager.set_auto_tune(True)
+    assert MemoDispatcher.resolve(x=x) == T  # tuned: T is the cheapest
+
+
+def test_memo_not_kept_when_tuning_was_skipped(monkeypatch):
+    monkeypatch.setattr(be, "is_graph_capturing", lambda: True)
+    GlobalBackendManager.set_auto_tune(True)
+    x = _x()
+    assert MemoDispatcher.resolve(x=x) == H  # capture: default, not remembered
+    monkeypatch.setattr(be, "is_graph_capturing", lambda: False)
+    assert MemoDispatcher.resolve(x=x) == T  # after capture the tuner runs
+
+
+def test_env_is_read_once_until_reset(monkeypatch):
+    x = _x()
+    assert MemoDispatcher.resolve(x=x) == H
+    monkeypatch.setenv("PRIMUS_TURBO_MEMO_BACKEND", "TRITON")
+    assert MemoDispatcher.resolve(x=x) == H  # documented: env vars are read on first use
+    GlobalBackendManager.reset()
+    assert MemoDispatcher.resolve(x=x) == T
