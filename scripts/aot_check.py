@@ -53,7 +53,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -67,161 +66,16 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # check the kernels of this tree, installed or not
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # aot_parse / aot_report beside us
 
-# LDS / shared memory per workgroup (CTA), bytes.
-LDS_LIMITS: dict[str, int] = {"gfx942": 64 * 1024, "gfx950": 160 * 1024, "sm_90": 232448}
-AMD_META_KEYS = (
-    "vgpr_count",
-    "agpr_count",
-    "sgpr_count",
-    "vgpr_spill_count",
-    "sgpr_spill_count",
-    "private_segment_fixed_size",
-    "group_segment_fixed_size",
+from aot_parse import (  # noqa: E402  (the parsers are re-exported: the tests use them here)
+    ERROR,
+    amdgcn_kernel_info,
+    count_wgmma,
+    find_ptxas,
+    run_ptxas,
 )
-OK, SPILL, ERROR = "OK", "SPILL", "ERROR"
-
-
-# ---- parsers (pure text, unit-tested) ------------------------------------------------------
-
-
-def parse_amdgcn_metadata(asm: str) -> dict[str, dict[str, int]]:
-    """Per-kernel register/memory figures from the ``amdhsa.kernels`` YAML block of AMDGCN text.
-
-    Returns ``{kernel_name: {key: int}}`` with the keys of ``AMD_META_KEYS`` that are present
-    (without the leading dot). Keys of nested entries (``.args``) are ignored.
-    """
-    kernels: dict[str, dict[str, int]] = {}
-    in_block = False
-    current: dict[str, Any] | None = None
-    key_indent = None
-
-    def flush() -> None:
-        if current is not None:
-            name = str(current.pop("name", f"kernel{len(kernels)}"))
-            kernels[name] = current
-
-    for line in asm.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("amdhsa.kernels:"):
-            in_block = True
-            continue
-        if not in_block:
-            continue
-        if stripped.startswith(".end_amdgpu_metadata") or (
-            line[:1] not in ("", " ", "\t", "-") and not stripped.startswith("- ")
-        ):
-            break  # next top-level key (amdhsa.target, amdhsa.version) or end of block
-        m = re.match(r"^(\s*)-\s+\.(\w+):\s*(.*)$", line)
-        if m and (key_indent is None or len(m.group(1)) + 2 == key_indent):
-            flush()  # "  - .first_key: value" starts the next kernel
-            current = {}
-            key_indent = len(m.group(1)) + 2
-            key, value = m.group(2), m.group(3)
-        else:
-            m = re.match(r"^(\s*)\.(\w+):\s*(.*)$", line)
-            if not m or current is None or len(m.group(1)) != key_indent:
-                continue
-            key, value = m.group(2), m.group(3)
-        value = value.strip().strip("'\"")
-        if key == "name":
-            current["name"] = value
-        elif key in AMD_META_KEYS:
-            try:
-                current[key] = int(value)
-            except ValueError:
-                pass
-    flush()
-    return kernels
-
-
-def amdgcn_kernel_info(asm: str, kernel_name: str | None = None) -> dict[str, int]:
-    """Metadata of ``kernel_name`` (or of the only/first kernel) plus MFMA count and occupancy."""
-    kernels = parse_amdgcn_metadata(asm)
-    if not kernels:
-        raise ValueError("no amdhsa.kernels metadata in the AMDGCN text")
-    info = dict(kernels.get(kernel_name) or next(iter(kernels.values())))
-    info["mfma_count"] = count_mfma(asm)
-    occ = re.search(r"^;\s*Occupancy:\s*(\d+)", asm, re.MULTILINE)
-    if occ:
-        info["occupancy"] = int(occ.group(1))
-    return info
-
-
-def count_mfma(asm: str) -> int:
-    """Number of MFMA instructions (``v_mfma*``, incl. gfx950 scaled MFMA) in AMDGCN text."""
-    return sum(1 for line in asm.splitlines() if line.lstrip().startswith("v_mfma"))
-
-
-def count_wgmma(ptx: str) -> int:
-    """Number of Hopper warpgroup MMA instructions (``wgmma.mma_async``) in PTX."""
-    return sum(1 for line in ptx.splitlines() if "wgmma.mma_async" in line)
-
-
-def ptx_target(ptx: str, default: str = "sm_90") -> str:
-    """The ``.target`` of a PTX module (Triton emits ``sm_90a`` when it uses wgmma)."""
-    m = re.search(r"^\s*\.target\s+(\w+)", ptx, re.MULTILINE)
-    return m.group(1) if m else default
-
-
-def parse_ptxas_output(text: str, kernel_name: str | None = None) -> dict[str, int]:
-    """Registers, spills, stack and static smem of one entry from ``ptxas -v`` output.
-
-    Handles both the CUDA 12/13 layout (spills on a "Function properties" line) and older
-    ones. Picks ``kernel_name`` if given, else the first entry function.
-    """
-    blocks = re.split(r"Compiling entry function '([^']+)'", text)
-    # blocks = [preamble, name1, body1, name2, body2, ...]
-    entries = {blocks[i]: blocks[i + 1] for i in range(1, len(blocks) - 1, 2)}
-    if not entries:
-        raise ValueError("no entry function in ptxas output")
-    body = entries.get(kernel_name) if kernel_name else None
-    if body is None:
-        body = next(iter(entries.values()))
-    patterns = {
-        "regs": r"Used (\d+) registers",
-        "spill_stores": r"(\d+) bytes spill stores",
-        "spill_loads": r"(\d+) bytes spill loads",
-        "stack_bytes": r"(\d+) bytes stack frame",
-        "smem_static": r"(\d+) bytes smem",
-    }
-    info = {}
-    for key, pat in patterns.items():
-        m = re.search(pat, body)
-        info[key] = int(m.group(1)) if m else 0
-    return info
-
-
-# ---- compiling one spec --------------------------------------------------------------------
-
-
-def find_ptxas() -> str | None:
-    """The ptxas Triton uses (bundled, or ``TRITON_PTXAS_PATH``), else the one on PATH."""
-    try:
-        from triton import knobs
-
-        path = knobs.nvidia.ptxas.path
-        if path and os.path.exists(path):
-            return path
-    except Exception:
-        pass
-    return shutil.which("ptxas")
-
-
-def run_ptxas(ptx: str, ptxas: str | None = None) -> dict[str, int]:
-    """``ptxas -v --gpu-name <PTX .target>`` on ``ptx``; returns ``parse_ptxas_output``."""
-    ptxas = ptxas or find_ptxas()
-    if not ptxas:
-        raise FileNotFoundError("ptxas not found (neither Triton's nor on PATH)")
-    with tempfile.TemporaryDirectory(prefix="aot_ptxas_") as tmp:
-        src = Path(tmp, "kernel.ptx")
-        src.write_text(ptx)
-        cmd = [ptxas, "-v", "--gpu-name", ptx_target(ptx), str(src), "-o", str(Path(tmp, "k.o"))]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-    out = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        raise RuntimeError(f"ptxas failed ({proc.returncode}): {out.strip()[-2000:]}")
-    return parse_ptxas_output(out)
+from aot_report import classify, summarize, write_markdown  # noqa: E402
 
 
 def backend_options(target, options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -258,31 +112,6 @@ def _single_line(text: str, limit: int = 160) -> str:
     lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
     line = lines[-1] if lines else ""
     return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def classify(rec: dict[str, Any], fail_on_spill: bool = False) -> tuple[str, bool]:
-    """Sets ``rec['status']`` (OK / SPILL / ERROR) from the figures; returns (status, is_failure).
-
-    ERROR: compile failed, or LDS/shared bytes over the target's limit. SPILL: any register
-    spill (VGPR/SGPR spill counts on AMD, spill stores/loads on sm_90).
-    """
-    target = rec["target"]
-    if rec.get("error"):
-        rec["status"] = ERROR
-    elif rec.get("lds_bytes", 0) > LDS_LIMITS[target]:
-        rec["status"] = ERROR
-        rec["error"] = f"LDS {rec['lds_bytes']} B > {target} limit {LDS_LIMITS[target]} B"
-    elif (
-        rec.get("vgpr_spill_count", 0)
-        or rec.get("sgpr_spill_count", 0)
-        or rec.get("spill_stores", 0)
-        or rec.get("spill_loads", 0)
-    ):
-        rec["status"] = SPILL
-    else:
-        rec["status"] = OK
-    failing = rec["status"] == ERROR or (fail_on_spill and rec["status"] == SPILL)
-    return rec["status"], failing
 
 
 def specialization(
@@ -530,145 +359,6 @@ def run_tasks(
                 classify(rec)
                 report(rec)
     return results
-
-
-# ---- report --------------------------------------------------------------------------------
-
-
-def _fmt(v: Any) -> str:
-    if v is None or v == "":
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.1f}"
-    return str(v)
-
-
-def _notes(rec: dict[str, Any]) -> str:
-    parts = list(rec.get("notes", []))
-    if rec.get("error"):
-        parts.insert(0, rec["error"])
-    return "; ".join(parts).replace("|", "\\|")
-
-
-def _row(cells: Sequence[Any]) -> str:
-    return "| " + " | ".join(_fmt(c) for c in cells) + " |"
-
-
-def target_table(target: str, recs: Sequence[dict[str, Any]]) -> list[str]:
-    amd = target != "sm_90"
-    if amd:
-        head = [
-            "kernel", "config", "default", "VGPR", "AGPR", "SGPR", "spill (v/s)",
-            "scratch B", "LDS B", "occ", "MFMA", "compile s", "status", "notes",
-        ]  # fmt: skip
-    else:
-        head = [
-            "kernel", "config", "default", "regs", "spill st/ld B", "stack B", "smem B",
-            "wgmma", "compile s", "status", "notes",
-        ]  # fmt: skip
-    lines = [f"## {target} (LDS limit {LDS_LIMITS[target]} B)", "", _row(head)]
-    lines.append("|" + "---|" * len(head))
-    for r in recs:
-        ok = r.get("lds_bytes") is not None  # figures exist (compiled, maybe over LDS)
-        common = [r["kernel"], f"`{r['config']}`", "yes" if r.get("default") else ""]
-        if amd:
-            spill = f"{r.get('vgpr_spill_count')}/{r.get('sgpr_spill_count')}" if ok else None
-            figs = [
-                r.get("vgpr_count"), r.get("agpr_count"), r.get("sgpr_count"), spill,
-                r.get("private_segment_fixed_size"), r.get("lds_bytes"), r.get("occupancy"),
-                r.get("mfma_count"),
-            ]  # fmt: skip
-        else:
-            spill = f"{r.get('spill_stores')}/{r.get('spill_loads')}" if ok else None
-            figs = [
-                r.get("regs"), spill, r.get("stack_bytes"), r.get("lds_bytes"),
-                r.get("wgmma_count"),
-            ]  # fmt: skip
-        lines.append(_row(common + figs + [r.get("compile_s"), r["status"], _notes(r)]))
-    return lines + [""]
-
-
-def summarize(
-    results: Sequence[dict[str, Any]], targets: Sequence[str], elapsed: float, fail_on_spill: bool
-) -> tuple[list[str], int]:
-    """Summary lines (markdown-compatible plain text) and the exit code."""
-    lines = [f"AOT check: {len(results)} results in {elapsed:.1f} s"]
-    failing = 0
-    for t in targets:
-        recs = [r for r in results if r["target"] == t]
-        counts = {s: sum(r["status"] == s for r in recs) for s in (OK, SPILL, ERROR)}
-        lines.append(
-            f"- {t}: {len(recs)} configs, {counts[OK]} OK, {counts[SPILL]} SPILL, "
-            f"{counts[ERROR]} ERROR"
-        )
-    for r in results:
-        failing += classify(r, fail_on_spill)[1]
-    spills = [r for r in results if r["status"] == SPILL]
-    errors = [r for r in results if r["status"] == ERROR]
-    warns = [r for r in results if r["status"] != ERROR and r.get("notes")]
-    if spills:
-        lines.append("")
-        lines.append("Spilling configs" + (" (errors: --fail-on-spill)" if fail_on_spill else ""))
-        for r in spills:
-            if r["target"] == "sm_90":
-                detail = (
-                    f"{r['regs']} regs, spill stores {r['spill_stores']} B / loads "
-                    f"{r['spill_loads']} B, stack {r['stack_bytes']} B"
-                )
-            else:
-                detail = (
-                    f"VGPR {r['vgpr_count']} AGPR {r['agpr_count']}, spills "
-                    f"v{r['vgpr_spill_count']}/s{r['sgpr_spill_count']}, "
-                    f"scratch {r['private_segment_fixed_size']} B"
-                )
-            star = " (default)" if r.get("default") else ""
-            lines.append(f"- {r['target']} {r['config']}{star}: {detail}")
-    if errors:
-        lines.append("")
-        lines.append("Errors")
-        for r in errors:
-            lines.append(f"- {r['target']} {r['config']}: {r['error']}")
-    if warns:
-        by_note: dict[str, list[str]] = {}
-        for r in warns:
-            for note in r["notes"]:
-                by_note.setdefault(note, []).append(f"{r['target']} {r['config']}")
-        lines.append("")
-        lines.append("Notes")
-        for note, where in by_note.items():
-            shown = ", ".join(where[:4]) + (
-                f", ... ({len(where)} in all)" if len(where) > 4 else ""
-            )
-            lines.append(f"- {note}: {shown}")
-    lines.append("")
-    lines.append("RESULT: " + ("FAIL" if failing else "PASS") + f" ({failing} failing)")
-    return lines, 1 if failing else 0
-
-
-def write_markdown(
-    path: Path,
-    results: Sequence[dict[str, Any]],
-    targets: Sequence[str],
-    summary: Sequence[str],
-    header: dict[str, Any],
-) -> None:
-    lines = ["# Triton AOT compile report", ""]
-    lines += [f"- {k}: {v}" for k, v in header.items()]
-    lines.append("")
-    for t in targets:
-        lines += target_table(t, [r for r in results if r["target"] == t])
-    lines += ["## Summary", ""]
-    lines += list(summary)
-    tracebacks = [r for r in results if r.get("traceback")]
-    if tracebacks:
-        lines += ["", "## Error details", ""]
-        for r in tracebacks:
-            lines += [f"### {r['target']} {r['config']}", "", "```", r["traceback"].rstrip(), "```"]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-
-
-# ---- CLI -----------------------------------------------------------------------------------
 
 
 def _sort_key(targets: Sequence[str], order: dict[tuple[str, str], int]):

@@ -9,6 +9,7 @@ Usage: python scripts/gemm_explore.py [--layout NT] [--quick]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 
 import torch
@@ -58,31 +59,12 @@ def main() -> None:
         for cfg in gemm_configs(fam):
             tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
             for mult in (1, 2, 0):
-                programs = tiles if mult == 0 else min(tiles, sms * mult)
+                # 0: one program per tile (classic grid); else a persistent grid of mult x SMs
+                per_cu = -(-tiles // sms) if mult == 0 else mult
+                variant = dataclasses.replace(cfg, programs_per_cu=per_cu)
 
-                def run(cfg=cfg, programs=programs):
-                    gk.gemm_kernel[(programs,)](
-                        x,
-                        y,
-                        c,
-                        m,
-                        n,
-                        k,
-                        sa[0],
-                        sa[1],
-                        sb[0],
-                        sb[1],
-                        c.stride(0),
-                        c.stride(1),
-                        programs,
-                        BLOCK_M=cfg.block_m,
-                        BLOCK_N=cfg.block_n,
-                        BLOCK_K=cfg.block_k,
-                        GROUP_M=cfg.group_m,
-                        EVEN_K=k % cfg.block_k == 0,
-                        UPCAST=False,
-                        **cfg.options,
-                    )
+                def run(variant=variant):
+                    gk._launch(x, y, c, m, n, k, sa, sb, variant, fam)
 
                 try:
                     run()

@@ -28,7 +28,9 @@ def _load_script():
     return mod
 
 
-ac = _load_script()
+ac = _load_script()  # puts scripts/ on sys.path for its helper modules
+import aot_parse  # noqa: E402
+import aot_report  # noqa: E402
 
 # Trimmed from a real Triton 3.6 gfx942 compile: two kernels, nested .args entries whose keys
 # (incl. .name) must not leak into the kernel-level figures.
@@ -100,7 +102,7 @@ ptxas info    : Used 40 registers, 384 bytes smem, 376 bytes cmem[0]
 
 
 def test_parse_amdgcn_metadata_per_kernel():
-    kernels = ac.parse_amdgcn_metadata(SAMPLE_AMDGCN)
+    kernels = aot_parse.parse_amdgcn_metadata(SAMPLE_AMDGCN)
     assert list(kernels) == ["k0", "k1"]
     assert kernels["k0"] == {
         "agpr_count": 4,
@@ -116,17 +118,17 @@ def test_parse_amdgcn_metadata_per_kernel():
 
 
 def test_amdgcn_kernel_info_counts_mfma_and_occupancy():
-    info = ac.amdgcn_kernel_info(SAMPLE_AMDGCN, "k1")
+    info = aot_parse.amdgcn_kernel_info(SAMPLE_AMDGCN, "k1")
     assert info["vgpr_count"] == 32
     assert info["mfma_count"] == 2  # the comment line does not count
     assert info["occupancy"] == 2
-    assert ac.amdgcn_kernel_info(SAMPLE_AMDGCN)["vgpr_spill_count"] == 162  # first kernel
+    assert aot_parse.amdgcn_kernel_info(SAMPLE_AMDGCN)["vgpr_spill_count"] == 162  # first kernel
     with pytest.raises(ValueError, match="amdhsa.kernels"):
-        ac.amdgcn_kernel_info("\tv_mfma_f32_4x4x4f16 v[0:3]\n")
+        aot_parse.amdgcn_kernel_info("\tv_mfma_f32_4x4x4f16 v[0:3]\n")
 
 
 def test_parse_ptxas_output():
-    big = ac.parse_ptxas_output(SAMPLE_PTXAS)
+    big = aot_parse.parse_ptxas_output(SAMPLE_PTXAS)
     assert big == {
         "regs": 255,
         "spill_stores": 1400,
@@ -134,10 +136,10 @@ def test_parse_ptxas_output():
         "stack_bytes": 1040,
         "smem_static": 0,
     }
-    small = ac.parse_ptxas_output(SAMPLE_PTXAS, "small")
+    small = aot_parse.parse_ptxas_output(SAMPLE_PTXAS, "small")
     assert small["regs"] == 40 and small["smem_static"] == 384 and small["spill_stores"] == 0
     with pytest.raises(ValueError):
-        ac.parse_ptxas_output("ptxas fatal : nothing")
+        aot_parse.parse_ptxas_output("ptxas fatal : nothing")
 
 
 def test_ptx_helpers():
@@ -146,9 +148,9 @@ def test_ptx_helpers():
         "\twgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%r1}, %rd1, %rd2, p, 1;\n"
         "\twgmma.commit_group.sync.aligned;\n"
     )
-    assert ac.ptx_target(ptx) == "sm_90a"
-    assert ac.ptx_target("no target here") == "sm_90"
-    assert ac.count_wgmma(ptx) == 1
+    assert aot_parse.ptx_target(ptx) == "sm_90a"
+    assert aot_parse.ptx_target("no target here") == "sm_90"
+    assert aot_parse.count_wgmma(ptx) == 1
 
 
 @pytest.mark.parametrize(
@@ -161,15 +163,17 @@ def test_ptx_helpers():
     ],
 )
 def test_classify(figures, status, fails, fails_strict):
-    assert ac.classify({"target": "gfx942", **figures}) == (status, fails)
-    assert ac.classify({"target": "gfx942", **figures}, fail_on_spill=True)[1] is fails_strict
+    assert aot_report.classify({"target": "gfx942", **figures}) == (status, fails)
+    assert (
+        aot_report.classify({"target": "gfx942", **figures}, fail_on_spill=True)[1] is fails_strict
+    )
 
 
 def test_lds_limits_and_sm90_spill():
-    assert ac.classify({"target": "gfx950", "lds_bytes": 160 * 1024})[0] == "OK"
-    assert ac.classify({"target": "sm_90", "lds_bytes": 232449})[0] == "ERROR"
+    assert aot_report.classify({"target": "gfx950", "lds_bytes": 160 * 1024})[0] == "OK"
+    assert aot_report.classify({"target": "sm_90", "lds_bytes": 232449})[0] == "ERROR"
     rec = {"target": "sm_90", "lds_bytes": 0, "spill_stores": 0, "spill_loads": 8}
-    assert ac.classify(rec)[0] == "SPILL"
+    assert aot_report.classify(rec)[0] == "SPILL"
 
 
 def test_select_indices():
@@ -239,14 +243,14 @@ def test_summary_and_markdown(tmp_path):
         {"target": "gfx942", "kernel": "k", "config": "bad", "error": "E: x", "notes": []},
     ]
     for r in results:
-        ac.classify(r)
-    lines, code = ac.summarize(results, ["gfx942"], 3.0, fail_on_spill=False)
+        aot_report.classify(r)
+    lines, code = aot_report.summarize(results, ["gfx942"], 3.0, fail_on_spill=False)
     text = "\n".join(lines)
     assert code == 1 and "1 SPILL, 1 ERROR" in text and "big (default)" in text
-    assert ac.summarize(results[:1], ["gfx942"], 1.0, False)[1] == 0
-    assert ac.summarize(results[:1], ["gfx942"], 1.0, True)[1] == 1
+    assert aot_report.summarize(results[:1], ["gfx942"], 1.0, False)[1] == 0
+    assert aot_report.summarize(results[:1], ["gfx942"], 1.0, True)[1] == 1
     out = tmp_path / "r.md"
-    ac.write_markdown(out, results, ["gfx942"], lines, {"triton": "x"})
+    aot_report.write_markdown(out, results, ["gfx942"], lines, {"triton": "x"})
     md = out.read_text()
     assert "## gfx942" in md and "| 12/0 |" in md and "| SPILL |" in md and "| ERROR |" in md
 
@@ -322,7 +326,7 @@ def test_real_compile_through_cli(tmp_path):
     assert 0 < amd["vgpr_count"] <= 512 and amd["sgpr_count"] > 0
     assert amd["vgpr_spill_count"] == 0 and amd["private_segment_fixed_size"] == 0
     assert amd["mfma_count"] > 0  # the dot runs on the matrix cores
-    assert 0 <= amd["lds_bytes"] <= ac.LDS_LIMITS["gfx942"]
+    assert 0 <= amd["lds_bytes"] <= aot_parse.LDS_LIMITS["gfx942"]
     assert nv["target"] == "sm_90" and nv["status"] == "OK" and 0 < nv["regs"] <= 255
     assert "dropped waves_per_eu" in nv["notes"]
     text = md.read_text()
