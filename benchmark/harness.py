@@ -306,6 +306,47 @@ def bench_modes(
     return out_timings
 
 
+def bench_pair(
+    ours: tuple[Callable[[], torch.Tensor], Sequence[torch.Tensor]],
+    peer: tuple[Callable[[], torch.Tensor], Sequence[torch.Tensor]],
+    grad_out: torch.Tensor | None,
+    modes: Iterable[Mode] = (Mode.FWD, Mode.BWD),
+    rounds: int = 3,
+    warmup: float | None = None,
+    rep: float | None = None,
+    device: torch.device | None = None,
+) -> tuple[dict[Mode, Timing], dict[Mode, Timing]]:
+    """Time our op and the peer in alternating rounds (ours, peer, ours, peer, ...).
+
+    Clock and thermal drift then reach both alike instead of biasing whichever ran second. Each
+    side's figure per mode is the median over rounds of the per-round medians; the budget ``rep``
+    is split over the rounds. ``ours``/``peer`` are ``(fwd, leaves)`` as for :func:`bench_modes`.
+    """
+    modes = tuple(modes)
+    device = device if device is not None else device_info().device
+    dw, dr = default_budget(device)
+    warmup = dw if warmup is None else warmup
+    rep_each = (dr if rep is None else rep) / max(rounds, 1)
+    runs: tuple[dict[Mode, list[Timing]], dict[Mode, list[Timing]]] = ({}, {})
+    for _ in range(max(rounds, 1)):
+        for side, (fwd, leaves) in zip(runs, (ours, peer), strict=True):
+            for mode, t in bench_modes(
+                fwd, grad_out, leaves, modes, warmup, rep_each, device
+            ).items():
+                side.setdefault(mode, []).append(t)
+
+    def _combine(side: dict[Mode, list[Timing]]) -> dict[Mode, Timing]:
+        return {
+            m: Timing(
+                statistics.median(t.median_ms for t in ts),
+                statistics.median(t.stddev_ms for t in ts),
+            )
+            for m, ts in side.items()
+        }
+
+    return _combine(runs[0]), _combine(runs[1])
+
+
 def tflops(flops: float, ms: float) -> float:
     """``flops / (ms * 1e-3) / 1e12``; NaN for a missing or zero time."""
     if not (ms > 0) or math.isnan(ms):

@@ -39,7 +39,7 @@ from harness import (  # noqa: E402
     Mode,
     Results,
     add_common_args,
-    bench_modes,
+    bench_pair,
     check_allclose,
     compute_snr,
     cpu_notice,
@@ -234,10 +234,15 @@ def run_case(
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
-        budget = {"warmup": args.warmup_ms, "rep": args.rep_ms, "device": device}
-        t = bench_modes(lambda: variant.op(a, b, ta, tb), grad, (a, b), **budget)
         ap, bp = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
-        p = bench_modes(lambda: variant.peer(ap, bp, ta, tb), grad, (ap, bp), **budget)
+        t, p = bench_pair(
+            (lambda: variant.op(a, b, ta, tb), (a, b)),
+            (lambda: variant.peer(ap, bp, ta, tb), (ap, bp)),
+            grad,
+            warmup=args.warmup_ms,
+            rep=args.rep_ms,
+            device=device,
+        )
     except Exception as e:
         print(f"  ERROR: {type(e).__name__}: {e}")
         if os.environ.get("BENCH_TRACEBACK"):
