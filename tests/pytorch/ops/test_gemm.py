@@ -278,3 +278,30 @@ def test_gemm_triton_split_k(split_k, out_dtype, monkeypatch, device):
     monkeypatch.setattr(gk, "select_split_k", lambda *args: split_k)
     GlobalBackendManager.set_gemm_backend(BackendType.TRITON)
     _check_fwd_bwd(24, 40, 200, False, True, torch.bfloat16, device, out_dtype=out_dtype)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the CPU-interpreter workaround")
+@pytest.mark.parametrize("dtype,upcast", [(torch.bfloat16, True), (torch.float16, False)], ids=str)
+def test_interpreter_bf16_dot_workaround_is_scoped(dtype, upcast, monkeypatch):
+    """Triton 3.6's CPU interpreter computes bf16 x bf16 tl.dot wrongly (facts.md); the kernel
+    then upcasts tiles to fp32 (UPCAST). The flag must be set for bf16 under the interpreter only,
+    never for other dtypes, so compiled GPU code keeps its bf16 dots."""
+    from primus_turbo.triton.gemm import gemm_kernel as gk
+
+    seen = {}
+    real = gk.gemm_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.update(kwargs)
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(gk, "gemm_kernel", Spy())
+    a = rand(8, 16, dtype=dtype, device="cpu")
+    b = rand(16, 8, dtype=dtype, device="cpu")
+    out = gk.gemm_triton(a, b, False, False, dtype)
+    assert seen["UPCAST"] is upcast
+    assert_close(out, gemm_ref(a, b, False, False, torch.float32), dtype)
