@@ -141,6 +141,30 @@ TABLE_COLUMNS = [
 ]
 
 
+# Numeric columns of every row (NaN when a case errors before they are measured).
+METRIC_COLUMNS = [
+    "Forward Time (ms)",
+    "Forward Time Stddev (ms)",
+    "Forward TFLOPS",
+    "Backward Time (ms)",
+    "Backward Time Stddev (ms)",
+    "Backward TFLOPS",
+    "Step Time (ms)",
+    "Step TFLOPS",
+    "torch Forward Time (ms)",
+    "torch Forward TFLOPS",
+    "torch Backward Time (ms)",
+    "torch Backward TFLOPS",
+    "torch Step TFLOPS",
+    "Forward Ratio",
+    "Backward Ratio",
+    "Step Ratio",
+    "out_snr",
+    "da_snr",
+    "db_snr",
+]
+
+
 def make_inputs(
     case: GemmCase, layout: str, dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, bool, bool]:
@@ -200,28 +224,7 @@ def run_case(
         "Peer": variant.peer_name,
         "Check": "ERROR",
     }
-    nan_cols = [
-        "Forward Time (ms)",
-        "Forward Time Stddev (ms)",
-        "Forward TFLOPS",
-        "Backward Time (ms)",
-        "Backward Time Stddev (ms)",
-        "Backward TFLOPS",
-        "Step Time (ms)",
-        "Step TFLOPS",
-        "torch Forward Time (ms)",
-        "torch Forward TFLOPS",
-        "torch Backward Time (ms)",
-        "torch Backward TFLOPS",
-        "torch Step TFLOPS",
-        "Forward Ratio",
-        "Backward Ratio",
-        "Step Ratio",
-        "out_snr",
-        "da_snr",
-        "db_snr",
-    ]
-    row.update(dict.fromkeys(nan_cols, math.nan))
+    row.update(dict.fromkeys(METRIC_COLUMNS, math.nan))  # NaN until measured
     device = info.device
     torch.manual_seed(test_id)
     try:
