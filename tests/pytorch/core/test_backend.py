@@ -71,6 +71,27 @@ def _x(n=16, dtype=torch.float32):
     return torch.randn(n, n, dtype=dtype)
 
 
+def _bare_dispatcher(name: str) -> type[AutoKernelDispatcher]:
+    """A dispatcher with no default backend and one cache key for every input."""
+    return type(
+        name,
+        (AutoKernelDispatcher,),
+        {"family": name, "make_key": classmethod(lambda cls, **kw: ())},
+    )
+
+
+def _register(
+    dispatcher, kind, can_handle=lambda **kw: YES, execute=lambda **kw: None, autotune=True
+):
+    body = {
+        "backend_type": kind,
+        "autotune": autotune,
+        "can_handle": staticmethod(can_handle),
+        "execute": staticmethod(execute),
+    }
+    dispatcher.register(type(f"{dispatcher.family}_{kind.name}", (KernelBackend,), body))
+
+
 @pytest.fixture(autouse=True)
 def _calls():
     ToyDispatcher.calls.clear()
@@ -208,25 +229,15 @@ def test_fallback_warns_once():
 
 
 def test_no_backend_can_handle():
-    class Empty(AutoKernelDispatcher):
-        family = "empty"
+    Empty = _bare_dispatcher("empty")
 
-        @classmethod
-        def make_key(cls, **kw):
-            return ()
+    def refuse(**kw):
+        return no("never")
 
-    @Empty.register
-    class Never(KernelBackend):
-        backend_type = BackendType.TORCH
+    def unreachable(**kw):
+        raise AssertionError
 
-        @staticmethod
-        def can_handle(**kw):
-            return no("never")
-
-        @staticmethod
-        def execute(**kw):
-            raise AssertionError
-
+    _register(Empty, BackendType.TORCH, refuse, unreachable)
     with pytest.raises(NotImplementedError, match=r"empty: no backend can handle .*TORCH: never"):
         Empty.resolve(x=_x())
 
@@ -245,25 +256,9 @@ def test_autotune_picks_fastest_and_caches():
 
 
 def test_autotune_skips_non_autotune_backends():
-    class Only(AutoKernelDispatcher):
-        family = "only"
-
-        @classmethod
-        def make_key(cls, **kw):
-            return ()
-
-    for kind, auto in ((C, False), (H, True)):
-        cls = type(
-            f"B{kind.name}",
-            (KernelBackend,),
-            {
-                "backend_type": kind,
-                "autotune": auto,
-                "can_handle": staticmethod(lambda **kw: YES),
-                "execute": staticmethod(lambda **kw: None),
-            },
-        )
-        Only.register(cls)
+    Only = _bare_dispatcher("only")
+    _register(Only, C, autotune=False)
+    _register(Only, H)
     GlobalBackendManager.set_auto_tune(True)
     assert Only.resolve(x=_x()) == H
 
@@ -300,28 +295,13 @@ def test_autotune_uses_disk_cache_across_processes(monkeypatch):
 
 
 def test_autotune_failing_candidate_loses():
-    class Flaky(AutoKernelDispatcher):
-        family = "flaky"
-
-        @classmethod
-        def make_key(cls, **kw):
-            return ()
+    Flaky = _bare_dispatcher("flaky")
 
     def boom(**kw):
         raise RuntimeError("kernel failed")
 
-    for kind, fn in ((C, boom), (H, lambda **kw: None)):
-        Flaky.register(
-            type(
-                f"F{kind.name}",
-                (KernelBackend,),
-                {
-                    "backend_type": kind,
-                    "can_handle": staticmethod(lambda **kw: YES),
-                    "execute": staticmethod(fn),
-                },
-            )
-        )
+    _register(Flaky, C, execute=boom)
+    _register(Flaky, H)
     GlobalBackendManager.set_auto_tune(True)
     assert Flaky.resolve(x=_x()) == H
 
