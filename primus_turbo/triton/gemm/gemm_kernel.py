@@ -127,9 +127,6 @@ def gemm_kernel(
 
 # ---- launcher ------------------------------------------------------------------------------
 
-SUPPORTED_INPUT_DTYPES = (torch.float16, torch.bfloat16)
-SUPPORTED_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
 _tuned: dict[tuple, GemmConfig] = {}
 
 
