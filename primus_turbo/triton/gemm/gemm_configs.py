@@ -78,6 +78,7 @@ def configs_hopper() -> list[GemmConfig]:
         GemmConfig(256, 128, 64, 8, 8, 3),
         GemmConfig(128, 128, 64, 8, 4, 4),
         GemmConfig(128, 128, 128, 8, 8, 3),
+        GemmConfig(128, 64, 64, 8, 4, 4, programs_per_cu=2),
         GemmConfig(64, 128, 64, 8, 4, 4, programs_per_cu=2),
         GemmConfig(64, 64, 64, 8, 4, 4, programs_per_cu=3),
     ]
