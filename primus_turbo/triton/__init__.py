@@ -1,4 +1,7 @@
 """Triton kernels and their launchers, by family. Importing this never queries the device."""
 
 # Every module listed here exposes ``aot_specs(target)``; scripts/aot_check.py compiles them all.
-KERNEL_MODULES: tuple[str, ...] = ("primus_turbo.triton.gemm.gemm_kernel",)
+KERNEL_MODULES: tuple[str, ...] = (
+    "primus_turbo.triton.gemm.gemm_kernel",
+    "primus_turbo.triton.grouped_gemm.grouped_gemm_kernel",
+)

@@ -1,5 +1,6 @@
 """nn.Module wrappers over the ops."""
 
+from primus_turbo.pytorch.modules.grouped_linear import GroupedLinear
 from primus_turbo.pytorch.modules.linear import Linear
 
-__all__ = ["Linear"]
+__all__ = ["GroupedLinear", "Linear"]

@@ -1,0 +1,252 @@
+"""Grouped GEMM backends (TORCH, HIPBLASLT, TRITON), their dispatcher and the custom ops.
+
+Every backend takes the same keywords ``a, b, group_lens, group_offs, trans_b, out_dtype`` and
+returns ``[M, N]`` (``execute``: forward and dgrad); ``variable_k(x, y, group_lens, group_offs,
+out_dtype)`` returns ``[G, P, Q] = x_g^T @ y_g`` (the wgrad). ``group_offs`` is the int64
+``[G + 1]`` exclusive prefix sum, already on the device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from primus_turbo.pytorch.core.backend import (
+    YES,
+    AutoKernelDispatcher,
+    BackendType,
+    KernelBackend,
+    PrecisionType,
+    Verdict,
+    no,
+)
+from primus_turbo.pytorch.core.platform import cuda_capability, is_rocm, triton_interpret
+from primus_turbo.pytorch.reference.grouped_gemm import (
+    grouped_gemm_ref,
+    grouped_gemm_variable_k_ref,
+)
+
+GROUPED_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def grouped_dims(a: torch.Tensor, b: torch.Tensor, trans_b: bool) -> tuple[int, int, int, int]:
+    """``(M, N, K, G)`` of the grouped GEMM."""
+    n = b.shape[1] if trans_b else b.shape[2]
+    return a.shape[0], n, a.shape[1], b.shape[0]
+
+
+class GroupedGemmDispatcher(AutoKernelDispatcher):
+    family = "grouped_gemm"
+    memoize_resolution = True  # make_key covers shapes, dtypes, layout and device
+
+    @classmethod
+    def precision(cls, a: torch.Tensor, **kwargs: Any) -> PrecisionType:
+        return PrecisionType.BF16_FP16_FP32
+
+    @classmethod
+    def default_backend(cls, a, **kwargs) -> BackendType:
+        return BackendType.TRITON if a.device.type == "cuda" else BackendType.TORCH
+
+    @classmethod
+    def make_key(cls, a, b, group_lens, group_offs, trans_b, out_dtype, **kwargs):
+        m, n, k, g = grouped_dims(a, b, trans_b)
+        return (m, n, k, g, a.dtype, b.dtype, out_dtype, trans_b, a.device.type)
+
+    @classmethod
+    def describe(cls, a, b, group_lens, group_offs, trans_b, out_dtype, **kwargs) -> str:
+        m, n, k, g = grouped_dims(a, b, trans_b)
+        return (
+            f"M={m} N={n} K={k} G={g} a:{a.dtype} b:{b.dtype} out:{out_dtype} "
+            f"trans_b={trans_b} device={a.device}"
+        )
+
+
+@GroupedGemmDispatcher.register
+class GroupedGemmTritonBackend(KernelBackend):
+    """Our persistent, host-sync-free Triton grouped GEMM and variable-K wgrad."""
+
+    backend_type = BackendType.TRITON
+
+    @staticmethod
+    def can_handle(a, b, out_dtype, **kwargs) -> Verdict:
+        if a.device.type != "cuda" and not triton_interpret():
+            return no(f"needs a GPU tensor (or TRITON_INTERPRET=1 on CPU), got device {a.device}")
+        if a.dtype not in GROUPED_DTYPES or b.dtype != a.dtype:
+            return no(f"needs a and b of one dtype in fp16/bf16, got {a.dtype}/{b.dtype}")
+        if out_dtype not in (*GROUPED_DTYPES, torch.float32):
+            return no(f"output dtype must be fp16/bf16/fp32, got {out_dtype}")
+        return YES
+
+    @staticmethod
+    def execute(a, b, group_lens, group_offs, trans_b, out_dtype, **kwargs) -> torch.Tensor:
+        from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import grouped_gemm_triton
+
+        return grouped_gemm_triton(a, b, group_offs, trans_b, out_dtype)
+
+    @staticmethod
+    def variable_k(x, y, group_lens, group_offs, out_dtype) -> torch.Tensor:
+        from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import variable_k_triton
+
+        return variable_k_triton(x, y, group_offs, group_lens.shape[0], out_dtype)
+
+
+def _grouped_mm_available() -> bool:
+    return hasattr(torch, "_grouped_mm")
+
+
+@GroupedGemmDispatcher.register
+class GroupedGemmHipblasltBackend(KernelBackend):
+    """The vendor grouped GEMM through ``torch._grouped_mm`` (CUTLASS on CUDA sm_90+, bf16).
+
+    ``torch._grouped_mm`` takes int32 cumulative group ends; it needs 16-byte aligned rows.
+    """
+
+    backend_type = BackendType.HIPBLASLT
+
+    @staticmethod
+    def can_handle(a, b, trans_b, out_dtype, **kwargs) -> Verdict:
+        if not _grouped_mm_available():
+            return no(f"torch {torch.__version__} has no torch._grouped_mm")
+        if a.device.type != "cuda" or is_rocm():
+            return no(f"torch._grouped_mm is used on CUDA devices only, got device {a.device}")
+        cap = cuda_capability(a.device)
+        if cap is None or cap < (9, 0):
+            return no(f"torch._grouped_mm needs CUDA capability >= 9.0, got {cap}")
+        if a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
+            return no(f"torch._grouped_mm takes bf16 a and b, got {a.dtype}/{b.dtype}")
+        if out_dtype != torch.bfloat16:
+            return no(f"output dtype must be bf16, got {out_dtype}")
+        m, n, k, _ = grouped_dims(a, b, trans_b)
+        if k % 8 or n % 8:
+            return no(f"torch._grouped_mm needs K and N multiples of 8, got K={k} N={n}")
+        if a.stride(1) != 1 or b.stride(2) != 1:
+            return no(f"torch._grouped_mm wants stride-1 rows, got {a.stride()}, {b.stride()}")
+        return YES
+
+    @staticmethod
+    def execute(a, b, group_lens, group_offs, trans_b, out_dtype, **kwargs) -> torch.Tensor:
+        ends = group_offs[1:].to(torch.int32)
+        w = b.transpose(1, 2) if trans_b else b
+        out = torch._grouped_mm(a, w, offs=ends)
+        m = a.shape[0]
+        # rows past the last offset are zero (matches the Triton and TORCH backends)
+        return out if m == 0 else _zero_tail(out, group_offs[-1])
+
+    @staticmethod
+    def variable_k(x, y, group_lens, group_offs, out_dtype) -> torch.Tensor:
+        ends = group_offs[1:].to(torch.int32)
+        out = torch._grouped_mm(x.t(), y, offs=ends)
+        # empty groups are zero blocks (not guaranteed to be written by the vendor kernel)
+        return out.masked_fill_((group_lens == 0)[:, None, None], 0).to(out_dtype)
+
+
+def _zero_tail(out: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    rows = torch.arange(out.shape[0], device=out.device)
+    return out.masked_fill_((rows >= total)[:, None], 0)
+
+
+@GroupedGemmDispatcher.register
+class GroupedGemmTorchBackend(KernelBackend):
+    """The pure-torch reference (loop over groups, fp32 accumulation; reads sizes on the host)."""
+
+    backend_type = BackendType.TORCH
+    autotune = False
+
+    @staticmethod
+    def can_handle(**kwargs) -> Verdict:
+        return YES
+
+    @staticmethod
+    def execute(a, b, group_lens, group_offs, trans_b, out_dtype, **kwargs) -> torch.Tensor:
+        return grouped_gemm_ref(a, b, group_lens, trans_b, out_dtype)
+
+    @staticmethod
+    def variable_k(x, y, group_lens, group_offs, out_dtype) -> torch.Tensor:
+        return grouped_gemm_variable_k_ref(x, y, group_lens, out_dtype)
+
+
+# ---- custom ops (opaque to torch.compile, with fake implementations) ------------------------
+
+
+@torch.library.custom_op("primus_turbo::grouped_gemm_impl", mutates_args=())
+def _grouped_gemm_op(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group_lens: torch.Tensor,
+    group_offs: torch.Tensor,
+    trans_b: bool,
+    out_dtype: torch.dtype,
+    backend: int,
+) -> torch.Tensor:
+    return GroupedGemmDispatcher.execute(
+        BackendType(backend),
+        a=a,
+        b=b,
+        group_lens=group_lens,
+        group_offs=group_offs,
+        trans_b=trans_b,
+        out_dtype=out_dtype,
+    )
+
+
+@_grouped_gemm_op.register_fake
+def _grouped_gemm_fake(a, b, group_lens, group_offs, trans_b, out_dtype, backend):
+    m, n, _, _ = grouped_dims(a, b, trans_b)
+    return a.new_empty((m, n), dtype=out_dtype)
+
+
+@torch.library.custom_op("primus_turbo::grouped_gemm_variable_k_impl", mutates_args=())
+def _variable_k_op(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    group_lens: torch.Tensor,
+    group_offs: torch.Tensor,
+    out_dtype: torch.dtype,
+    backend: int,
+) -> torch.Tensor:
+    impl = GroupedGemmDispatcher.backend_class(BackendType(backend))
+    return impl.variable_k(x, y, group_lens, group_offs, out_dtype)
+
+
+@_variable_k_op.register_fake
+def _variable_k_fake(x, y, group_lens, group_offs, out_dtype, backend):
+    return x.new_empty((group_lens.shape[0], x.shape[1], y.shape[1]), dtype=out_dtype)
+
+
+def grouped_gemm_impl(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group_lens: torch.Tensor,
+    group_offs: torch.Tensor,
+    trans_b: bool,
+    out_dtype: torch.dtype,
+    backend: BackendType,
+) -> torch.Tensor:
+    """Run one resolved backend (the custom op under torch.compile, a direct call in eager)."""
+    if torch.compiler.is_compiling():
+        return _grouped_gemm_op(a, b, group_lens, group_offs, trans_b, out_dtype, backend.value)
+    return GroupedGemmDispatcher.execute(
+        backend,
+        a=a,
+        b=b,
+        group_lens=group_lens,
+        group_offs=group_offs,
+        trans_b=trans_b,
+        out_dtype=out_dtype,
+    )
+
+
+def grouped_gemm_variable_k_impl(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    group_lens: torch.Tensor,
+    group_offs: torch.Tensor,
+    out_dtype: torch.dtype,
+    backend: BackendType,
+) -> torch.Tensor:
+    """``[G, P, Q] = x_g^T @ y_g`` on one resolved backend."""
+    if torch.compiler.is_compiling():
+        return _variable_k_op(x, y, group_lens, group_offs, out_dtype, backend.value)
+    impl = GroupedGemmDispatcher.backend_class(backend)
+    return impl.variable_k(x, y, group_lens, group_offs, out_dtype)

@@ -1,0 +1,118 @@
+"""Tile configs for the grouped Triton GEMMs, as data per arch family, and the pure heuristics.
+
+Nothing here imports Triton or touches a device, so the choice is unit-tested on the CPU. The
+per-group row counts live on the device and are never read by the host, so the heuristics see
+only what the host knows: the total rows ``M``, the group count ``G``, ``N`` and ``K``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from primus_turbo.pytorch.core.platform import ArchFamily
+from primus_turbo.triton.gemm.gemm_configs import GemmConfig
+
+
+def _amd(bm, bn, bk, warps, stages, waves=0, per_cu=1, group_m=8):
+    opts = (("matrix_instr_nonkdim", 16), ("waves_per_eu", waves))
+    return GemmConfig(bm, bn, bk, group_m, warps, stages, per_cu, opts)
+
+
+def configs_cdna3() -> list[GemmConfig]:
+    """gfx942: 64 KiB LDS, 2-stage pipeline; no 256x256 tile (spills VGPRs with 8 warps)."""
+    return [
+        _amd(256, 128, 64, 8, 2, waves=2),
+        _amd(128, 256, 64, 8, 2, waves=2),
+        _amd(128, 128, 64, 4, 2, waves=2, per_cu=2),
+        _amd(64, 128, 64, 4, 2, per_cu=2),
+    ]
+
+
+def configs_cdna4() -> list[GemmConfig]:
+    """gfx950: 160 KiB LDS."""
+    return [
+        _amd(256, 128, 64, 8, 2, waves=2),
+        _amd(128, 256, 64, 8, 2, waves=2),
+        _amd(128, 128, 64, 4, 2, waves=2, per_cu=2),
+        _amd(64, 128, 64, 4, 2, per_cu=2),
+    ]
+
+
+def configs_hopper() -> list[GemmConfig]:
+    """sm_90: the dense GEMM's best tile (128x256x64, 8 warps, 3 stages) first."""
+    return [
+        GemmConfig(128, 256, 64, 8, 8, 3),
+        GemmConfig(256, 128, 64, 8, 8, 3),
+        GemmConfig(128, 128, 64, 8, 4, 4),
+        GemmConfig(64, 128, 64, 8, 4, 4, programs_per_cu=2),
+    ]
+
+
+def configs_interpreter() -> list[GemmConfig]:
+    """Small tiles for the CPU interpreter (masks matter there, speed does not)."""
+    return [GemmConfig(16, 16, 16, 2, 1, 1), GemmConfig(32, 32, 32, 4, 4, 1)]
+
+
+CONFIGS_BY_FAMILY = {
+    ArchFamily.CDNA3: configs_cdna3,
+    ArchFamily.CDNA4: configs_cdna4,
+    ArchFamily.HOPPER: configs_hopper,
+    ArchFamily.OTHER_GPU: configs_hopper,
+    ArchFamily.CPU: configs_interpreter,
+}
+
+
+@functools.cache
+def grouped_gemm_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
+    """The family's configs (built once per process)."""
+    return tuple(CONFIGS_BY_FAMILY[family]())
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@functools.lru_cache(maxsize=4096)
+def select_grouped_config(
+    m: int, n: int, k: int, g: int, family: ArchFamily, num_cus: int
+) -> GemmConfig:
+    """Config for the grouped GEMM ``[M, K] x [G, K, N]`` from host-known sizes only.
+
+    The average group has ``M / G`` rows. Take the largest tile whose M side wastes at most a
+    quarter of an average group (ragged last tiles of each group are pure waste) and that still
+    gives every CU a tile; fall back to the smallest tile.
+    """
+    configs = grouped_gemm_configs(family)
+    if family == ArchFamily.CPU:
+        return configs[0]
+    avg = max(m // max(g, 1), 1)
+    best = configs[-1]
+    best_area = 0
+    for cfg in configs:
+        tiles_per_group = _cdiv(avg, cfg.block_m) * _cdiv(n, cfg.block_n)
+        waste = _cdiv(avg, cfg.block_m) * cfg.block_m - avg
+        fits = tiles_per_group * g >= num_cus and waste * 4 <= max(avg, cfg.block_m)
+        area = cfg.block_m * cfg.block_n
+        if fits and area > best_area:
+            best, best_area = cfg, area
+    return best
+
+
+@functools.lru_cache(maxsize=4096)
+def select_variable_k_config(
+    p: int, q: int, m: int, g: int, family: ArchFamily, num_cus: int
+) -> GemmConfig:
+    """Config for the variable-K GEMM ``C_g[P, Q] = X_g^T @ Y_g`` (wgrad): the output tile
+    space ``G * ceil(P/BM) * ceil(Q/BN)`` is known on the host; the reduction length per group
+    (about ``M / G`` rows) is not."""
+    configs = grouped_gemm_configs(family)
+    if family == ArchFamily.CPU:
+        return configs[0]
+    best = configs[-1]
+    best_area = 0
+    for cfg in configs:
+        tiles = g * _cdiv(p, cfg.block_m) * _cdiv(q, cfg.block_n)
+        area = cfg.block_m * cfg.block_n
+        if tiles >= num_cus and area > best_area:
+            best, best_area = cfg, area
+    return best

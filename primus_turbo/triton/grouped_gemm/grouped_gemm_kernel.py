@@ -1,0 +1,409 @@
+"""Grouped GEMMs for MoE experts in Triton, persistent and free of host synchronisation.
+
+Two kernels, both with fp32 accumulation and operands addressed through strides (so every
+transpose is a stride swap, never a copy):
+
+* ``grouped_gemm_kernel``: ``C[r, :] = A[r, :] @ B[g]`` for the rows ``r`` of group ``g``
+  (``offs[g] <= r < offs[g+1]``). ``A [M, K]``, ``B [G, K, N]`` (any strides), ``C [M, N]``.
+  Forward and dgrad.
+* ``variable_k_kernel``: ``C[g] = X_g^T @ Y_g`` over the rows of group ``g``; ``X [M, P]``,
+  ``Y [M, Q]``, ``C [G, P, Q]``. The wgrad, whose reduction length differs per group.
+
+Grid mapping. The host never reads the group sizes, so the forward tile space (each group's
+``ceil(m_g / BLOCK_M) * ceil(N / BLOCK_N)`` tiles, concatenated over groups) is discovered
+in-kernel: a fixed number of programs each scan the int64 offsets once, keep the running tile
+count modulo the program count, and take the tiles ``t`` of the global sequence with
+``t % num_programs == pid``. Within a group the tiles are swizzled in bands of ``GROUP_M`` row
+tiles so concurrently running programs share B columns in L2. A pseudo-group ``G`` covers the
+rows past ``offs[G]`` (up to ``M``) and writes zeros there, so an over-allocated ``A`` gives a
+defined output. Offsets are clamped to ``[0, M]`` so malformed sizes can never address memory
+outside the tensors. The variable-K tile space ``G * ceil(P/BM) * ceil(Q/BN)`` is known on the
+host; each tile loops over its group's rows (zero rows -> a zero tile).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from primus_turbo.pytorch.core.platform import (
+    ArchFamily,
+    arch_family,
+    num_compute_units,
+    triton_interpret,
+)
+from primus_turbo.triton.aot import AOT_TARGETS, AotSpec, triton_dtype_name
+from primus_turbo.triton.gemm.gemm_configs import GemmConfig
+from primus_turbo.triton.gemm.gemm_kernel import _tile_coords
+from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import (
+    grouped_gemm_configs,
+    select_grouped_config,
+    select_variable_k_config,
+)
+
+
+@triton.jit
+def _group_rows(offs_ptr, g, G, M):
+    """Rows ``[start, end)`` of group ``g`` (``g == G``: the tail past the last offset)."""
+    start = tl.load(offs_ptr + g).to(tl.int64)
+    end = tl.load(offs_ptr + tl.minimum(g + 1, G)).to(tl.int64)
+    end = tl.where(g < G, end, M)
+    start = tl.minimum(tl.maximum(start, 0), M)
+    end = tl.minimum(tl.maximum(end, start), M)
+    return start, end
+
+
+@triton.jit
+def grouped_gemm_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    offs_ptr,
+    M,
+    N,
+    K,
+    G,
+    stride_am,
+    stride_ak,
+    stride_bg,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    num_programs,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
+    rot = 0  # tiles of the groups before g, modulo num_programs
+    for g in range(0, G + 1):
+        start, end = _group_rows(offs_ptr, g, G, M)
+        m_g = (end - start).to(tl.int32)
+        num_pid_m = tl.cdiv(m_g, BLOCK_M)
+        tiles_g = num_pid_m * num_pid_n
+        first = (pid - rot + num_programs) % num_programs
+        k_end = tl.where(g < G, k_tiles, 0)  # the tail pseudo-group only writes zeros
+        b_base = b_ptr + tl.cast(g, tl.int64) * stride_bg
+        for t in range(first, tiles_g, num_programs):
+            pid_m, pid_n = _tile_coords(t, num_pid_m, num_pid_n, GROUP_M)
+            rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            # 64-bit row indices from plain aranges keep the contiguity visible to Triton's axis
+            # analysis (vector loads) while rows past 2**31 / M*K past 2**31 stay addressable.
+            rows = start + rm.to(tl.int64)
+            rn64 = rn.to(tl.int64)
+            mask_m = rm[:, None] < m_g
+            mask_n = rn[None, :] < N
+            a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+            b_ptrs = b_base + offs_k[:, None] * stride_bk + rn64[None, :] * stride_bn
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for kt in range(0, k_end):
+                if EVEN_K:
+                    a = tl.load(a_ptrs, mask=mask_m, other=0.0)
+                    b = tl.load(b_ptrs, mask=mask_n, other=0.0)
+                else:
+                    k_left = K - kt * BLOCK_K
+                    a = tl.load(a_ptrs, mask=mask_m & (offs_k[None, :] < k_left), other=0.0)
+                    b = tl.load(b_ptrs, mask=mask_n & (offs_k[:, None] < k_left), other=0.0)
+                if UPCAST:
+                    # The CPU interpreter mis-computes bf16 x bf16 dots; fp32 operands are exact.
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                acc = tl.dot(a, b, acc)
+                a_ptrs += BLOCK_K * stride_ak
+                b_ptrs += BLOCK_K * stride_bk
+            c_ptrs = c_ptr + rows[:, None] * stride_cm + rn64[None, :] * stride_cn
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
+        rot = (rot + tiles_g) % num_programs
+
+
+@triton.jit
+def variable_k_kernel(
+    x_ptr,
+    y_ptr,
+    c_ptr,
+    offs_ptr,
+    M,
+    P,
+    Q,
+    G,
+    stride_xm,
+    stride_xp,
+    stride_ym,
+    stride_yq,
+    stride_cg,
+    stride_cp,
+    stride_cq,
+    num_programs,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_p = tl.cdiv(P, BLOCK_M)
+    num_pid_q = tl.cdiv(Q, BLOCK_N)
+    per_group = num_pid_p * num_pid_q
+    offs_k = tl.arange(0, BLOCK_K)
+    for w in range(pid, G * per_group, num_programs):
+        g = w // per_group
+        pid_p, pid_q = _tile_coords(w % per_group, num_pid_p, num_pid_q, GROUP_M)
+        start, end = _group_rows(offs_ptr, g, G, M)
+        m_g = (end - start).to(tl.int32)
+        rp = pid_p * BLOCK_M + tl.arange(0, BLOCK_M)
+        rq = pid_q * BLOCK_N + tl.arange(0, BLOCK_N)
+        rp64 = rp.to(tl.int64)
+        rq64 = rq.to(tl.int64)
+        mask_p = rp[:, None] < P
+        mask_q = rq[None, :] < Q
+        x_ptrs = x_ptr + rp64[:, None] * stride_xp + (start + offs_k)[None, :] * stride_xm
+        y_ptrs = y_ptr + (start + offs_k)[:, None] * stride_ym + rq64[None, :] * stride_yq
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(0, tl.cdiv(m_g, BLOCK_K)):
+            r_left = m_g - kt * BLOCK_K
+            x = tl.load(x_ptrs, mask=mask_p & (offs_k[None, :] < r_left), other=0.0)
+            y = tl.load(y_ptrs, mask=mask_q & (offs_k[:, None] < r_left), other=0.0)
+            if UPCAST:
+                x = x.to(tl.float32)
+                y = y.to(tl.float32)
+            acc = tl.dot(x, y, acc)
+            x_ptrs += BLOCK_K * stride_xm
+            y_ptrs += BLOCK_K * stride_ym
+        c_ptrs = (
+            c_ptr
+            + tl.cast(g, tl.int64) * stride_cg
+            + rp64[:, None] * stride_cp
+            + rq64[None, :] * stride_cq
+        )
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_p & mask_q)
+
+
+# ---- launchers -----------------------------------------------------------------------------
+
+# Programs per launch on the CPU interpreter: more than one so the persistent walk is exercised.
+_INTERPRETER_PROGRAMS = 3
+
+
+@functools.cache
+def _interpreting() -> bool:
+    return triton_interpret()
+
+
+def _programs(work_bound: int, cfg: GemmConfig, device: torch.device, family: ArchFamily) -> int:
+    if family == ArchFamily.CPU:
+        return max(1, min(work_bound, _INTERPRETER_PROGRAMS))
+    return max(1, min(work_bound, num_compute_units(device) * cfg.programs_per_cu))
+
+
+def grouped_gemm_triton(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group_offs: torch.Tensor,
+    trans_b: bool,
+    out_dtype: torch.dtype | None = None,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """``C[rows of g] = a[rows of g] @ op(b[g])`` with the persistent Triton kernel.
+
+    Args:
+        a: ``[M, K]`` fp16/bf16, rows packed by group.
+        b: ``[G, K, N]``, or ``[G, N, K]`` when ``trans_b``; same dtype as ``a``.
+        group_offs: int64 ``[G + 1]`` exclusive prefix sum of the group sizes, on a's device.
+        out_dtype: default ``a.dtype``.
+        config: tile config (default: the heuristic's choice).
+    Returns:
+        ``[M, N]``; rows past ``group_offs[G]`` are zero.
+    """
+    m, k = a.shape
+    g = b.shape[0]
+    n = b.shape[1] if trans_b else b.shape[2]
+    c = torch.empty((m, n), dtype=out_dtype or a.dtype, device=a.device)
+    if m == 0 or n == 0:
+        return c
+    if k == 0 or g == 0:
+        return c.zero_()
+    sbk, sbn = (b.stride(2), b.stride(1)) if trans_b else (b.stride(1), b.stride(2))
+    family = arch_family(a.device)
+    cus = num_compute_units(a.device)
+    cfg = config or select_grouped_config(m, n, k, g, family, cus)
+    bound = (-(-m // cfg.block_m) + g + 1) * -(-n // cfg.block_n)
+    programs = _programs(bound, cfg, a.device, family)
+    grouped_gemm_kernel[(programs,)](
+        a,
+        b,
+        c,
+        group_offs,
+        m,
+        n,
+        k,
+        g,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        sbk,
+        sbn,
+        c.stride(0),
+        c.stride(1),
+        programs,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        EVEN_K=k % cfg.block_k == 0,
+        UPCAST=_interpreting() and a.dtype == torch.bfloat16,
+        **cfg.options,
+    )
+    return c
+
+
+def variable_k_triton(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    group_offs: torch.Tensor,
+    num_groups: int,
+    out_dtype: torch.dtype,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """``C[g] = x[rows of g]^T @ y[rows of g]`` for every group (the grouped-GEMM wgrad).
+
+    Args:
+        x: ``[M, P]``; y: ``[M, Q]`` (same dtype, fp16/bf16, any strides).
+        group_offs: int64 ``[G + 1]`` on x's device.
+    Returns:
+        ``[G, P, Q]`` of ``out_dtype``; groups with no rows give zeros.
+    """
+    m, p = x.shape
+    q = y.shape[1]
+    c = torch.empty((num_groups, p, q), dtype=out_dtype, device=x.device)
+    if num_groups == 0 or p == 0 or q == 0:
+        return c
+    if m == 0:
+        return c.zero_()
+    family = arch_family(x.device)
+    cus = num_compute_units(x.device)
+    cfg = config or select_variable_k_config(p, q, m, num_groups, family, cus)
+    tiles = num_groups * -(-p // cfg.block_m) * -(-q // cfg.block_n)
+    programs = _programs(tiles, cfg, x.device, family)
+    variable_k_kernel[(programs,)](
+        x,
+        y,
+        c,
+        group_offs,
+        m,
+        p,
+        q,
+        num_groups,
+        x.stride(0),
+        x.stride(1),
+        y.stride(0),
+        y.stride(1),
+        c.stride(0),
+        c.stride(1),
+        c.stride(2),
+        programs,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        UPCAST=_interpreting() and x.dtype == torch.bfloat16,
+        **cfg.options,
+    )
+    return c
+
+
+# ---- ahead-of-time check -------------------------------------------------------------------
+
+_AOT_FAMILY = {"gfx942": ArchFamily.CDNA3, "gfx950": ArchFamily.CDNA4, "sm_90": ArchFamily.HOPPER}
+
+
+def aot_specs(target: str) -> list[AotSpec]:
+    """Every config of the target's family for bf16: the forward as launched with ``trans_b``
+    (weights ``[G, N, K]``, the GroupedLinear layout), the dgrad layout (``[G, N, K]`` read as
+    ``[K, N]`` rows) and the wgrad kernel (``X = grad [M, N]``, ``Y = a [M, K]``)."""
+    assert target in AOT_TARGETS, target
+    family = _AOT_FAMILY[target]
+    cus = 304 if family != ArchFamily.HOPPER else 132
+    default = select_grouped_config(65536, 4096, 7168, 32, family, cus)
+    t = triton_dtype_name(torch.bfloat16)
+    common = {"a_ptr": f"*{t}", "b_ptr": f"*{t}", "c_ptr": f"*{t}", "offs_ptr": "*i64"}
+    sizes = {"M": "i32", "N": "i32:16", "K": "i32:16", "G": "i32"}
+    layouts = {
+        "nt": {"stride_bk": "i32:1", "stride_bn": "i32:16"},
+        "nn": {"stride_bk": "i32:16", "stride_bn": "i32:1"},
+    }
+    specs = []
+    for cfg in grouped_gemm_configs(family):
+        for lay, bstrides in layouts.items():
+            signature = {
+                **common,
+                **sizes,
+                "stride_am": "i32:16",
+                "stride_ak": "i32:1",
+                "stride_bg": "i32:16",
+                **bstrides,
+                "stride_cm": "i32:16",
+                "stride_cn": "i32:1",
+                "num_programs": "i32",
+            }
+            specs.append(
+                AotSpec(
+                    name=f"grouped_gemm_{t}_{lay}_{cfg.name}",
+                    fn=grouped_gemm_kernel,
+                    signature=signature,
+                    constexprs={
+                        "BLOCK_M": cfg.block_m,
+                        "BLOCK_N": cfg.block_n,
+                        "BLOCK_K": cfg.block_k,
+                        "GROUP_M": cfg.group_m,
+                        "EVEN_K": True,
+                        "UPCAST": False,
+                    },
+                    options=cfg.options,
+                    default=cfg == default and lay == "nt",
+                )
+            )
+        vk_signature = {
+            "x_ptr": f"*{t}",
+            "y_ptr": f"*{t}",
+            "c_ptr": f"*{t}",
+            "offs_ptr": "*i64",
+            "M": "i32",
+            "P": "i32:16",
+            "Q": "i32:16",
+            "G": "i32",
+            "stride_xm": "i32:16",
+            "stride_xp": "i32:1",
+            "stride_ym": "i32:16",
+            "stride_yq": "i32:1",
+            "stride_cg": "i32:16",
+            "stride_cp": "i32:16",
+            "stride_cq": "i32:1",
+            "num_programs": "i32",
+        }
+        specs.append(
+            AotSpec(
+                name=f"grouped_gemm_variable_k_{t}_{cfg.name}",
+                fn=variable_k_kernel,
+                signature=vk_signature,
+                constexprs={
+                    "BLOCK_M": cfg.block_m,
+                    "BLOCK_N": cfg.block_n,
+                    "BLOCK_K": cfg.block_k,
+                    "GROUP_M": cfg.group_m,
+                    "UPCAST": False,
+                },
+                options=cfg.options,
+            )
+        )
+    return specs
