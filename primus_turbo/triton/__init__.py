@@ -2,6 +2,7 @@
 
 # Every module listed here exposes ``aot_specs(target)``; scripts/aot_check.py compiles them all.
 KERNEL_MODULES: tuple[str, ...] = (
+    "primus_turbo.triton.attention.attn_launch",
     "primus_turbo.triton.gemm.gemm_kernel",
     "primus_turbo.triton.grouped_gemm.grouped_gemm_kernel",
 )

@@ -1,0 +1,271 @@
+"""Flash attention backward in Triton: two kernels, no atomics (deterministic).
+
+``delta = rowsum(dO * O)`` is computed by the launcher (one fused torch reduction). Then:
+- ``attn_bwd_dkdv_kernel``: one program per (key block, batch, kv head); it walks the q heads of
+  its GQA group and their visible query blocks, recomputing
+  ``P = exp2(S * scale * log2e - lse * log2e)``, and accumulates ``dV += P^T dO`` and
+  ``dK += dS^T Q`` in fp32 registers (the GQA sum happens in a fixed order inside one program).
+- ``attn_bwd_dq_kernel``: one program per (query block, batch, q head); it walks the visible key
+  blocks and accumulates ``dQ += dS K``.
+``dS = P * (dP - delta)`` with ``dP = dO V^T``; dQ and dK are scaled by softmax_scale at the end.
+Rows with lse = -inf (no visible key) get P = 0, so their gradients are 0.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from primus_turbo.triton.attention.attn_common import (
+    key_ranges,
+    query_ranges,
+    seq_bounds,
+    visible,
+)
+
+
+@triton.jit
+def _dkdv_steps(
+    dk,
+    dv,
+    k,
+    v,
+    q_base,
+    do_base,
+    lse_base,
+    delta_base,
+    stride_qm,
+    stride_dom,
+    stride_lm,
+    offs_n,
+    offs_dk,
+    offs_dv,
+    start,
+    end,
+    seqlen_q,
+    seqlen_k,
+    win_l,
+    win_r,
+    qk_scale,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    MASK: tl.constexpr,
+    HAS_L: tl.constexpr,
+    HAS_R: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    for m0 in range(start, end, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < seqlen_q
+        qt_ptrs = q_base + offs_m[None, :].to(tl.int64) * stride_qm + offs_dk[:, None]
+        do_ptrs = do_base + offs_m[:, None].to(tl.int64) * stride_dom + offs_dv[None, :]
+        qt = tl.load(qt_ptrs, mask=row_ok[None, :] & (offs_dk[:, None] < DQK), other=0.0)
+        do = tl.load(do_ptrs, mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        lse = tl.load(lse_base + offs_m.to(tl.int64) * stride_lm, mask=row_ok, other=0.0)
+        delta = tl.load(delta_base + offs_m.to(tl.int64) * stride_lm, mask=row_ok, other=0.0)
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+        if UPCAST:
+            qt = qt.to(tl.float32)
+            do = do.to(tl.float32)
+        st = tl.dot(k, qt) * qk_scale  # [BLOCK_N, BLOCK_M]
+        pt = tl.math.exp2(st - lse2[None, :])
+        if MASK:
+            ok = visible(offs_m, offs_n, seqlen_q, seqlen_k, win_l, win_r, HAS_L, HAS_R)
+            pt = tl.where(tl.trans(ok), pt, 0.0)
+        dv = tl.dot(pt.to(do.dtype), do, dv)
+        dpt = tl.dot(v, tl.trans(do))
+        dst = pt * (dpt - delta[None, :])
+        dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk)
+    return dk, dv
+
+
+@triton.jit
+def attn_bwd_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_q_ptr, cu_k_ptr,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    stride_lb, stride_lh, stride_ls,
+    num_kv_heads, group, seqlen_q, seqlen_k, qk_scale, sm_scale, win_l, win_r,
+    DQK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr,
+    BLOCK_DV: tl.constexpr, VARLEN: tl.constexpr, HAS_L: tl.constexpr, HAS_R: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_kv_heads
+    hk = pid_bh % num_kv_heads
+    start_q, seqlen_q, start_k, seqlen_k = seq_bounds(
+        cu_q_ptr, cu_k_ptr, b, seqlen_q, seqlen_k, VARLEN
+    )
+    n_start = pid_n * BLOCK_N
+    if n_start >= seqlen_k:
+        return
+    offs_n = n_start + tl.arange(0, BLOCK_N)
+    offs_dk = tl.arange(0, BLOCK_DQK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    b64 = b.to(tl.int64)
+    sq64 = start_q.to(tl.int64)
+    sk64 = start_k.to(tl.int64)
+    n_ok = offs_n[:, None] < seqlen_k
+    k_ptrs = k_ptr + b64 * stride_kb + sk64 * stride_ks + hk * stride_kh
+    k_ptrs += offs_n[:, None].to(tl.int64) * stride_ks + offs_dk[None, :]
+    v_ptrs = v_ptr + b64 * stride_vb + sk64 * stride_vs + hk * stride_vh
+    v_ptrs += offs_n[:, None].to(tl.int64) * stride_vs + offs_dv[None, :]
+    k = tl.load(k_ptrs, mask=n_ok & (offs_dk[None, :] < DQK), other=0.0)
+    v = tl.load(v_ptrs, mask=n_ok & (offs_dv[None, :] < DV), other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_DQK], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = query_ranges(
+        n_start, seqlen_q, seqlen_k, win_l, win_r, BLOCK_M, BLOCK_N, HAS_L, HAS_R
+    )
+    for g in range(0, group):
+        h = hk * group + g
+        q_base = q_ptr + b64 * stride_qb + sq64 * stride_qs + h * stride_qh
+        do_base = do_ptr + b64 * stride_dob + sq64 * stride_dos + h * stride_doh
+        lse_base = lse_ptr + b64 * stride_lb + h.to(tl.int64) * stride_lh + sq64 * stride_ls
+        delta_base = delta_ptr + b64 * stride_lb + h.to(tl.int64) * stride_lh + sq64 * stride_ls
+        dk, dv = _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qs,
+                             stride_dos, stride_ls, offs_n, offs_dk, offs_dv, full_lo, full_hi,
+                             seqlen_q, seqlen_k, win_l, win_r, qk_scale, DQK, DV, BLOCK_M, False,
+                             HAS_L, HAS_R, UPCAST)  # fmt: skip
+        dk, dv = _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qs,
+                             stride_dos, stride_ls, offs_n, offs_dk, offs_dv, lo, full_lo,
+                             seqlen_q, seqlen_k, win_l, win_r, qk_scale, DQK, DV, BLOCK_M, True,
+                             HAS_L, HAS_R, UPCAST)  # fmt: skip
+        dk, dv = _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qs,
+                             stride_dos, stride_ls, offs_n, offs_dk, offs_dv, full_hi, hi,
+                             seqlen_q, seqlen_k, win_l, win_r, qk_scale, DQK, DV, BLOCK_M, True,
+                             HAS_L, HAS_R, UPCAST)  # fmt: skip
+    dk = dk * sm_scale
+    dk_ptrs = dk_ptr + b64 * stride_dkb + sk64 * stride_dks + hk * stride_dkh
+    dk_ptrs += offs_n[:, None].to(tl.int64) * stride_dks + offs_dk[None, :]
+    dv_ptrs = dv_ptr + b64 * stride_dvb + sk64 * stride_dvs + hk * stride_dvh
+    dv_ptrs += offs_n[:, None].to(tl.int64) * stride_dvs + offs_dv[None, :]
+    tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=n_ok & (offs_dk[None, :] < DQK))
+    tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=n_ok & (offs_dv[None, :] < DV))
+
+
+@triton.jit
+def _dq_steps(
+    dq,
+    q,
+    do,
+    lse2,
+    delta,
+    k_base,
+    v_base,
+    stride_kn,
+    stride_vn,
+    offs_m,
+    offs_dk,
+    offs_dv,
+    start,
+    end,
+    seqlen_q,
+    seqlen_k,
+    win_l,
+    win_r,
+    qk_scale,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASK: tl.constexpr,
+    HAS_L: tl.constexpr,
+    HAS_R: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n[None, :] < seqlen_k
+        kt_ptrs = k_base + offs_n[None, :].to(tl.int64) * stride_kn + offs_dk[:, None]
+        vt_ptrs = v_base + offs_n[None, :].to(tl.int64) * stride_vn + offs_dv[:, None]
+        kt = tl.load(kt_ptrs, mask=n_ok & (offs_dk[:, None] < DQK), other=0.0)
+        vt = tl.load(vt_ptrs, mask=n_ok & (offs_dv[:, None] < DV), other=0.0)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+            vt = vt.to(tl.float32)
+        s = tl.dot(q, kt) * qk_scale
+        p = tl.math.exp2(s - lse2[:, None])
+        if MASK:
+            ok = visible(offs_m, offs_n, seqlen_q, seqlen_k, win_l, win_r, HAS_L, HAS_R)
+            p = tl.where(ok, p, 0.0)
+        dp = tl.dot(do, vt)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq)
+    return dq
+
+
+@triton.jit
+def attn_bwd_dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dqb, stride_dqs, stride_dqh,
+    stride_lb, stride_lh, stride_ls,
+    num_heads, group, seqlen_q, seqlen_k, qk_scale, sm_scale, win_l, win_r,
+    DQK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr,
+    BLOCK_DV: tl.constexpr, VARLEN: tl.constexpr, HAS_L: tl.constexpr, HAS_R: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    hk = h // group
+    start_q, seqlen_q, start_k, seqlen_k = seq_bounds(
+        cu_q_ptr, cu_k_ptr, b, seqlen_q, seqlen_k, VARLEN
+    )
+    m_start = pid_m * BLOCK_M
+    if m_start >= seqlen_q:
+        return
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    offs_dk = tl.arange(0, BLOCK_DQK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    b64 = b.to(tl.int64)
+    sq64 = start_q.to(tl.int64)
+    sk64 = start_k.to(tl.int64)
+    m_ok = offs_m < seqlen_q
+    q_ptrs = q_ptr + b64 * stride_qb + sq64 * stride_qs + h * stride_qh
+    q_ptrs += offs_m[:, None].to(tl.int64) * stride_qs + offs_dk[None, :]
+    do_ptrs = do_ptr + b64 * stride_dob + sq64 * stride_dos + h * stride_doh
+    do_ptrs += offs_m[:, None].to(tl.int64) * stride_dos + offs_dv[None, :]
+    q = tl.load(q_ptrs, mask=m_ok[:, None] & (offs_dk[None, :] < DQK), other=0.0)
+    do = tl.load(do_ptrs, mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    l_off = b64 * stride_lb + h.to(tl.int64) * stride_lh + (sq64 + offs_m) * stride_ls
+    lse = tl.load(lse_ptr + l_off, mask=m_ok, other=0.0)
+    delta = tl.load(delta_ptr + l_off, mask=m_ok, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    k_base = k_ptr + b64 * stride_kb + sk64 * stride_ks + hk * stride_kh
+    v_base = v_ptr + b64 * stride_vb + sk64 * stride_vs + hk * stride_vh
+    dq = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = key_ranges(
+        m_start, seqlen_q, seqlen_k, win_l, win_r, BLOCK_M, BLOCK_N, HAS_L, HAS_R
+    )
+    dq = _dq_steps(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_dk,
+                   offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, win_l, win_r, qk_scale, DQK, DV,
+                   BLOCK_N, False, HAS_L, HAS_R, UPCAST)  # fmt: skip
+    dq = _dq_steps(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_dk,
+                   offs_dv, lo, full_lo, seqlen_q, seqlen_k, win_l, win_r, qk_scale, DQK, DV,
+                   BLOCK_N, True, HAS_L, HAS_R, UPCAST)  # fmt: skip
+    dq = _dq_steps(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_dk,
+                   offs_dv, full_hi, hi, seqlen_q, seqlen_k, win_l, win_r, qk_scale, DQK, DV,
+                   BLOCK_N, True, HAS_L, HAS_R, UPCAST)  # fmt: skip
+    dq = dq * sm_scale
+    dq_ptrs = dq_ptr + b64 * stride_dqb + sq64 * stride_dqs + h * stride_dqh
+    dq_ptrs += offs_m[:, None].to(tl.int64) * stride_dqs + offs_dk[None, :]
+    tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_dk[None, :] < DQK))

@@ -1,0 +1,160 @@
+"""Flash attention forward in Triton (online softmax, fp32 accumulation, lse saved).
+
+Layout: q ``[B, Sq, Hq, Dqk]``, k ``[B, Sk, Hkv, Dqk]``, v ``[B, Sk, Hkv, Dv]`` addressed by
+strides (innermost stride 1), or packed ``[T, H, D]`` with ``cu_seqlens`` (VARLEN: batch stride
+0, token offsets from cu_seqlens). GQA/MQA: kv head = q head // (Hq / Hkv); K/V are never
+repeated. Head dims are padded to powers of two (BLOCK_DQK, BLOCK_DV) with masked loads, so
+192/128 (DeepSeek) runs with BLOCK_DQK=256, BLOCK_DV=128.
+
+Softmax in base 2: scores are multiplied by ``softmax_scale * log2(e)`` and exponentiated with
+exp2; the stored lse is in natural log (``[B, Hq, Sq]`` dense, ``[Hq, T]`` varlen). Key blocks
+invisible to a whole query block (causal / window) are skipped by the loop bounds; blocks that
+are fully visible run without the mask. Rows that see no key give output 0 and lse = -inf.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from primus_turbo.triton.attention.attn_common import key_ranges, seq_bounds, visible
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _fwd_steps(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_base,
+    v_base,
+    stride_kn,
+    stride_vn,
+    offs_m,
+    offs_dk,
+    offs_dv,
+    start,
+    end,
+    seqlen_q,
+    seqlen_k,
+    win_l,
+    win_r,
+    qk_scale,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASK: tl.constexpr,
+    HAS_L: tl.constexpr,
+    HAS_R: tl.constexpr,
+    EVEN_DQK: tl.constexpr,
+    EVEN_DV: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        kt_ptrs = k_base + offs_n[None, :].to(tl.int64) * stride_kn + offs_dk[:, None]
+        v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_dv[None, :]
+        kmask = offs_dk[:, None] < DQK
+        vmask = offs_dv[None, :] < DV
+        if MASK:
+            kt = tl.load(kt_ptrs, mask=kmask & (offs_n[None, :] < seqlen_k), other=0.0)
+        elif EVEN_DQK:
+            kt = tl.load(kt_ptrs)
+        else:
+            kt = tl.load(kt_ptrs, mask=kmask, other=0.0)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+        s = tl.dot(q, kt) * qk_scale
+        if MASK:
+            ok = visible(offs_m, offs_n, seqlen_q, seqlen_k, win_l, win_r, HAS_L, HAS_R)
+            s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # fully masked row so far
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if MASK:
+            v = tl.load(v_ptrs, mask=vmask & (offs_n[:, None] < seqlen_k), other=0.0)
+        elif EVEN_DV:
+            v = tl.load(v_ptrs)
+        else:
+            v = tl.load(v_ptrs, mask=vmask, other=0.0)
+        if UPCAST:
+            acc = tl.dot(p, v.to(tl.float32), acc)
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attn_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh, stride_ls,
+    num_heads, group, seqlen_q, seqlen_k, qk_scale, win_l, win_r,
+    DQK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr,
+    BLOCK_DV: tl.constexpr, VARLEN: tl.constexpr, HAS_L: tl.constexpr, HAS_R: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    hk = h // group
+    start_q, seqlen_q, start_k, seqlen_k = seq_bounds(
+        cu_q_ptr, cu_k_ptr, b, seqlen_q, seqlen_k, VARLEN
+    )
+    m_start = pid_m * BLOCK_M
+    if m_start >= seqlen_q:
+        return
+    EVEN_DQK: tl.constexpr = BLOCK_DQK == DQK
+    EVEN_DV: tl.constexpr = BLOCK_DV == DV
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    offs_dk = tl.arange(0, BLOCK_DQK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    b64 = b.to(tl.int64)
+    q_base = q_ptr + b64 * stride_qb + start_q.to(tl.int64) * stride_qs + h * stride_qh
+    k_base = k_ptr + b64 * stride_kb + start_k.to(tl.int64) * stride_ks + hk * stride_kh
+    v_base = v_ptr + b64 * stride_vb + start_k.to(tl.int64) * stride_vs + hk * stride_vh
+    q_ptrs = q_base + offs_m[:, None].to(tl.int64) * stride_qs + offs_dk[None, :]
+    q = tl.load(q_ptrs, mask=(offs_m[:, None] < seqlen_q) & (offs_dk[None, :] < DQK), other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = key_ranges(
+        m_start, seqlen_q, seqlen_k, win_l, win_r, BLOCK_M, BLOCK_N, HAS_L, HAS_R
+    )
+    acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, offs_m,
+                               offs_dk, offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, win_l,
+                               win_r, qk_scale, DQK, DV, BLOCK_N, False, HAS_L, HAS_R, EVEN_DQK,
+                               EVEN_DV, UPCAST)  # fmt: skip
+    acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, offs_m,
+                               offs_dk, offs_dv, lo, full_lo, seqlen_q, seqlen_k, win_l,
+                               win_r, qk_scale, DQK, DV, BLOCK_N, True, HAS_L, HAS_R, EVEN_DQK,
+                               EVEN_DV, UPCAST)  # fmt: skip
+    acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, offs_m,
+                               offs_dk, offs_dv, full_hi, hi, seqlen_q, seqlen_k, win_l,
+                               win_r, qk_scale, DQK, DV, BLOCK_N, True, HAS_L, HAS_R, EVEN_DQK,
+                               EVEN_DV, UPCAST)  # fmt: skip
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    o_base = o_ptr + b64 * stride_ob + start_q.to(tl.int64) * stride_os + h * stride_oh
+    o_ptrs = o_base + offs_m[:, None].to(tl.int64) * stride_os + offs_dv[None, :]
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < seqlen_q) & (offs_dv[None, :] < DV))  # fmt: skip
+    lse_ptrs = lse_ptr + b64 * stride_lb + h.to(tl.int64) * stride_lh
+    lse_ptrs += (start_q + offs_m).to(tl.int64) * stride_ls
+    tl.store(lse_ptrs, lse, mask=offs_m < seqlen_q)

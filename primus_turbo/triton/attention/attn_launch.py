@@ -1,0 +1,252 @@
+"""Launchers of the Triton flash attention kernels, per-shape config tuning and the AOT specs.
+
+Tensors: dense q ``[B, Sq, Hq, Dqk]``, k ``[B, Sk, Hkv, Dqk]``, v ``[B, Sk, Hkv, Dv]`` (any
+strides with innermost stride 1); varlen q ``[Tq, Hq, Dqk]`` etc. with int32 ``cu_seqlens``.
+lse is ``[B, Hq, Sq]`` (dense) or ``[Hq, Tq]`` (varlen), fp32, natural log.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+
+from primus_turbo.pytorch.core.platform import (
+    ArchFamily,
+    arch_family,
+    is_graph_capturing,
+    triton_interpret,
+)
+from primus_turbo.triton.aot import AOT_TARGETS, AotSpec, triton_dtype_name
+from primus_turbo.triton.attention.attn_bwd_kernel import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel
+from primus_turbo.triton.attention.attn_configs import AttnConfig, attn_configs, select_config
+from primus_turbo.triton.attention.attn_fwd_kernel import LOG2E, attn_fwd_kernel
+
+_tuned: dict[tuple, AttnConfig] = {}
+
+
+@functools.cache
+def _interpreting() -> bool:
+    return triton_interpret()
+
+
+@functools.cache
+def _tuning_enabled() -> bool:
+    import os
+
+    return os.environ.get("PRIMUS_TURBO_TRITON_TUNE", "1").strip() != "0"
+
+
+def _pow2(d: int) -> int:
+    return max(16, 1 << (d - 1).bit_length())
+
+
+def _strides3(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
+    """(batch, seq, head) strides; varlen tensors have no batch stride."""
+    return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
+
+
+def _window_flags(causal: bool, window: tuple[int, int]) -> tuple[int, int, bool, bool]:
+    left, right = window
+    if causal:
+        right = 0
+    return max(left, 0), max(right, 0), left >= 0, right >= 0
+
+
+def _pick(kind: str, family: ArchFamily, block_d: int, key: tuple, launch) -> AttnConfig:
+    """Heuristic config, or the fastest candidate for this shape (timed once, cached)."""
+    if family == ArchFamily.CPU or is_graph_capturing() or not _tuning_enabled():
+        return select_config(family, kind, block_d)
+    full_key = (kind, block_d, *key)
+    cfg = _tuned.get(full_key)
+    if cfg is None:
+        timings = {}
+        for cand in attn_configs(family, kind, block_d):
+            try:
+                timings[cand] = triton.testing.do_bench(
+                    lambda cand=cand: launch(cand), warmup=3, rep=15, return_mode="median"
+                )
+            except Exception:  # e.g. out of shared memory for this tile on this chip
+                continue
+        cfg = min(timings, key=timings.get)
+        _tuned[full_key] = cfg
+    return cfg
+
+
+def _bucket(x: int) -> int:
+    return 1 << max(x - 1, 0).bit_length()
+
+
+def attn_fwd_triton(q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal, window):
+    """Forward; returns ``(out, lse)``. ``cu_q``/``cu_k`` None means dense bshd."""
+    varlen = cu_q is not None
+    if varlen:
+        batch = cu_q.numel() - 1
+        hq, dqk = q.shape[1], q.shape[2]
+        hkv, dv = v.shape[1], v.shape[2]
+        out = torch.empty((q.shape[0], hq, dv), dtype=q.dtype, device=q.device)
+        lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=q.device)
+        ls = (0, lse.stride(0), lse.stride(1))
+    else:
+        batch, max_sq, hq, dqk = q.shape
+        max_sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
+        out = torch.empty((batch, max_sq, hq, dv), dtype=q.dtype, device=q.device)
+        lse = torch.empty((batch, hq, max_sq), dtype=torch.float32, device=q.device)
+        ls = lse.stride()
+    if out.numel() == 0 or max_sq == 0 or batch == 0:
+        lse.fill_(float("-inf"))
+        return out.zero_(), lse
+    wl, wr, has_l, has_r = _window_flags(causal, window)
+    bdq, bdv = _pow2(dqk), _pow2(dv)
+    family = arch_family(q.device)
+    dummy = cu_q if varlen else q
+
+    def launch(cfg: AttnConfig):
+        grid = (triton.cdiv(max_sq, cfg.block_m), batch * hq)
+        attn_fwd_kernel[grid](
+            q, k, v, out, lse, dummy, cu_k if varlen else dummy,
+            *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
+            *_strides3(out, varlen), *ls,
+            hq, hq // hkv, max_sq, max_sk, scale * LOG2E, wl, wr, dqk, dv,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_DQK=bdq, BLOCK_DV=bdv,
+            VARLEN=varlen, HAS_L=has_l, HAS_R=has_r,
+            UPCAST=_interpreting() and q.dtype == torch.bfloat16, **cfg.options,
+        )  # fmt: skip
+
+    key = (batch, _bucket(max_sq), _bucket(max_sk), hq, hkv, dqk, dv, q.dtype, varlen,
+           has_l, has_r, q.device)  # fmt: skip
+    cfg = _pick("fwd", family, max(bdq, bdv), key, launch)
+    launch(cfg)
+    return out, lse
+
+
+def attn_bwd_triton(do, q, k, v, out, lse, cu_q, cu_k, max_sq, max_sk, scale, causal, window):
+    """Backward; returns ``(dq, dk, dv)`` in the input dtype (deterministic: no atomics)."""
+    varlen = cu_q is not None
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    if varlen:
+        batch = cu_q.numel() - 1
+        hq, dqk, hkv, dvd = q.shape[1], q.shape[2], k.shape[1], v.shape[2]
+    else:
+        batch, max_sq, hq, dqk = q.shape
+        max_sk, hkv, dvd = k.shape[1], k.shape[2], v.shape[3]
+    if q.numel() == 0 or k.numel() == 0 or batch == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    # delta = rowsum(dO * O) in lse's layout ([B, Hq, Sq] or [Hq, Tq]), fp32
+    delta = (do.float() * out.float()).sum(-1)
+    delta = delta.t().contiguous() if varlen else delta.transpose(1, 2).contiguous()
+    ls = (0, lse.stride(0), lse.stride(1)) if varlen else lse.stride()
+    assert delta.stride() == lse.stride()
+    wl, wr, has_l, has_r = _window_flags(causal, window)
+    bdq, bdv = _pow2(dqk), _pow2(dvd)
+    family = arch_family(q.device)
+    dummy = cu_q if varlen else q
+    cu_k_arg = cu_k if varlen else dummy
+    upcast = _interpreting() and q.dtype == torch.bfloat16
+    common = (hq // hkv, max_sq, max_sk, scale * LOG2E, scale, wl, wr, dqk, dvd)
+
+    def launch_dkdv(cfg: AttnConfig):
+        grid = (triton.cdiv(max_sk, cfg.block_n), batch * hkv)
+        attn_bwd_dkdv_kernel[grid](
+            q, k, v, do, lse, delta, dk, dv, dummy, cu_k_arg,
+            *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
+            *_strides3(do, varlen), *_strides3(dk, varlen), *_strides3(dv, varlen), *ls,
+            hkv, *common,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_DQK=bdq, BLOCK_DV=bdv,
+            VARLEN=varlen, HAS_L=has_l, HAS_R=has_r, UPCAST=upcast, **cfg.options,
+        )  # fmt: skip
+
+    def launch_dq(cfg: AttnConfig):
+        grid = (triton.cdiv(max_sq, cfg.block_m), batch * hq)
+        attn_bwd_dq_kernel[grid](
+            q, k, v, do, lse, delta, dq, dummy, cu_k_arg,
+            *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
+            *_strides3(do, varlen), *_strides3(dq, varlen), *ls,
+            hq, *common,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_DQK=bdq, BLOCK_DV=bdv,
+            VARLEN=varlen, HAS_L=has_l, HAS_R=has_r, UPCAST=upcast, **cfg.options,
+        )  # fmt: skip
+
+    key = (batch, _bucket(max_sq), _bucket(max_sk), hq, hkv, dqk, dvd, q.dtype, varlen,
+           has_l, has_r, q.device)  # fmt: skip
+    launch_dkdv(_pick("dkdv", family, max(bdq, bdv), key, launch_dkdv))
+    launch_dq(_pick("dq", family, max(bdq, bdv), key, launch_dq))
+    return dq, dk, dv
+
+
+def default_scale(d: int) -> float:
+    return 1.0 / math.sqrt(d)
+
+
+# ---- ahead-of-time check -------------------------------------------------------------------
+
+_AOT_FAMILY = {"gfx942": ArchFamily.CDNA3, "gfx950": ArchFamily.CDNA4, "sm_90": ArchFamily.HOPPER}
+_STRIDE_ARGS = ("stride_{}b", "stride_{}s", "stride_{}h")
+
+
+def _sig(ptrs: dict[str, str], tensors: tuple[str, ...], scalars: tuple[str, ...]) -> dict:
+    sig = dict(ptrs)
+    for t in tensors:
+        for s in _STRIDE_ARGS:
+            sig[s.format(t)] = "i32:16" if s != "stride_{}s" or t != "l" else "i32:1"
+    sig["stride_lb"], sig["stride_lh"], sig["stride_ls"] = "i32", "i32", "i32:1"
+    for s in scalars:
+        sig[s] = "fp32" if "scale" in s else "i32"
+    return sig
+
+
+def aot_specs(target: str) -> list[AotSpec]:
+    """bf16 causal dense specs of every config per kernel, for head dims 128 and 192/128."""
+    assert target in AOT_TARGETS, target
+    family = _AOT_FAMILY[target]
+    t = triton_dtype_name(torch.bfloat16)
+    specs = []
+    head = ("group", "seqlen_q", "seqlen_k")
+    for dqk, dv in ((128, 128), (192, 128), (256, 256)):
+        bdq, bdv = _pow2(dqk), _pow2(dv)
+        const = {"BLOCK_DQK": bdq, "BLOCK_DV": bdv, "DQK": dqk, "DV": dv, "VARLEN": False,
+                 "HAS_L": False,
+                 "HAS_R": True, "UPCAST": False}  # fmt: skip
+        kinds = {
+            "fwd": (
+                attn_fwd_kernel,
+                _sig({n: f"*{t}" for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")}
+                     | {"lse_ptr": "*fp32", "cu_q_ptr": "*i32", "cu_k_ptr": "*i32"},
+                     ("q", "k", "v", "o"),
+                     ("num_heads", *head, "qk_scale", "win_l", "win_r")),
+            ),
+            "dkdv": (
+                attn_bwd_dkdv_kernel,
+                _sig({n: f"*{t}" for n in ("q_ptr", "k_ptr", "v_ptr", "do_ptr")}
+                     | {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "dk_ptr": f"*{t}",
+                        "dv_ptr": f"*{t}", "cu_q_ptr": "*i32", "cu_k_ptr": "*i32"},
+                     ("q", "k", "v", "do", "dk", "dv"),
+                     ("num_kv_heads", *head, "qk_scale", "sm_scale", "win_l", "win_r")),
+            ),
+            "dq": (
+                attn_bwd_dq_kernel,
+                _sig({n: f"*{t}" for n in ("q_ptr", "k_ptr", "v_ptr", "do_ptr")}
+                     | {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": f"*{t}",
+                        "cu_q_ptr": "*i32", "cu_k_ptr": "*i32"},
+                     ("q", "k", "v", "do", "dq"),
+                     ("num_heads", *head, "qk_scale", "sm_scale", "win_l", "win_r")),
+            ),
+        }  # fmt: skip
+        for kind, (fn, sig) in kinds.items():
+            sig = {a: sig[a] for a in fn.arg_names if a in sig}
+            for i, cfg in enumerate(attn_configs(family, kind, max(bdq, bdv))):
+                specs.append(
+                    AotSpec(
+                        name=f"attn_{kind}_{t}_d{dqk}x{dv}_{cfg.name}",
+                        fn=fn,
+                        signature=sig,
+                        constexprs={**const, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n},
+                        options=cfg.options,
+                        default=i == 0 and dqk == 128,
+                    )
+                )
+    return specs
