@@ -1,0 +1,233 @@
+"""Low-precision configuration: formats, scaling granularities, quant configs, support probes.
+
+Enum values follow the reference API (``enum.auto()``, starting at 1); the integer ``.value`` is
+what crosses custom-op boundaries. FP8 dtypes are chosen per device: FNUZ on gfx942
+(``e4m3fnuz`` max 240), OCP everywhere else (``e4m3fn`` max 448); e5m2 max is 57344 in both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import NamedTuple
+
+import torch
+
+from primus_turbo.pytorch.core.checks import fail
+from primus_turbo.pytorch.core.platform import (
+    amd_arch,
+    cuda_capability,
+    fp8_dtypes,
+    fp8_dtypes_for,
+    gpu_available,
+)
+
+MX_BLOCK_SIZE = 32  # MXFP8 / MXFP4 scale block along K
+MX_PAD_ALIGN = 128
+DEFAULT_BLOCK_SIZE = 128  # BLOCKWISE default (1x128 activations, 128x128 weights)
+AMAX_EPS = 1e-12  # scale = fmax / max(amax, AMAX_EPS): all-zero input gives q = 0, finite scale
+
+_OP = "low_precision"
+
+
+class Format(enum.Enum):
+    E4M3 = enum.auto()
+    E5M2 = enum.auto()
+    E2M1_X2 = enum.auto()
+    HYBRID = enum.auto()  # E4M3 for forward operands, E5M2 for gradients
+
+
+class ScaleDtype(enum.Enum):
+    FP32 = enum.auto()
+    E8M0 = enum.auto()
+
+
+class ScalingGranularity(enum.Enum):
+    TENSORWISE = enum.auto()
+    ROWWISE = enum.auto()
+    BLOCKWISE = enum.auto()
+    MX_BLOCKWISE = enum.auto()
+
+
+class ScalingStrategy(enum.Enum):
+    DYNAMIC = enum.auto()  # delayed scaling is not implemented
+
+
+class ScalingRecipe(NamedTuple):
+    use_2d_block: bool = False  # square block x block tiles (weights)
+    use_sr: bool = False  # stochastic rounding (not implemented; rejected)
+    use_rht: bool = False  # random Hadamard transform (not implemented; rejected)
+    shuffle_scale: bool = False
+    shuffle_out: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Float8QuantConfig:
+    """FP8 recipe. BLOCKWISE needs ``block_size`` (GEMMs use 128); MX_BLOCKWISE needs
+    ``block_size == 32`` and ``scale_dtype == E8M0``."""
+
+    format: Format = Format.E4M3
+    granularity: ScalingGranularity = ScalingGranularity.TENSORWISE
+    strategy: ScalingStrategy = ScalingStrategy.DYNAMIC
+    scale_dtype: ScaleDtype = ScaleDtype.FP32
+    block_size: int | None = None
+
+    def __post_init__(self) -> None:
+        op = "Float8QuantConfig"
+        for name, enum_cls in (
+            ("format", Format),
+            ("granularity", ScalingGranularity),
+            ("strategy", ScalingStrategy),
+            ("scale_dtype", ScaleDtype),
+        ):
+            v = getattr(self, name)
+            if not isinstance(v, enum_cls):
+                fail(op, name, f"a {enum_cls.__name__}", repr(v), TypeError)
+        if self.format == Format.E2M1_X2:
+            fail(op, "format", "E4M3/E5M2/HYBRID (E2M1_X2 is Float4QuantConfig)", "E2M1_X2")
+        g = self.granularity
+        if g == ScalingGranularity.BLOCKWISE:
+            if not isinstance(self.block_size, int) or self.block_size <= 0:
+                fail(op, "block_size", "a positive int for BLOCKWISE", self.block_size)
+        elif g == ScalingGranularity.MX_BLOCKWISE:
+            if self.block_size != MX_BLOCK_SIZE:
+                fail(op, "block_size", f"{MX_BLOCK_SIZE} for MX_BLOCKWISE", self.block_size)
+            if self.scale_dtype != ScaleDtype.E8M0:
+                fail(op, "scale_dtype", "E8M0 for MX_BLOCKWISE", self.scale_dtype.name)
+        elif self.block_size is not None:
+            fail(op, "block_size", f"None for {g.name}", self.block_size)
+        if g != ScalingGranularity.MX_BLOCKWISE and self.scale_dtype != ScaleDtype.FP32:
+            fail(op, "scale_dtype", f"FP32 for {g.name}", self.scale_dtype.name)
+
+    def forward_dtype(self, device=None) -> torch.dtype:
+        e4m3, e5m2 = fp8_dtypes(device)
+        return e5m2 if self.format == Format.E5M2 else e4m3
+
+    def grad_dtype(self, device=None) -> torch.dtype:
+        e4m3, e5m2 = fp8_dtypes(device)
+        return e4m3 if self.format == Format.E4M3 else e5m2
+
+
+@dataclasses.dataclass(frozen=True)
+class Float4QuantConfig:
+    """MXFP4 recipe: E2M1 packed two per byte, E8M0 scales per 32 values along K."""
+
+    format: Format = Format.E2M1_X2
+    granularity: ScalingGranularity = ScalingGranularity.MX_BLOCKWISE
+    strategy: ScalingStrategy = ScalingStrategy.DYNAMIC
+    scale_dtype: ScaleDtype = ScaleDtype.E8M0
+    block_size: int = MX_BLOCK_SIZE
+    use_gradient_sr: bool = False
+    use_preshuffle: bool = False
+
+    def __post_init__(self) -> None:
+        op = "Float4QuantConfig"
+        expect = (
+            ("format", Format.E2M1_X2),
+            ("granularity", ScalingGranularity.MX_BLOCKWISE),
+            ("strategy", ScalingStrategy.DYNAMIC),
+            ("scale_dtype", ScaleDtype.E8M0),
+            ("block_size", MX_BLOCK_SIZE),
+            ("use_gradient_sr", False),
+            ("use_preshuffle", False),
+        )
+        for name, want in expect:
+            got = getattr(self, name)
+            if got != want:
+                note = " (not implemented)" if isinstance(want, bool) else ""
+                fail(op, name, f"{getattr(want, 'name', want)}{note}", got)
+
+
+# ---- dtypes ------------------------------------------------------------------------------
+
+FP8_DTYPES = (
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz,
+)
+FP4_DTYPE = getattr(torch, "float4_e2m1fn_x2", None)
+E2M1_MAX = 6.0
+
+
+def is_fp8_dtype(dtype: torch.dtype) -> bool:
+    return dtype in FP8_DTYPES
+
+
+def is_fp4_dtype(dtype: torch.dtype) -> bool:
+    return FP4_DTYPE is not None and dtype == FP4_DTYPE
+
+
+def fp8_max(dtype: torch.dtype) -> float:
+    """Largest finite value: 448 (e4m3fn), 240 (e4m3fnuz), 57344 (e5m2, e5m2fnuz)."""
+    if not is_fp8_dtype(dtype):
+        fail(_OP, "dtype", "an fp8 dtype", dtype, TypeError)
+    return float(torch.finfo(dtype).max)
+
+
+def fp8_dtype_for_format(fmt: Format, device=None, *, grad: bool = False) -> torch.dtype:
+    e4m3, e5m2 = fp8_dtypes(device)
+    if fmt == Format.E5M2 or (fmt == Format.HYBRID and grad):
+        return e5m2
+    return e4m3
+
+
+# ---- support probes: (ok, reason) ---------------------------------------------------------
+
+
+def _where() -> tuple[str | None, tuple[int, int] | None]:
+    if not gpu_available():
+        return None, None
+    return amd_arch(), cuda_capability()
+
+
+def check_fp8_support() -> tuple[bool, str]:
+    arch, cap = _where()
+    if arch is None and cap is None:
+        return False, "no GPU visible (CPU runs the TORCH reference and the Triton interpreter)"
+    if arch is not None:
+        ok = arch in ("gfx942", "gfx950")
+        return ok, "" if ok else f"FP8 needs gfx942/gfx950, got {arch}"
+    ok = cap >= (8, 9)
+    return ok, "" if ok else f"FP8 needs sm_89+, got sm_{cap[0]}{cap[1]}"
+
+
+def check_fp8_ocp_support() -> tuple[bool, str]:
+    arch, cap = _where()
+    if arch is None and cap is None:
+        return False, "no GPU visible"
+    if arch is not None:
+        ok = fp8_dtypes_for(arch)[0] == torch.float8_e4m3fn and arch == "gfx950"
+        return ok, "" if ok else f"OCP fp8 needs gfx950, got {arch} (FNUZ)"
+    return check_fp8_support()
+
+
+def check_mxfp8_support() -> tuple[bool, str]:
+    """MX through ``tl.dot_scaled``: native on gfx950, emulated on sm_90+."""
+    arch, cap = _where()
+    if arch is None and cap is None:
+        return False, "no GPU visible"
+    if arch is not None:
+        ok = arch == "gfx950"
+        return ok, "" if ok else f"MX formats need gfx950, got {arch}"
+    ok = cap >= (9, 0)
+    return ok, "" if ok else f"MX formats need sm_90+ (emulated dot_scaled), got {cap}"
+
+
+def check_mxfp4_support() -> tuple[bool, str]:
+    ok, reason = check_mxfp8_support()
+    if ok and FP4_DTYPE is None:
+        return False, "this torch has no float4_e2m1fn_x2"
+    return ok, reason
+
+
+def check_scaled_mm_blockwise_support() -> tuple[bool, str]:
+    """torch._scaled_mm with 1x128 / 128x128 block scales (CUDA sm_90, recent torch)."""
+    arch, cap = _where()
+    if arch is not None or cap is None:
+        return False, "blockwise torch._scaled_mm needs an NVIDIA sm_90 GPU"
+    if cap[0] != 9:
+        return False, f"blockwise torch._scaled_mm needs sm_90, got sm_{cap[0]}{cap[1]}"
+    if not hasattr(torch.nn.functional, "ScalingType"):
+        return False, f"torch {torch.__version__} has no torch.nn.functional.ScalingType"
+    return True, ""

@@ -1,0 +1,264 @@
+"""Fused FP8 quantization kernels (amax + scale + cast), every granularity in one tile kernel.
+
+``quant_tile_kernel`` loads one ``BM x BN`` tile of a 2-D input once and, per ``MODE``:
+* ``ROWS``  (0): one scale per row of the tile (1 x BN blocks; rowwise when BN covers the row),
+* ``COLS``  (1): one scale per column of the tile (BM x 1 blocks),
+* ``TILE``  (2): one scale for the tile (BM x BN blocks, the 2-D weight recipe),
+* ``GIVEN`` (3): one scale for the whole tensor from a precomputed amax (tensorwise cast pass),
+* ``MX``    (4): per row of the tile, power-of-two (E8M0) scale, BN == 32.
+With ``DUAL`` it also writes a second quantized copy in one pass: column scales (ROWS/MX modes)
+or the same scale (TILE/GIVEN), through its own strides, so the second copy can be the
+transpose (K-major for the backward GEMMs). Scale tensors are addressed by strides too (e.g.
+outer-dim-major 1x128 scales for ``torch._scaled_mm``).
+
+Special values (see reference/quantization.py): NaN and inf are excluded from amax; inf clamps
+to +-fmax, NaN stays NaN; an all-zero block uses amax = 1e-12 (q = 0).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
+
+ROWS, COLS, TILE, GIVEN, MX = 0, 1, 2, 3, 4
+
+
+@triton.jit
+def _finite_abs(x):
+    a = tl.abs(x)
+    return tl.where(a < float("inf"), a, 0.0)  # NaN < inf is False
+
+
+@triton.jit
+def _fp8_bits(y, MBITS: tl.constexpr, BIAS: tl.constexpr, NAN_BITS: tl.constexpr):
+    """fp8 bit pattern of ``y`` (already clamped), round to nearest even, in fp32 math.
+
+    Used only under TRITON_INTERPRET=1, whose fp32 -> fp8 conversion (triton 3.6) mis-rounds
+    when the mantissa carries into the exponent and fails on some subnormals."""
+    a = tl.abs(y)
+    e = tl.maximum(tl.floor(tl.log2(tl.maximum(a, 1e-30))), 1.0 - BIAS)
+    ulp = tl.exp2(e - MBITS)
+    t = a / ulp
+    f = tl.floor(t)
+    r = t - f
+    odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
+    v = tl.where((r > 0.5) | ((r == 0.5) & odd), f + 1.0, f) * ulp
+    e2 = tl.floor(tl.log2(tl.maximum(v, 1e-30)))
+    normal = e2 >= 1.0 - BIAS
+    man = tl.where(normal, v / tl.exp2(e2) - 1.0, v / tl.exp2(1.0 - BIAS)) * (2.0**MBITS)
+    bits = tl.where(normal, (e2 + BIAS) * (2.0**MBITS), 0.0) + man
+    bits = tl.where(v == 0.0, 0.0, bits) + tl.where((y < 0.0) & (v != 0.0), 128.0, 0.0)
+    bits = tl.where(y != y, NAN_BITS * 1.0, bits)
+    return bits.to(tl.int32).to(tl.uint8)
+
+
+@triton.jit
+def _cast(x, scale, FMAX: tl.constexpr, dtype, FMT: tl.constexpr = (0, 0, 0, 0)):
+    """Scale, clamp (NaN kept), convert. ``FMT = (interpret, mbits, bias, nan_bits)``."""
+    y = x * scale
+    y = tl.where(y != y, y, tl.minimum(tl.maximum(y, -FMAX), FMAX))
+    if FMT[0]:
+        return _fp8_bits(y, FMT[1], FMT[2], FMT[3])
+    return y.to(dtype)
+
+
+@triton.jit
+def _scale_of(amax, FMAX: tl.constexpr, IS_MX: tl.constexpr, EMAX: tl.constexpr):
+    """(scale, scale_inv or biased exponent) from amax."""
+    if IS_MX:
+        e = tl.floor(tl.log2(tl.maximum(amax, 5.877471754111438e-39)))
+        e = tl.minimum(tl.maximum(e - EMAX, -127.0), 127.0)
+        return tl.exp2(-e), e + 127.0
+    scale = FMAX / tl.maximum(amax, 1e-12)
+    return scale, 1.0 / scale
+
+
+@triton.jit
+def amax_kernel(x_ptr, amax_ptr, M, N, stride_xm, stride_xn, BM: tl.constexpr, BN: tl.constexpr):
+    """Tensor amax (finite values) into ``amax_ptr[0]`` (must start at 0) with one atomic max
+    per tile."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rn[None, :].to(tl.int64) * stride_xn
+    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.atomic_max(amax_ptr, tl.max(tl.max(_finite_abs(x), axis=1), axis=0))
+
+
+@triton.jit
+def quant_tile_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    qt_ptr,
+    st_ptr,
+    amax_ptr,
+    M,
+    N,
+    stride_xm,
+    stride_xn,
+    stride_qm,
+    stride_qn,
+    stride_sm,
+    stride_sn,
+    stride_qtm,
+    stride_qtn,
+    stride_stm,
+    stride_stn,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    MODE: tl.constexpr,
+    DUAL: tl.constexpr,
+    FMAX: tl.constexpr,
+    EMAX: tl.constexpr,
+    FMT: tl.constexpr = (0, 0, 0, 0),
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rm64 = rm.to(tl.int64)
+    rn64 = rn.to(tl.int64)
+    mask_m = rm < M
+    mask_n = rn < N
+    mask = mask_m[:, None] & mask_n[None, :]
+    x = tl.load(
+        x_ptr + rm64[:, None] * stride_xm + rn64[None, :] * stride_xn, mask=mask, other=0.0
+    ).to(tl.float32)
+    a = _finite_abs(x)
+    qty = q_ptr.dtype.element_ty
+    q_ptrs = q_ptr + rm64[:, None] * stride_qm + rn64[None, :] * stride_qn
+    if MODE == 0 or MODE == 4:  # per row of the tile
+        scale, sinv = _scale_of(tl.max(a, axis=1), FMAX, MODE == 4, EMAX)
+        tl.store(q_ptrs, _cast(x, scale[:, None], FMAX, qty, FMT), mask=mask)
+        s_ptrs = s_ptr + rm64 * stride_sm + pid_n * stride_sn
+        tl.store(s_ptrs, sinv.to(s_ptr.dtype.element_ty), mask=mask_m)
+        if DUAL:  # per column of the tile into the second copy
+            scale_c, sinv_c = _scale_of(tl.max(a, axis=0), FMAX, MODE == 4, EMAX)
+            qt_ptrs = qt_ptr + rm64[:, None] * stride_qtm + rn64[None, :] * stride_qtn
+            tl.store(qt_ptrs, _cast(x, scale_c[None, :], FMAX, qty, FMT), mask=mask)
+            st_ptrs = st_ptr + pid_m * stride_stm + rn64 * stride_stn
+            tl.store(st_ptrs, sinv_c.to(st_ptr.dtype.element_ty), mask=mask_n)
+    elif MODE == 1:  # per column of the tile
+        scale, sinv = _scale_of(tl.max(a, axis=0), FMAX, False, EMAX)
+        tl.store(q_ptrs, _cast(x, scale[None, :], FMAX, qty, FMT), mask=mask)
+        tl.store(s_ptr + pid_m * stride_sm + rn64 * stride_sn, sinv, mask=mask_n)
+    else:  # one scale: the tile's (TILE) or the tensor's (GIVEN)
+        if MODE == 2:
+            amax = tl.max(tl.max(a, axis=1), axis=0)
+        else:
+            amax = tl.load(amax_ptr)
+        scale, sinv = _scale_of(amax, FMAX, False, EMAX)
+        q = _cast(x, scale, FMAX, qty, FMT)
+        tl.store(q_ptrs, q, mask=mask)
+        if MODE == 2 or (pid_m == 0 and pid_n == 0):
+            tl.store(s_ptr + pid_m * stride_sm + pid_n * stride_sn, sinv)
+        if DUAL:
+            qt_ptrs = qt_ptr + rm64[:, None] * stride_qtm + rn64[None, :] * stride_qtn
+            tl.store(qt_ptrs, q, mask=mask)  # same scale: the caller shares the scale tensor
+
+
+@triton.jit
+def quant_rows_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    M,
+    N,
+    stride_xm,
+    stride_xn,
+    stride_qm,
+    stride_qn,
+    stride_s,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    FMAX: tl.constexpr,
+    FMT: tl.constexpr = (0, 0, 0, 0),
+):
+    """Rowwise: one scale per row of any length: an amax loop then a cast loop over the row
+    (the second read hits L2 for rows up to a few MB)."""
+    pid = tl.program_id(0)
+    rm = pid * BM + tl.arange(0, BM)
+    rm64 = rm.to(tl.int64)
+    mask_m = rm < M
+    amax = tl.zeros((BM,), dtype=tl.float32)
+    for n0 in range(0, N, BN):
+        rn = n0 + tl.arange(0, BN)
+        mask = mask_m[:, None] & (rn[None, :] < N)
+        ptrs = x_ptr + rm64[:, None] * stride_xm + rn[None, :].to(tl.int64) * stride_xn
+        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.max(_finite_abs(x), axis=1))
+    scale, sinv = _scale_of(amax, FMAX, False, 0)
+    tl.store(s_ptr + rm64 * stride_s, sinv, mask=mask_m)
+    for n0 in range(0, N, BN):
+        rn = n0 + tl.arange(0, BN)
+        mask = mask_m[:, None] & (rn[None, :] < N)
+        rn64 = rn[None, :].to(tl.int64)
+        x = tl.load(x_ptr + rm64[:, None] * stride_xm + rn64 * stride_xn, mask=mask, other=0.0)
+        q = _cast(x.to(tl.float32), scale[:, None], FMAX, q_ptr.dtype.element_ty, FMT)
+        tl.store(q_ptr + rm64[:, None] * stride_qm + rn64 * stride_qn, q, mask=mask)
+
+
+# ---- ahead-of-time check -------------------------------------------------------------------
+
+
+def aot_specs(target: str) -> list[AotSpec]:
+    """bf16 input, the target's e4m3 output (FNUZ ``fp8e4b8`` on gfx942, OCP ``fp8e4nv``
+    elsewhere); MX specs only where MX is supported (gfx950, sm_90)."""
+    assert target in AOT_TARGETS, target
+    fp8, fmax = ("fp8e4b8", 240.0) if target == "gfx942" else ("fp8e4nv", 448.0)
+    opts = {"num_warps": 4}
+    tile_sig = {
+        "x_ptr": "*bf16",
+        "q_ptr": f"*{fp8}",
+        "s_ptr": "*fp32",
+        "qt_ptr": f"*{fp8}",
+        "st_ptr": "*fp32",
+        "amax_ptr": "*fp32",
+        "M": "i32",
+        "N": "i32:16",
+        "stride_xm": "i32:16",
+        "stride_xn": "i32:1",
+        "stride_qm": "i32:16",
+        "stride_qn": "i32:1",
+        "stride_sm": "i32",
+        "stride_sn": "i32",
+        "stride_qtm": "i32:1",
+        "stride_qtn": "i32:16",
+        "stride_stm": "i32",
+        "stride_stn": "i32",
+    }
+    specs = []
+    modes = [("rows", ROWS, 32, 128, True), ("tile", TILE, 128, 128, True)]
+    modes += [("given", GIVEN, 64, 128, True)]
+    if target in ("gfx950", "sm_90"):
+        modes.append(("mx", MX, 32, 32, True))
+    for name, mode, bm, bn, dual in modes:
+        sig = dict(tile_sig)
+        if mode == MX:
+            sig.update({"s_ptr": "*u8", "st_ptr": "*u8"})
+        specs.append(
+            AotSpec(
+                f"quant_{name}_{fp8}",
+                quant_tile_kernel,
+                sig,
+                {"BM": bm, "BN": bn, "MODE": mode, "DUAL": dual, "FMAX": fmax, "EMAX": 8},
+                opts,
+                default=mode == ROWS,
+            )
+        )
+    amax_sig = {"x_ptr": "*bf16", "amax_ptr": "*fp32", "M": "i32", "N": "i32:16",
+                "stride_xm": "i32:16", "stride_xn": "i32:1"}  # fmt: skip
+    specs.append(AotSpec("amax_bf16", amax_kernel, amax_sig, {"BM": 64, "BN": 128}, opts))
+    rows_sig = {"x_ptr": "*bf16", "q_ptr": f"*{fp8}", "s_ptr": "*fp32", "M": "i32",
+                "N": "i32:16", "stride_xm": "i32:16", "stride_xn": "i32:1",
+                "stride_qm": "i32:16", "stride_qn": "i32:1", "stride_s": "i32:1"}  # fmt: skip
+    specs.append(
+        AotSpec(f"quant_rowwise_{fp8}", quant_rows_kernel, rows_sig,
+                {"BM": 4, "BN": 1024, "FMAX": fmax}, opts)
+    )  # fmt: skip
+    return specs

@@ -1,0 +1,162 @@
+"""Launchers of the fused quantization kernels (2-D inputs, any strides).
+
+Output conventions (shared with reference/quantization.py and ops.quantization):
+* ``q`` is contiguous in ``x``'s shape; ``qt`` (dual) is contiguous in ``x.T``'s shape.
+* tensorwise scale: 0-d fp32; rowwise: ``[M, 1]`` (axis=-1) or ``[1, N]`` (axis=0);
+  1 x b blocks: ``[M, ceil(N/b)]`` stored outer-dim-major (stride ``(1, M)``, the layout
+  ``torch._scaled_mm`` wants); b x b tiles: ``[ceil(M/b), ceil(N/b)]`` contiguous;
+  MX: ``[M, N/32]`` uint8 (E8M0, biased exponent).
+* the dual copy's scales are those of ``x.T`` in the same conventions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from primus_turbo.pytorch.core.platform import triton_interpret
+from primus_turbo.triton.quantization.quant_kernel import (
+    COLS,
+    GIVEN,
+    MX,
+    ROWS,
+    TILE,
+    amax_kernel,
+    quant_rows_kernel,
+    quant_tile_kernel,
+)
+
+_EMAX = {
+    torch.float8_e4m3fn: 8,
+    torch.float8_e4m3fnuz: 8,
+    torch.float8_e5m2: 15,
+    torch.float8_e5m2fnuz: 15,
+}
+
+
+_FMT = {  # (mantissa bits, exponent bias, NaN bit pattern) for the interpreter's encoder
+    torch.float8_e4m3fn: (3, 7, 0x7F),
+    torch.float8_e4m3fnuz: (3, 8, 0x80),
+    torch.float8_e5m2: (2, 15, 0x7F),
+    torch.float8_e5m2fnuz: (2, 16, 0x80),
+}
+
+
+def _interp_fmt(dtype: torch.dtype) -> tuple[int, int, int, int]:
+    return (1, *_FMT[dtype]) if triton_interpret() else (0, 0, 0, 0)
+
+
+def _u8(t):
+    """Under the interpreter fp8 outputs are written as raw bytes (see ``_fp8_bits``)."""
+    return t.view(torch.uint8) if t is not None and triton_interpret() else t
+
+
+def _fmax(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).max)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _tile(x, q, s, qt, st, amax, bm, bn, mode, dual, dtype, s_strides, st_strides, warps=4):
+    m, n = x.shape
+    if m == 0 or n == 0:
+        return
+    qt_strides = (qt.stride(1), qt.stride(0)) if dual else (0, 0)
+    grid = (_cdiv(m, bm), _cdiv(n, bn))
+    quant_tile_kernel[grid](
+        x, _u8(q), s, _u8(qt if dual else q), st if dual else s, amax if amax is not None else s,
+        m, n, x.stride(0), x.stride(1), q.stride(0), q.stride(1), *s_strides,
+        *qt_strides, *st_strides,
+        BM=bm, BN=bn, MODE=mode, DUAL=dual, FMAX=_fmax(dtype), EMAX=_EMAX[dtype],
+        FMT=_interp_fmt(dtype),
+        num_warps=warps,
+    )  # fmt: skip
+
+
+def _empty_like_t(x: torch.Tensor, dtype) -> torch.Tensor:
+    return torch.empty((x.shape[1], x.shape[0]), dtype=dtype, device=x.device)
+
+
+def quant_tensorwise(x: torch.Tensor, dtype: torch.dtype, dual: bool = False):
+    """``(q, s)`` or ``(q, s, qt, s)``: one amax pass (atomic max), one cast pass."""
+    m, n = x.shape
+    amax = torch.zeros((), dtype=torch.float32, device=x.device)
+    if m and n:
+        amax_kernel[(_cdiv(m, 64), _cdiv(n, 128))](
+            x, amax, m, n, x.stride(0), x.stride(1), BM=64, BN=128, num_warps=4
+        )
+    q = torch.empty(x.shape, dtype=dtype, device=x.device)
+    s = torch.empty((), dtype=torch.float32, device=x.device)
+    qt = _empty_like_t(x, dtype) if dual else None
+    if m and n:
+        _tile(x, q, s, qt, s, amax, 64, 128, GIVEN, dual, dtype, (0, 0), (0, 0))
+    else:
+        s.fill_(1.0 / (_fmax(dtype) / 1e-12))
+    return (q, s, qt, s) if dual else (q, s)
+
+
+def quant_rowwise(x: torch.Tensor, dtype: torch.dtype, axis: int):
+    """One scale per row (axis=-1/1) or per column (axis=0) of any length."""
+    m, n = x.shape
+    src = x if axis in (-1, 1) else x.t()
+    q = torch.empty(x.shape, dtype=dtype, device=x.device)
+    qv = q if axis in (-1, 1) else q.t()
+    s = torch.empty(src.shape[0], dtype=torch.float32, device=x.device)
+    rows, cols = src.shape
+    if rows and cols:
+        contiguous_rows = src.stride(1) == 1
+        bm, bn = (4, 1024) if contiguous_rows else (64, 64)
+        bn = min(bn, max(16, 1 << (cols - 1).bit_length()))
+        quant_rows_kernel[(_cdiv(rows, bm),)](
+            src, _u8(qv), s, rows, cols, src.stride(0), src.stride(1), qv.stride(0), qv.stride(1),
+            1, BM=bm, BN=bn, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype), num_warps=4,
+        )  # fmt: skip
+    return q, (s.view(m, 1) if axis in (-1, 1) else s.view(1, n))
+
+
+def _outer_major(rows: int, cols: int, device) -> torch.Tensor:
+    return torch.empty((cols, rows), dtype=torch.float32, device=device).t()
+
+
+def quant_blockwise(x: torch.Tensor, dtype: torch.dtype, block: int, axis, dual: bool = False):
+    """1 x block blocks along ``axis`` (axis=-1/1: along N; axis=0: along M) or block x block
+    tiles (``axis=None``). ``dual`` (axis=-1/1 or None) also returns ``x.T`` quantized the same
+    way in one pass: ``(q, s, qt, st)``."""
+    m, n = x.shape
+    dev = x.device
+    q = torch.empty(x.shape, dtype=dtype, device=dev)
+    if axis is None:
+        s = torch.empty((_cdiv(m, block), _cdiv(n, block)), dtype=torch.float32, device=dev)
+        qt = _empty_like_t(x, dtype) if dual else None
+        st = s.t() if dual else None  # same tiles, transposed: written once
+        _tile(x, q, s, qt, s, None, block, block, TILE, dual, dtype, s.stride(), (0, 0), 8)
+        return (q, s, qt, st) if dual else (q, s)
+    if axis == 0 and not dual:
+        s = torch.empty((_cdiv(m, block), n), dtype=torch.float32, device=dev)
+        _tile(x, q, s, None, None, None, block, 64, COLS, False, dtype, s.stride(), (0, 0))
+        return q, s
+    if axis not in (-1, 1):
+        raise ValueError(f"quant_blockwise: dual needs axis -1/1 or None, got {axis}")
+    s = _outer_major(m, _cdiv(n, block), dev)
+    if not dual:
+        _tile(x, q, s, None, None, None, 32, block, ROWS, False, dtype, s.stride(), (0, 0))
+        return q, s
+    qt = _empty_like_t(x, dtype)
+    st = _outer_major(n, _cdiv(m, block), dev)  # scales of x.T: [N, ceil(M/b)]
+    st_strides = (st.stride(1), st.stride(0))  # the kernel indexes (m-block, n)
+    _tile(x, q, s, qt, st, None, block, block, ROWS, True, dtype, s.stride(), st_strides, 8)
+    return q, s, qt, st
+
+
+def quant_mx(x: torch.Tensor, dtype: torch.dtype, dual: bool = False, block: int = 32):
+    """MXFP8: E8M0 scales per 32 along N (and, with ``dual``, of ``x.T`` per 32 along M)."""
+    m, n = x.shape
+    dev = x.device
+    q = torch.empty(x.shape, dtype=dtype, device=dev)
+    s = torch.empty((m, n // block), dtype=torch.uint8, device=dev)
+    qt = _empty_like_t(x, dtype) if dual else None
+    st = torch.empty((n, m // block), dtype=torch.uint8, device=dev) if dual else None
+    st_strides = (st.stride(1), st.stride(0)) if dual else (0, 0)
+    _tile(x, q, s, qt, st, None, block, block, MX, dual, dtype, s.stride(), st_strides)
+    return (q, s, qt, st) if dual else (q, s)
