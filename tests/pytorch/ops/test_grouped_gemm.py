@@ -1,0 +1,327 @@
+"""Grouped GEMM (MoE experts): every backend, forward + dgrad + wgrad vs the fp32 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import primus_turbo.pytorch as turbo
+from primus_turbo.pytorch.core import BackendType, GlobalBackendManager
+from primus_turbo.pytorch.core.platform import ArchFamily
+from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_impl import GroupedGemmDispatcher
+from primus_turbo.pytorch.reference import group_offsets, grouped_gemm_ref
+from tests.conftest import HAS_GPU
+from tests.pytorch.test_utils import assert_close, rand
+
+pytestmark = pytest.mark.grouped_gemm
+
+BACKENDS = [BackendType.TORCH, BackendType.TRITON, BackendType.HIPBLASLT]
+# (group sizes, K, N): non-uniform with a zero group, one group, all groups empty, sizes and
+# K/N that are not multiples of any tile (K=40 also exercises the masked-K path).
+CASES = [
+    ([3, 0, 20, 7], 32, 16),
+    ([13], 16, 24),
+    ([0, 0, 0], 16, 16),
+    ([1, 17, 0, 33], 40, 24),
+]
+GPU_CASES = [
+    ([512, 0, 1000, 3, 777, 2048, 129, 1], 512, 384),
+    ([4096] * 4, 1024, 2048),
+    ([0, 3000, 1, 0, 64, 255, 2500, 7000], 2048, 768),
+    ([1], 128, 128),
+]
+
+
+def _skip_unsupported(backend, device, k=16, n=16, dtype=torch.bfloat16):
+    if backend == BackendType.HIPBLASLT:
+        if device == "cpu":
+            pytest.skip(
+                "HIPBLASLT (torch._grouped_mm) needs a CUDA GPU; see test_bad_* for refusals"
+            )
+        a = torch.empty(1, k, dtype=dtype, device=device)
+        b = torch.empty(1, k, n, dtype=dtype, device=device)
+        verdict = GroupedGemmDispatcher.backend_class(backend).can_handle(
+            a=a, b=b, trans_b=False, out_dtype=dtype
+        )
+        if not verdict:
+            pytest.skip(f"HIPBLASLT cannot handle this input here: {verdict.reason}")
+
+
+def _operands(lens, k, n, trans_b, dtype, device):
+    group_lens = torch.tensor(lens, dtype=torch.int64, device=device)
+    m, g = sum(lens), len(lens)
+    a = rand(m, k, dtype=dtype, device=device, requires_grad=True)
+    b = rand(*((g, n, k) if trans_b else (g, k, n)), dtype=dtype, device=device, requires_grad=True)
+    return a, b, group_lens
+
+
+def _check_fwd_bwd(lens, k, n, trans_b, dtype, device, out_dtype=None, fn=None):
+    a, b, group_lens = _operands(lens, k, n, trans_b, dtype, device)
+    fn = fn or (
+        lambda a, b, gl: turbo.ops.grouped_gemm(a, b, gl, trans_b=trans_b, out_dtype=out_dtype)
+    )
+    out = fn(a, b, group_lens)
+    expect_dtype = out_dtype or dtype
+    assert out.shape == (sum(lens), n) and out.dtype == expect_dtype
+
+    a_ref = a.detach().float().requires_grad_()
+    b_ref = b.detach().float().requires_grad_()
+    ref = grouped_gemm_ref(a_ref, b_ref, group_lens.cpu(), trans_b, torch.float32)
+    assert_close(out, ref, dtype)
+
+    grad = rand(sum(lens), n, dtype=expect_dtype, device=device)
+    out.backward(grad)
+    ref.backward(grad.to(dtype).float())
+    assert a.grad.shape == a.shape and a.grad.dtype == a.dtype
+    assert b.grad.shape == b.shape and b.grad.dtype == b.dtype
+    assert_close(a.grad, a_ref.grad, dtype)
+    assert_close(b.grad, b_ref.grad, dtype)  # empty groups: exact zeros in both
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name)
+@pytest.mark.parametrize("trans_b", [False, True], ids=["NN", "NT"])
+@pytest.mark.parametrize("lens,k,n", CASES, ids=str)
+def test_grouped_gemm_fwd_bwd(lens, k, n, trans_b, backend, device):
+    _skip_unsupported(backend, device, k, n)
+    GlobalBackendManager.set_grouped_gemm_backend(backend)
+    _check_fwd_bwd(lens, k, n, trans_b, torch.bfloat16, device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", [None, *BACKENDS], ids=lambda b: b.name if b else "default")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("trans_b", [False, True], ids=["NN", "NT"])
+@pytest.mark.parametrize("lens,k,n", GPU_CASES, ids=lambda x: str(x)[:40])
+def test_grouped_gemm_fwd_bwd_gpu_shapes(lens, k, n, trans_b, dtype, backend, device):
+    _skip_unsupported(backend, device, k, n, dtype)
+    if backend is not None:
+        GlobalBackendManager.set_grouped_gemm_backend(backend)
+    _check_fwd_bwd(lens, k, n, trans_b, dtype, device)
+
+
+@pytest.mark.parametrize("backend", [BackendType.TORCH, BackendType.TRITON], ids=lambda b: b.name)
+def test_grouped_gemm_fp16_fp32_out(backend, device):
+    GlobalBackendManager.set_grouped_gemm_backend(backend)
+    _check_fwd_bwd([5, 11], 24, 20, True, torch.float16, device, out_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("backend", [BackendType.TORCH, BackendType.TRITON], ids=lambda b: b.name)
+def test_grouped_gemm_explicit_offsets(backend, device):
+    GlobalBackendManager.set_grouped_gemm_backend(backend)
+
+    def fn(a, b, gl):
+        return turbo.ops.grouped_gemm(a, b, gl, group_offs=group_offsets(gl), trans_b=True)
+
+    _check_fwd_bwd([6, 0, 9], 16, 16, True, torch.bfloat16, device, fn=fn)
+
+
+@pytest.mark.parametrize("backend", [BackendType.TORCH, BackendType.TRITON], ids=lambda b: b.name)
+def test_grouped_gemm_tail_rows_are_zero(backend, device):
+    """Rows past ``sum(group_lens)`` (an over-allocated ``a``) come out as zeros. The public op
+    refuses such input when it can check it, so the backends are called directly."""
+    a = rand(30, 16, dtype=torch.bfloat16, device=device)
+    b = rand(2, 16, 16, dtype=torch.bfloat16, device=device)
+    lens = torch.tensor([7, 12], device=device)
+    out = GroupedGemmDispatcher.execute(
+        backend, a=a, b=b, group_lens=lens, group_offs=group_offsets(lens), trans_b=False,
+        out_dtype=torch.bfloat16,
+    )  # fmt: skip
+    assert torch.equal(out[19:].float().cpu(), torch.zeros(11, 16))
+    assert_close(out[:19], grouped_gemm_ref(a[:19], b, lens.cpu(), False, torch.float32))
+
+
+@pytest.mark.parametrize("backend", [BackendType.TORCH, BackendType.TRITON], ids=lambda b: b.name)
+def test_grouped_gemm_torch_compile(backend, device):
+    GlobalBackendManager.set_grouped_gemm_backend(backend)
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda a, b, gl: turbo.ops.grouped_gemm(a, b, gl, trans_b=True) * 2.0, fullgraph=True
+    )
+    lens = [9, 0, 14]
+    a, b, gl = _operands(lens, 16, 24, True, torch.bfloat16, device)
+    out = compiled(a, b, gl)
+    grad = rand(sum(lens), 24, dtype=torch.bfloat16, device=device)
+    out.backward(grad)
+    a_ref = a.detach().float().requires_grad_()
+    b_ref = b.detach().float().requires_grad_()
+    ref = grouped_gemm_ref(a_ref, b_ref, gl.cpu(), True, torch.float32) * 2.0
+    ref.backward(grad.float())
+    assert out.dtype == torch.bfloat16
+    assert_close(out, ref, torch.bfloat16)
+    assert_close(a.grad, a_ref.grad, torch.bfloat16)
+    assert_close(b.grad, b_ref.grad, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "backend", [BackendType.TRITON, BackendType.HIPBLASLT], ids=lambda b: b.name
+)
+def test_grouped_gemm_no_host_sync(backend, device):
+    """Forward, dgrad and wgrad never synchronise with the host (sizes stay on the device)."""
+    _skip_unsupported(backend, device, 256, 384)
+    GlobalBackendManager.set_grouped_gemm_backend(backend)
+    a, b, gl = _operands([300, 0, 1000, 17], 256, 384, True, torch.bfloat16, device)
+    grad = rand(a.shape[0], 384, dtype=torch.bfloat16, device=device)
+    turbo.ops.grouped_gemm(a, b, gl, trans_b=True).backward(grad)  # warm-up: compile, caches
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = turbo.ops.grouped_gemm(a, b, gl, trans_b=True)
+        out.backward(grad)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert out.shape == (a.shape[0], 384)
+
+
+@pytest.mark.gpu
+def test_grouped_gemm_cuda_graph():
+    """The Triton path replays inside a CUDA graph with new group sizes (no host reads)."""
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
+    a, b, gl = _operands([100, 200, 0, 211], 128, 256, True, torch.bfloat16, "cuda")
+    a = a.detach()
+    b = b.detach()
+    turbo.ops.grouped_gemm(a, b, gl, trans_b=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = turbo.ops.grouped_gemm(a, b, gl, trans_b=True)
+    gl.copy_(torch.tensor([0, 311, 200, 0], device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, grouped_gemm_ref(a, b, gl.cpu(), True, torch.float32))
+
+
+@pytest.mark.gpu
+def test_grouped_gemm_int64_offsets():
+    """Outputs of more than 2**31 elements: row offsets in the kernel are 64-bit."""
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
+    lens = [30000, 0, 35600]
+    m, n, k = sum(lens), 32800, 16
+    a = rand(m, k, dtype=torch.bfloat16, device="cuda")
+    b = rand(3, n, k, dtype=torch.bfloat16, device="cuda")
+    gl = torch.tensor(lens, device="cuda")
+    out = turbo.ops.grouped_gemm(a, b, gl, trans_b=True)
+    for row, g in ((0, 0), (29999, 0), (30000, 2), (m - 1, 2)):
+        ref = a[row : row + 1].float() @ b[g].float().t()
+        assert_close(out[row : row + 1], ref, torch.bfloat16)
+
+
+@pytest.mark.deterministic
+@pytest.mark.parametrize("backend", [BackendType.TORCH, BackendType.TRITON], ids=lambda b: b.name)
+def test_grouped_gemm_deterministic(backend, device):
+    GlobalBackendManager.set_grouped_gemm_backend(backend)
+    lens = [20, 0, 37, 5] if device == "cpu" else [1000, 0, 3001, 77]
+    k, n = (32, 24) if device == "cpu" else (1024, 768)
+    a, b, gl = _operands(lens, k, n, True, torch.bfloat16, device)
+    grad = rand(sum(lens), n, dtype=torch.bfloat16, device=device)
+    first = None
+    for _ in range(3 if device == "cpu" else 10):
+        a.grad = b.grad = None
+        out = turbo.ops.grouped_gemm(a, b, gl, trans_b=True)
+        out.backward(grad)
+        now = (out.detach().clone(), a.grad.clone(), b.grad.clone())
+        first = first or now
+        for x, y in zip(first, now, strict=True):
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+def test_default_dispatch_choice(device):
+    a, b, gl = _operands([2, 3], 16, 16, False, torch.bfloat16, device)
+    kw = dict(a=a, b=b, group_lens=gl, group_offs=group_offsets(gl), trans_b=False)
+    expect = BackendType.TRITON if HAS_GPU else BackendType.TORCH
+    assert GroupedGemmDispatcher.resolve(**kw, out_dtype=torch.bfloat16) == expect
+
+
+def test_config_heuristic_is_pure():
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import (
+        select_grouped_config,
+        select_variable_k_config,
+    )
+
+    big = select_grouped_config(65536, 4096, 7168, 32, ArchFamily.HOPPER, 132)
+    assert (big.block_m, big.block_n, big.num_warps) == (128, 256, 8)
+    small = select_grouped_config(32 * 40, 4096, 7168, 32, ArchFamily.HOPPER, 132)
+    assert small.block_m <= 64  # 40-row groups: a 128-row tile would be mostly padding
+    for fam in (ArchFamily.CDNA3, ArchFamily.CDNA4, ArchFamily.HOPPER):
+        cfg = select_variable_k_config(7168, 4096, 65536, 32, fam, 304)
+        assert cfg.block_m * cfg.block_n >= 128 * 128
+    assert select_grouped_config(10, 10, 10, 2, ArchFamily.CPU, 2).block_m == 16
+
+
+# ---- bad input -----------------------------------------------------------------------------
+
+
+def _good(device):
+    a = rand(10, 16, dtype=torch.bfloat16, device=device)
+    b = rand(2, 16, 8, dtype=torch.bfloat16, device=device)
+    return a, b, torch.tensor([4, 6], device=device)
+
+
+def test_bad_group_sum():
+    a, b, _ = _good("cpu")
+    with pytest.raises(
+        ValueError, match=r"'group_lens' expected sizes summing to a.shape\[0\] = 10, got sum 9"
+    ):
+        turbo.ops.grouped_gemm(a, b, torch.tensor([4, 5]))
+
+
+def test_negative_group_lens():
+    a, b, _ = _good("cpu")
+    with pytest.raises(
+        ValueError, match=r"'group_lens' expected non-negative sizes, got \[12, -2\]"
+    ):
+        turbo.ops.grouped_gemm(a, b, torch.tensor([12, -2]))
+
+
+@pytest.mark.gpu
+def test_validate_env_checks_device_sizes(monkeypatch):
+    """On the GPU the value checks need a sync: they run only when validation is requested."""
+    from primus_turbo.pytorch.ops import grouped_gemm as mod
+
+    a, b, _ = _good("cuda")
+    bad = torch.tensor([4, 5], device="cuda")
+    monkeypatch.setattr(mod, "_validate_env", lambda: True)
+    with pytest.raises(ValueError, match=r"sum 9"):
+        turbo.ops.grouped_gemm(a, b, bad)
+
+
+def test_group_count_mismatch(device):
+    a, b, _ = _good(device)
+    with pytest.raises(
+        ValueError, match=r"'group_lens' expected one size per group of b \(G=2\), got 3 sizes"
+    ):
+        turbo.ops.grouped_gemm(a, b, torch.tensor([4, 3, 3], device=device))
+
+
+def test_bad_group_lens_dtype(device):
+    a, b, _ = _good(device)
+    with pytest.raises(
+        TypeError, match=r"'group_lens' expected dtype in \{int64\}, got torch.int32"
+    ):
+        turbo.ops.grouped_gemm(a, b, torch.tensor([4, 6], dtype=torch.int32, device=device))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32], ids=str)
+def test_bad_operand_dtype(dtype, device):
+    a, b, gl = _good(device)
+    with pytest.raises(TypeError, match=r"'a' expected dtype in \{float16, bfloat16\}"):
+        turbo.ops.grouped_gemm(a.to(dtype), b, gl)
+    with pytest.raises(TypeError, match=r"'b' expected dtype torch.bfloat16"):
+        turbo.ops.grouped_gemm(a, b.half(), gl)
+
+
+def test_bad_shapes(device):
+    a, b, gl = _good(device)
+    with pytest.raises(ValueError, match=r"'b' expected a 3-D tensor"):
+        turbo.ops.grouped_gemm(a, b[0], gl)
+    with pytest.raises(ValueError, match=r"'b' expected a reduction size K=16.*K=8"):
+        turbo.ops.grouped_gemm(a, b, gl, trans_b=True)
+    with pytest.raises(ValueError, match=r"'group_offs' expected an int64 \[G\+1\] = \[3\]"):
+        turbo.ops.grouped_gemm(a, b, gl, group_offs=torch.tensor([0, 10], device=device))
+
+
+def test_pinned_backend_refuses_with_reasons():
+    a, b, gl = _good("cpu")
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.HIPBLASLT)
+    with pytest.raises(ValueError, match=r"pinned backend HIPBLASLT cannot handle") as info:
+        turbo.ops.grouped_gemm(a, b, gl)
+    assert "TORCH: can handle" in str(info.value)
