@@ -53,11 +53,16 @@ ensure_daemon() {
 # daemon-side builder (DOCKER_BUILDKIT=1, e.g. Debian's docker.io 20.10 at /usr/bin/docker).
 pick_cli() {
     if [ -n "$DOCKER" ]; then return 0; fi
-    local cli
+    local cli major
     for cli in docker /usr/bin/docker; do
         command -v "$cli" >/dev/null || continue
-        if "$cli" buildx version >/dev/null 2>&1 \
-            || DOCKER_BUILDKIT=1 "$cli" build --help >/dev/null 2>&1; then
+        if "$cli" buildx version >/dev/null 2>&1; then
+            DOCKER=$cli
+            return 0
+        fi
+        # CLIs before 23.0 carry their own BuildKit client (DOCKER_BUILDKIT=1)
+        major=$("$cli" --version 2>/dev/null | sed -nE 's/^Docker version ([0-9]+)\..*/\1/p')
+        if [ -n "$major" ] && [ "$major" -lt 23 ]; then
             DOCKER=$cli
             return 0
         fi
