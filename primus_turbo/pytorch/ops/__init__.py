@@ -1,6 +1,32 @@
 """User API: functions with autograd."""
 
+from primus_turbo.pytorch.ops.activation import (
+    geglu,
+    geglu_with_probs,
+    swiglu,
+    swiglu_with_probs,
+    tokens_per_expert_to_mask,
+)
+from primus_turbo.pytorch.ops.attention import flash_attn_func, flash_attn_varlen_func
 from primus_turbo.pytorch.ops.gemm import gemm
 from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm
+from primus_turbo.pytorch.ops.moe import (
+    fused_group_topk_routing_with_aux_score,
+    moe_permute,
+    moe_router_topk,
+    moe_unpermute,
+)
 
 __all__ = ["gemm", "grouped_gemm"]
+__all__ += [
+    "swiglu",
+    "geglu",
+    "swiglu_with_probs",
+    "geglu_with_probs",
+    "tokens_per_expert_to_mask",
+    "fused_group_topk_routing_with_aux_score",
+    "moe_router_topk",
+    "moe_permute",
+    "moe_unpermute",
+]
+__all__ += ["flash_attn_func", "flash_attn_varlen_func"]

@@ -1,0 +1,1 @@
+"""Gated activations (SwiGLU/GeGLU, optionally with router probs): launchers and custom ops."""

@@ -1,0 +1,64 @@
+"""SwiGLU/GeGLU custom ops: the Triton kernels on GPU (or under TRITON_INTERPRET=1), the fp32
+reference elsewhere. No dispatcher: one kernel per op, as in the reference system."""
+
+from __future__ import annotations
+
+import torch
+
+from primus_turbo.pytorch.core.platform import triton_interpret
+from primus_turbo.pytorch.reference.activation import glu_ref
+
+ACTS = ("silu", "gelu")
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    return x.device.type == "cuda" or triton_interpret()
+
+
+@torch.library.custom_op("primus_turbo::glu_fwd_impl", mutates_args=())
+def glu_fwd_impl(
+    x: torch.Tensor, probs: torch.Tensor | None, row_mask: torch.Tensor | None, act: int
+) -> torch.Tensor:
+    """``x: [T, 2H]`` -> ``[T, H]``; ``act`` indexes ``ACTS``."""
+    if _use_triton(x):
+        from primus_turbo.triton.activation.glu_kernel import glu_fwd_triton
+
+        return glu_fwd_triton(x, probs, row_mask, act)
+    return glu_ref(x, probs, row_mask, ACTS[act])
+
+
+@glu_fwd_impl.register_fake
+def _glu_fwd_fake(x, probs, row_mask, act):
+    return x.new_empty((x.shape[0], x.shape[1] // 2))
+
+
+@torch.library.custom_op("primus_turbo::glu_bwd_impl", mutates_args=())
+def glu_bwd_impl(
+    x: torch.Tensor,
+    probs: torch.Tensor | None,
+    row_mask: torch.Tensor | None,
+    dy: torch.Tensor,
+    act: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ``(dx [T, 2H], dprobs [T] fp32)``; dprobs is empty when ``probs`` is None."""
+    if _use_triton(x):
+        from primus_turbo.triton.activation.glu_kernel import glu_bwd_triton
+
+        dx, dp = glu_bwd_triton(x, probs, row_mask, dy, act)
+    else:
+        with torch.enable_grad():
+            xg = x.detach().float().requires_grad_(True)
+            pg = probs.detach().float().requires_grad_(True) if probs is not None else None
+            y = glu_ref(xg, pg, row_mask, ACTS[act]).float()
+            grads = torch.autograd.grad(y, [xg] + ([pg] if pg is not None else []), dy.float())
+        dx = grads[0].to(x.dtype)
+        dp = grads[1] if probs is not None else None
+    if dp is None:
+        dp = x.new_empty((0,), dtype=torch.float32)
+    return dx, dp
+
+
+@glu_bwd_impl.register_fake
+def _glu_bwd_fake(x, probs, row_mask, dy, act):
+    n = x.shape[0] if probs is not None else 0
+    return torch.empty_like(x), x.new_empty((n,), dtype=torch.float32)

@@ -1,0 +1,1 @@
+"""MoE permute/unpermute: launchers and custom ops."""

@@ -1,0 +1,79 @@
+"""Row-movement custom ops behind ``moe_permute`` / ``moe_unpermute``.
+
+Triton on GPU (or under TRITON_INTERPRET=1), plain torch indexing elsewhere. See
+``primus_turbo/triton/moe/permute_kernel.py`` for the map conventions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from primus_turbo.pytorch.core.platform import triton_interpret
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    return x.device.type == "cuda" or triton_interpret()
+
+
+@torch.library.custom_op("primus_turbo::moe_gather_rows", mutates_args=())
+def moe_gather_rows(x: torch.Tensor, src_map: torch.Tensor, k: int) -> torch.Tensor:
+    """``out[n] = x[src_map[n] // k]``, zero where ``src_map[n] < 0``."""
+    if _use_triton(x):
+        from primus_turbo.triton.moe.permute_kernel import gather_rows_triton
+
+        return gather_rows_triton(x, src_map, k)
+    valid = (src_map >= 0).unsqueeze(1)
+    return (x[src_map.clamp(min=0) // max(k, 1)] * valid).to(x.dtype)
+
+
+@moe_gather_rows.register_fake
+def _gather_fake(x, src_map, k):
+    return x.new_empty((src_map.shape[0], x.shape[1]))
+
+
+@torch.library.custom_op("primus_turbo::moe_reduce_rows", mutates_args=())
+def moe_reduce_rows(
+    y: torch.Tensor, row_map: torch.Tensor, w: torch.Tensor | None, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """``out[t] = sum_k w[row_map[t,k]] * y[row_map[t,k]]`` (fp32 sum; missing copies skipped)."""
+    if _use_triton(y):
+        from primus_turbo.triton.moe.permute_kernel import reduce_rows_triton
+
+        return reduce_rows_triton(y, row_map, w, out_dtype)
+    valid = (row_map >= 0).unsqueeze(-1)
+    rows = row_map.clamp(min=0)
+    v = y[rows].float()
+    if w is not None:
+        v = v * w[rows].float().unsqueeze(-1)
+    return (v * valid).sum(1).to(out_dtype)
+
+
+@moe_reduce_rows.register_fake
+def _reduce_fake(y, row_map, w, out_dtype):
+    return y.new_empty((row_map.shape[0], y.shape[1]), dtype=out_dtype)
+
+
+@torch.library.custom_op("primus_turbo::moe_reduce_rows_bwd", mutates_args=())
+def moe_reduce_rows_bwd(
+    dout: torch.Tensor, y: torch.Tensor, row_map: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dy, dw)`` of ``moe_reduce_rows`` with weights."""
+    if _use_triton(y):
+        from primus_turbo.triton.moe.permute_kernel import reduce_rows_bwd_triton
+
+        return reduce_rows_bwd_triton(dout, y, row_map, w)
+    n = y.shape[0]
+    valid = row_map >= 0
+    rows = row_map[valid]
+    toks = torch.arange(row_map.shape[0], device=y.device).unsqueeze(1).expand_as(row_map)[valid]
+    g = dout[toks].float()
+    dy = torch.zeros_like(y)
+    dy[rows] = (g * w[rows].float().unsqueeze(1)).to(y.dtype)
+    dw = torch.zeros((n,), dtype=torch.float32, device=y.device)
+    dw[rows] = (g * y[rows].float()).sum(1)
+    return dy, dw
+
+
+@moe_reduce_rows_bwd.register_fake
+def _reduce_bwd_fake(dout, y, row_map, w):
+    return torch.empty_like(y), y.new_empty((y.shape[0],), dtype=torch.float32)

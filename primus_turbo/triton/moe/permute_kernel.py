@@ -1,0 +1,193 @@
+"""MoE permute / unpermute row kernels (gather, weighted gather-sum, and its backward).
+
+Maps (built on device by the op layer, never read on the host):
+- ``row_map: [T, K]`` int64: permuted row of token ``t``'s ``k``-th copy, ``-1`` when dropped.
+- ``src_map: [N]`` int64: ``t * K + k`` feeding permuted row ``n``, ``-1`` for padding rows.
+
+Kernels (one program per row, vectorised over the hidden dim in ``BLOCK_H`` chunks; row offsets
+are int64 so ``rows * hidden`` past 2**31 is safe; no atomics anywhere, so every kernel is
+bitwise deterministic):
+- ``gather_rows_kernel``: ``out[n] = x[src_map[n] // K]`` (zeros for padding rows). Permute
+  forward, and unpermute's data gradient when no probs are applied.
+- ``reduce_rows_kernel``: ``out[t] = sum_k w[t, k] * y[row_map[t, k]]`` in fp32 with
+  ``w = probs[row_map[t, k]]`` (or 1). Unpermute forward, and permute's backward.
+- ``reduce_rows_bwd_kernel``: for each copy, ``dy[row] = w * dout[t]`` and
+  ``dw = <dout[t], y[row]>``: unpermute's backward with probs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from primus_turbo.triton.aot import AotSpec, triton_dtype_name
+
+
+@triton.jit
+def gather_rows_kernel(
+    x_ptr, src_ptr, out_ptr, H, stride_x, stride_out, K: tl.constexpr, BLOCK_H: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    src = tl.load(src_ptr + row)
+    tok = tl.maximum(src, 0) // K
+    valid = src >= 0
+    out_row = out_ptr + row * stride_out
+    x_row = x_ptr + tok * stride_x
+    for h0 in range(0, H, BLOCK_H):
+        cols = h0 + tl.arange(0, BLOCK_H)
+        m = cols < H
+        v = tl.load(x_row + cols, mask=m & valid, other=0.0)
+        tl.store(out_row + cols, v, mask=m)
+
+
+@triton.jit
+def reduce_rows_kernel(
+    y_ptr,
+    map_ptr,
+    w_ptr,
+    out_ptr,
+    H,
+    stride_y,
+    stride_out,
+    K: tl.constexpr,
+    HAS_W: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    out_row = out_ptr + tok * stride_out
+    for h0 in range(0, H, BLOCK_H):
+        cols = h0 + tl.arange(0, BLOCK_H)
+        m = cols < H
+        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for k in tl.static_range(K):
+            r = tl.load(map_ptr + tok * K + k)
+            valid = r >= 0
+            rr = tl.maximum(r, 0)
+            v = tl.load(y_ptr + rr * stride_y + cols, mask=m & valid, other=0.0).to(tl.float32)
+            if HAS_W:
+                w = tl.load(w_ptr + rr, mask=valid, other=0.0).to(tl.float32)
+                v = v * w
+            acc += v
+        tl.store(out_row + cols, acc.to(out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def reduce_rows_bwd_kernel(
+    dout_ptr,
+    y_ptr,
+    map_ptr,
+    w_ptr,
+    dy_ptr,
+    dw_ptr,
+    H,
+    stride_dout,
+    stride_y,
+    stride_dy,
+    K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    g_row = dout_ptr + tok * stride_dout
+    for k in tl.static_range(K):
+        r = tl.load(map_ptr + tok * K + k)
+        if r >= 0:
+            w = tl.load(w_ptr + r).to(tl.float32)
+            acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+            for h0 in range(0, H, BLOCK_H):
+                cols = h0 + tl.arange(0, BLOCK_H)
+                m = cols < H
+                g = tl.load(g_row + cols, mask=m, other=0.0).to(tl.float32)
+                y = tl.load(y_ptr + r * stride_y + cols, mask=m, other=0.0).to(tl.float32)
+                tl.store(dy_ptr + r * stride_dy + cols, (g * w).to(dy_ptr.dtype.element_ty), mask=m)
+                acc += g * y
+            tl.store(dw_ptr + r, tl.sum(acc, axis=0))
+
+
+def _block_h(h: int) -> tuple[int, int]:
+    block = min(max(triton.next_power_of_2(h), 64), 4096)
+    return block, (4 if block <= 1024 else 8)
+
+
+def gather_rows_triton(x: torch.Tensor, src_map: torch.Tensor, k: int) -> torch.Tensor:
+    """``x: [T, H]``, ``src_map: [N]`` -> ``[N, H]`` (padding rows zero)."""
+    n, h = src_map.shape[0], x.shape[1]
+    out = torch.empty((n, h), dtype=x.dtype, device=x.device)
+    if n == 0 or h == 0:
+        return out
+    block, warps = _block_h(h)
+    gather_rows_kernel[(n,)](
+        x, src_map, out, h, x.stride(0), out.stride(0), K=k, BLOCK_H=block, num_warps=warps
+    )
+    return out
+
+
+def reduce_rows_triton(
+    y: torch.Tensor, row_map: torch.Tensor, w: torch.Tensor | None, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """``y: [N, H]``, ``row_map: [T, K]``, ``w: [N]`` fp32 or None -> ``[T, H]``."""
+    t, k = row_map.shape
+    h = y.shape[1]
+    out = torch.empty((t, h), dtype=out_dtype, device=y.device)
+    if t == 0 or h == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    block, warps = _block_h(h)
+    block = min(block, 1024)  # K loads in flight per chunk: keep the register tile moderate
+    reduce_rows_kernel[(t,)](
+        y, row_map, w if w is not None else y, out, h, y.stride(0), out.stride(0),
+        K=k, HAS_W=w is not None, BLOCK_H=block, num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def reduce_rows_bwd_triton(
+    dout: torch.Tensor, y: torch.Tensor, row_map: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ``(dy [N, H] in y's dtype, dw [N] fp32)``; rows no token maps to are zero."""
+    n, h = y.shape
+    t, k = row_map.shape
+    dy = torch.zeros((n, h), dtype=y.dtype, device=y.device)
+    dw = torch.zeros((n,), dtype=torch.float32, device=y.device)
+    if t == 0 or k == 0 or h == 0:
+        return dy, dw
+    block, warps = _block_h(h)
+    reduce_rows_bwd_kernel[(t,)](
+        dout, y, row_map, w, dy, dw, h, dout.stride(0), y.stride(0), dy.stride(0),
+        K=k, BLOCK_H=block, num_warps=warps,
+    )  # fmt: skip
+    return dy, dw
+
+
+def aot_specs(target: str) -> list[AotSpec]:
+    """bf16 rows, hidden 7168-class blocks, top-8."""
+    dt = triton_dtype_name(torch.bfloat16)
+    return [
+        AotSpec(
+            name="moe_gather_rows_bf16",
+            fn=gather_rows_kernel,
+            signature={"x_ptr": f"*{dt}", "src_ptr": "*i64", "out_ptr": f"*{dt}", "H": "i32",
+                       "stride_x": "i64", "stride_out": "i64"},
+            constexprs={"K": 8, "BLOCK_H": 4096},
+            options={"num_warps": 8},
+            default=True,
+        ),
+        AotSpec(
+            name="moe_reduce_rows_bf16_w",
+            fn=reduce_rows_kernel,
+            signature={"y_ptr": f"*{dt}", "map_ptr": "*i64", "w_ptr": "*fp32",
+                       "out_ptr": f"*{dt}", "H": "i32", "stride_y": "i64", "stride_out": "i64"},
+            constexprs={"K": 8, "HAS_W": True, "BLOCK_H": 1024},
+            options={"num_warps": 4},
+        ),
+        AotSpec(
+            name="moe_reduce_rows_bwd_bf16",
+            fn=reduce_rows_bwd_kernel,
+            signature={"dout_ptr": f"*{dt}", "y_ptr": f"*{dt}", "map_ptr": "*i64",
+                       "w_ptr": "*fp32", "dy_ptr": f"*{dt}", "dw_ptr": "*fp32", "H": "i32",
+                       "stride_dout": "i64", "stride_y": "i64", "stride_dy": "i64"},
+            constexprs={"K": 8, "BLOCK_H": 4096},
+            options={"num_warps": 8},
+        ),
+    ]  # fmt: skip
