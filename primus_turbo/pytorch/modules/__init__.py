@@ -1,6 +1,8 @@
 """nn.Module wrappers over the ops."""
 
+from primus_turbo.pytorch.modules.attention import TurboAttention
 from primus_turbo.pytorch.modules.grouped_linear import GroupedLinear
 from primus_turbo.pytorch.modules.linear import Linear
 
 __all__ = ["GroupedLinear", "Linear"]
+__all__ += ["TurboAttention"]

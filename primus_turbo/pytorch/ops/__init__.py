@@ -7,6 +7,7 @@ from primus_turbo.pytorch.ops.activation import (
     swiglu_with_probs,
     tokens_per_expert_to_mask,
 )
+from primus_turbo.pytorch.ops.attention import flash_attn_func, flash_attn_varlen_func
 from primus_turbo.pytorch.ops.gemm import gemm
 from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm
 from primus_turbo.pytorch.ops.moe import (

@@ -1,0 +1,326 @@
+"""Flash attention backends (TRITON, TORCH, AITER), their dispatcher and the custom ops.
+
+Every backend takes the same keywords: ``q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal,
+window, return_lse`` (dense bshd when ``cu_q`` is None, else packed THD) and returns
+``(out, lse)``; lse is ``[B, Hq, Sq]`` (dense) or ``[Hq, Tq]`` (varlen) fp32, or None when the
+backend was not asked for it. Non-differentiable backends also provide ``backward``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from primus_turbo.pytorch.core.autotune import time_fn
+from primus_turbo.pytorch.core.backend import (
+    YES,
+    AutoKernelDispatcher,
+    BackendType,
+    KernelBackend,
+    PrecisionType,
+    Verdict,
+    no,
+)
+from primus_turbo.pytorch.core.platform import is_graph_capturing, triton_interpret
+from primus_turbo.pytorch.reference.attention import attention_ref, attention_varlen_ref
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def effective_window(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
+    """``(left, right)`` with causal folded in (right = 0); -1 means unbounded."""
+    return (window[0], 0) if causal else (window[0], window[1])
+
+
+def has_empty_rows(sq: int, sk: int, causal: bool, window: tuple[int, int]) -> bool:
+    """Whether some query row sees no key (only a right bound can cause that; dense case)."""
+    left, right = effective_window(causal, window)
+    return (right >= 0 and sk - sq + right < 0) or sk == 0
+
+
+def _dims(q, k, v, cu_q):
+    """``(batch, hq, hkv, dqk, dv)``."""
+    if cu_q is not None:
+        return cu_q.numel() - 1, q.shape[1], k.shape[1], q.shape[2], v.shape[2]
+    return q.shape[0], q.shape[2], k.shape[2], q.shape[3], v.shape[3]
+
+
+def _sdpa_plain(sq, sk, causal, window) -> bool:
+    """SDPA's flags express the mask: no window, causal only when top-left == bottom-right."""
+    left, right = window
+    return left < 0 and right < 0 and (not causal or sq == sk)
+
+
+class AttnDispatcher(AutoKernelDispatcher):
+    family = "attn"
+    memoize_resolution = True  # make_key covers shapes, dtypes, flags and device
+
+    @classmethod
+    def precision(cls, q: torch.Tensor, **kwargs: Any) -> PrecisionType:
+        return PrecisionType.BF16_FP16_FP32
+
+    @classmethod
+    def default_backend(cls, q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal, window,
+                        return_lse, **kwargs) -> BackendType:  # fmt: skip
+        if q.device.type != "cuda":
+            return BackendType.TRITON if triton_interpret() else BackendType.TORCH
+        sdpa_ok = cu_q is None and not return_lse and _sdpa_plain(max_sq, max_sk, causal, window)
+        if not sdpa_ok or q.dtype not in HALF_DTYPES:
+            return BackendType.TRITON if q.dtype in HALF_DTYPES else BackendType.TORCH
+        if torch.compiler.is_compiling() or is_graph_capturing():
+            return BackendType.TORCH
+        # Both can run: time forward+backward once per shape key (cached like autotune).
+        args = dict(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, max_sq=max_sq, max_sk=max_sk,
+                    scale=scale, causal=causal, window=window, return_lse=return_lse)  # fmt: skip
+        return cls.tune(**args)
+
+    @classmethod
+    def make_key(cls, q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal, window, return_lse,
+                 **kwargs):  # fmt: skip
+        return (tuple(q.shape), tuple(k.shape), tuple(v.shape), q.dtype, k.dtype, v.dtype,
+                cu_q is not None, max_sq, max_sk, causal, tuple(window), return_lse,
+                q.device.type)  # fmt: skip
+
+    @classmethod
+    def describe(cls, q, k, v, cu_q, max_sq, max_sk, causal, window, **kwargs) -> str:
+        return (
+            f"q:{tuple(q.shape)} k:{tuple(k.shape)} v:{tuple(v.shape)} dtype:{q.dtype} "
+            f"varlen={cu_q is not None} max_seqlen=({max_sq},{max_sk}) causal={causal} "
+            f"window={tuple(window)} device={q.device}"
+        )
+
+    @classmethod
+    def time_backend(cls, backend: BackendType, device: torch.device, **kwargs: Any) -> float:
+        """Forward + backward time (what a training step pays)."""
+        impl = cls._backends[backend]
+        q, k, v = (kwargs[n].detach().requires_grad_() for n in ("q", "k", "v"))
+        args = {**kwargs, "q": q, "k": k, "v": v}
+
+        def step():
+            if impl.differentiable:
+                out, _ = impl.execute(**args)
+                grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+            else:
+                with torch.no_grad():
+                    out, lse = impl.execute(**{**args, "return_lse": True})
+                grads = impl.backward(torch.ones_like(out), out, lse, **args)
+            return grads
+
+        with torch.enable_grad():
+            return time_fn(step, device)
+
+
+@AttnDispatcher.register
+class AttnTritonBackend(KernelBackend):
+    """Our Triton flash attention (fwd + deterministic two-kernel bwd)."""
+
+    backend_type = BackendType.TRITON
+
+    @staticmethod
+    def can_handle(q, k, v, cu_q, **kwargs) -> Verdict:
+        if q.device.type != "cuda" and not triton_interpret():
+            return no(f"needs a GPU tensor (or TRITON_INTERPRET=1 on CPU), got device {q.device}")
+        if q.dtype not in HALF_DTYPES:
+            return no(f"needs fp16/bf16 inputs, got {q.dtype}")
+        _, _, _, dqk, dv = _dims(q, k, v, cu_q)
+        if max(dqk, dv) > 256:
+            return no(f"head dims up to 256, got qk {dqk} / v {dv}")
+        return YES
+
+    @staticmethod
+    def execute(q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal, window, return_lse,
+                **kwargs):  # fmt: skip
+        from primus_turbo.triton.attention.attn_launch import attn_fwd_triton
+
+        return attn_fwd_triton(q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal, window)
+
+    @staticmethod
+    def backward(do, out, lse, q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal, window,
+                 **kwargs):  # fmt: skip
+        from primus_turbo.triton.attention.attn_launch import attn_bwd_triton
+
+        return attn_bwd_triton(do, q, k, v, out, lse, cu_q, cu_k, max_sq, max_sk, scale, causal,
+                               window)  # fmt: skip
+
+
+def _attn_mask(sq, sk, causal, window, device):
+    from primus_turbo.pytorch.reference.attention import attention_mask
+
+    return attention_mask(sq, sk, causal, window, device)
+
+
+@AttnDispatcher.register
+class AttnTorchBackend(KernelBackend):
+    """``torch.nn.functional.scaled_dot_product_attention`` (on CUDA SDPA picks flash / cuDNN /
+    memory-efficient itself, or the user pins one with ``torch.nn.attention.sdpa_kernel``).
+
+    Causal with Sq != Sk (bottom-right) and windows go through an explicit boolean mask; GQA
+    through ``enable_gqa``. Cases SDPA cannot express (lse requested, varlen, rows that see no
+    key) use the fp32 reference with explicit masks (materialises the score matrix).
+    """
+
+    backend_type = BackendType.TORCH
+    differentiable = True
+
+    @staticmethod
+    def can_handle(q, **kwargs) -> Verdict:
+        return YES
+
+    @staticmethod
+    def execute(q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal, window, return_lse,
+                **kwargs):  # fmt: skip
+        if cu_q is not None:
+            out, lse = attention_varlen_ref(q, k, v, cu_q, cu_k, scale, causal, window)
+            return out, lse
+        sq, sk = q.shape[1], k.shape[1]
+        if return_lse or has_empty_rows(sq, sk, causal, window) or 0 in q.shape or 0 in k.shape:
+            return attention_ref(q, k, v, scale, causal, window)
+        hq, hkv = q.shape[2], k.shape[2]
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        mask = None
+        is_causal = False
+        if _sdpa_plain(sq, sk, causal, window):
+            is_causal = causal
+        else:
+            mask = _attn_mask(sq, sk, causal, window, q.device)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qt, kt, vt, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=hq != hkv
+        )
+        return out.transpose(1, 2), None
+
+
+@AttnDispatcher.register
+class AttnAiterBackend(KernelBackend):
+    """AMD's AITER flash attention (``aiter.flash_attn_func`` / ``flash_attn_varlen_func``),
+    when the library is importable. Its own autograd runs the backward."""
+
+    backend_type = BackendType.AITER
+    differentiable = True
+
+    @staticmethod
+    def can_handle(q, k, v, cu_q, **kwargs) -> Verdict:
+        if _aiter() is None:
+            return no("the aiter library is not importable")
+        if q.device.type != "cuda":
+            return no(f"needs a GPU tensor, got device {q.device}")
+        if q.dtype not in HALF_DTYPES:
+            return no(f"needs fp16/bf16 inputs, got {q.dtype}")
+        return YES
+
+    @staticmethod
+    def execute(q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal, window, return_lse,
+                **kwargs):  # fmt: skip
+        aiter = _aiter()
+        common = dict(dropout_p=0.0, softmax_scale=scale, causal=causal,
+                      window_size=tuple(window), return_lse=True)  # fmt: skip
+        if cu_q is not None:
+            res = aiter.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_sq, max_sk, **common)
+        else:
+            res = aiter.flash_attn_func(q, k, v, **common)
+        return res[0], res[1]
+
+
+_AITER: list[Any] = []
+
+
+def _aiter():
+    if not _AITER:
+        try:
+            import aiter  # type: ignore[import-not-found]
+
+            _AITER.append(aiter)
+        except Exception:  # noqa: BLE001 - absent or broken install: the backend says no
+            _AITER.append(None)
+    return _AITER[0]
+
+
+# ---- custom ops (opaque to torch.compile) --------------------------------------------------
+
+
+@torch.library.custom_op("primus_turbo::attn_fwd_impl", mutates_args=())
+def _attn_fwd_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor | None,
+    cu_k: torch.Tensor | None,
+    max_sq: int,
+    max_sk: int,
+    scale: float,
+    causal: bool,
+    win_l: int,
+    win_r: int,
+    backend: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = AttnDispatcher.execute(
+        BackendType(backend), q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, max_sq=max_sq,
+        max_sk=max_sk, scale=scale, causal=causal, window=(win_l, win_r), return_lse=True,
+    )  # fmt: skip
+    return out, lse
+
+
+@_attn_fwd_op.register_fake
+def _attn_fwd_fake(q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal, win_l, win_r, backend):
+    if cu_q is not None:
+        out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    else:
+        out = q.new_empty((*q.shape[:3], v.shape[3]))
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("primus_turbo::attn_bwd_impl", mutates_args=())
+def _attn_bwd_op(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_q: torch.Tensor | None,
+    cu_k: torch.Tensor | None,
+    max_sq: int,
+    max_sk: int,
+    scale: float,
+    causal: bool,
+    win_l: int,
+    win_r: int,
+    backend: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    impl = AttnDispatcher.backend_class(BackendType(backend))
+    return impl.backward(
+        do, out, lse, q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, max_sq=max_sq, max_sk=max_sk,
+        scale=scale, causal=causal, window=(win_l, win_r),
+    )  # fmt: skip
+
+
+@_attn_bwd_op.register_fake
+def _attn_bwd_fake(do, q, k, v, out, lse, cu_q, cu_k, max_sq, max_sk, scale, causal, win_l,
+                   win_r, backend):  # fmt: skip
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def attn_fwd_impl(q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal, window, backend):
+    """Forward of a non-differentiable backend: ``(out, lse)``."""
+    if torch.compiler.is_compiling():
+        return _attn_fwd_op(q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal, window[0],
+                            window[1], backend.value)  # fmt: skip
+    return AttnDispatcher.execute(
+        backend, q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, max_sq=max_sq, max_sk=max_sk, scale=scale,
+        causal=causal, window=window, return_lse=True,
+    )  # fmt: skip
+
+
+def attn_bwd_impl(do, q, k, v, out, lse, cu_q, cu_k, max_sq, max_sk, scale, causal, window,
+                  backend):  # fmt: skip
+    """Backward of a non-differentiable backend: ``(dq, dk, dv)``."""
+    if torch.compiler.is_compiling():
+        return _attn_bwd_op(do, q, k, v, out, lse, cu_q, cu_k, max_sq, max_sk, scale, causal,
+                            window[0], window[1], backend.value)  # fmt: skip
+    return AttnDispatcher.backend_class(backend).backward(
+        do, out, lse, q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, max_sq=max_sq, max_sk=max_sk,
+        scale=scale, causal=causal, window=window,
+    )  # fmt: skip
