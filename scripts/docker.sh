@@ -61,7 +61,7 @@ pick_cli() {
             return 0
         fi
         # CLIs before 23.0 carry their own BuildKit client (DOCKER_BUILDKIT=1)
-        major=$("$cli" --version 2>/dev/null | sed -nE 's/^Docker version ([0-9]+)\..*/\1/p')
+        major=$("$cli" --version 2>/dev/null | sed -nE 's/^Docker version ([0-9]+)\..*/\1/p' || true)
         if [ -n "$major" ] && [ "$major" -lt 23 ]; then
             DOCKER=$cli
             return 0
