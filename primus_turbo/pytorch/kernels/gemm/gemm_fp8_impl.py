@@ -1,0 +1,220 @@
+"""Scaled FP8 GEMM backends (HIPBLASLT = torch._scaled_mm, TRITON, TORCH), dispatcher, custom op.
+
+Every backend computes the NT product ``C[M, N] = (a * sa) @ (b * sb)^T`` of quantized operands
+``a [M, K]``, ``b [N, K]`` (K contiguous, as the quantization step lays them out) and takes the
+keywords ``a, b, sa, sb, granularity (int value), sa_group, sb_group, out_dtype``:
+* TENSORWISE: 0-d scales. ROWWISE: ``sa [M, 1]``, ``sb [N, 1]``.
+* BLOCKWISE: ``sa [M / sa_group, K / 128]``, ``sb [N / sb_group, K / 128]`` (group 1 = 1x128
+  blocks, 128 = 128x128 tiles), any strides.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from primus_turbo.pytorch.core.backend import (
+    YES,
+    AutoKernelDispatcher,
+    BackendType,
+    KernelBackend,
+    PrecisionType,
+    Verdict,
+    no,
+)
+from primus_turbo.pytorch.core.low_precision import (
+    ScalingGranularity,
+    check_scaled_mm_blockwise_support,
+)
+from primus_turbo.pytorch.core.platform import triton_interpret
+
+_T, _R, _B = (ScalingGranularity.TENSORWISE.value, ScalingGranularity.ROWWISE.value,
+              ScalingGranularity.BLOCKWISE.value)  # fmt: skip
+_E5M2 = (torch.float8_e5m2, torch.float8_e5m2fnuz)
+
+
+class GemmFp8Dispatcher(AutoKernelDispatcher):
+    family = "gemm"  # shares PRIMUS_TURBO_GEMM_BACKEND (fp8:...) with the dense GEMM
+    memoize_resolution = False  # can_handle looks at scale layouts too
+
+    @classmethod
+    def precision(cls, **kwargs) -> PrecisionType:
+        return PrecisionType.FP8
+
+    @classmethod
+    def default_backend(cls, a, granularity, **kwargs) -> BackendType:
+        if a.device.type != "cuda":
+            return BackendType.TRITON if triton_interpret() else BackendType.TORCH
+        return BackendType.HIPBLASLT if granularity in (_T, _R) else BackendType.TRITON
+
+    @classmethod
+    def make_key(cls, a, b, granularity, out_dtype, sa_group, sb_group, **kwargs):
+        return (a.shape[0], b.shape[0], a.shape[1], a.dtype, b.dtype, out_dtype, granularity,
+                sa_group, sb_group, a.device.type)  # fmt: skip
+
+    @classmethod
+    def describe(cls, a, b, granularity, out_dtype, **kwargs) -> str:
+        return (f"M={a.shape[0]} N={b.shape[0]} K={a.shape[1]} a:{a.dtype} b:{b.dtype} "
+                f"out:{out_dtype} granularity={ScalingGranularity(granularity).name}")  # fmt: skip
+
+
+def _blockwise_scales_for_scaled_mm(sa, sb, sa_group, sb_group):
+    """Our scale tensors in torch._scaled_mm's layouts (1x128 outer-dim-major; 128x128 as
+    ``[K/128, N/128]``)."""
+    scale_a = sa if sa.stride(0) == 1 else sa.t().contiguous().t()
+    if sb_group == 128:
+        scale_b = sb.t().contiguous()
+    else:
+        scale_b = sb.t() if sb.stride(0) == 1 else sb.contiguous().t()
+    return scale_a, scale_b
+
+
+@functools.cache
+def _blockwise_probe(device_index: int) -> tuple[bool, str]:
+    """Run one small blockwise torch._scaled_mm and compare it with the reference."""
+    ok, reason = check_scaled_mm_blockwise_support()
+    if not ok:
+        return ok, reason
+    from primus_turbo.pytorch.core.low_precision import ScalingRecipe
+    from primus_turbo.pytorch.ops.quantization import quantize_fp8
+
+    try:
+        dev = torch.device("cuda", device_index)
+        x = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
+        g = ScalingGranularity.BLOCKWISE
+        qa, sa = quantize_fp8(x, torch.float8_e4m3fn, g, block_size=128, axis=-1)
+        qb, sb = quantize_fp8(w, torch.float8_e4m3fn, g, block_size=128,
+                              scaling_recipe=ScalingRecipe(use_2d_block=True))  # fmt: skip
+        scale_a, scale_b = _blockwise_scales_for_scaled_mm(sa, sb, 1, 128)
+        out = torch._scaled_mm(qa, qb.t(), scale_a, scale_b, out_dtype=torch.bfloat16).float()
+        ref = x.float() @ w.float().t()
+        err = float((out - ref).norm() / ref.norm())
+        if err > 0.1:
+            return False, f"blockwise torch._scaled_mm gave relative error {err:.3f}"
+        return True, ""
+    except Exception as e:  # noqa: BLE001 - any failure means "unsupported here"
+        return False, f"blockwise torch._scaled_mm failed: {type(e).__name__}: {str(e)[:200]}"
+
+
+@GemmFp8Dispatcher.register
+class GemmFp8HipblasltBackend(KernelBackend):
+    """Vendor BLAS-Lt through ``torch._scaled_mm`` (cuBLASLt / hipBLASLt)."""
+
+    backend_type = BackendType.HIPBLASLT
+
+    @staticmethod
+    def can_handle(a, b, sa, sb, granularity, sa_group, sb_group, out_dtype, **kw) -> Verdict:
+        if a.device.type != "cuda":
+            return no(f"needs a GPU tensor, got device {a.device}")
+        if a.dtype in _E5M2 and b.dtype in _E5M2:
+            return no("e5m2 x e5m2 is not supported by torch._scaled_mm")
+        m, k = a.shape
+        n = b.shape[0]
+        if k % 16 or n % 16 or a.stride(1) != 1 or b.stride(1) != 1:
+            return no(f"needs K and N multiples of 16 and K-contiguous operands (K={k} N={n})")
+        if granularity == _R and out_dtype != torch.bfloat16:
+            return no(f"rowwise torch._scaled_mm needs bf16 output, got {out_dtype}")
+        if granularity == _B:
+            if sa_group != 1 or k % 128:
+                return no("blockwise needs 1x128 scales for a and K % 128 == 0")
+            ok, reason = _blockwise_probe(a.device.index or 0)
+            if not ok:
+                return no(reason)
+        elif granularity not in (_T, _R):
+            return no(f"granularity {ScalingGranularity(granularity).name} not supported")
+        return YES
+
+    @staticmethod
+    def execute(a, b, sa, sb, granularity, sa_group, sb_group, out_dtype, **kw) -> torch.Tensor:
+        if granularity == _R:
+            sa, sb = sa.reshape(-1, 1).contiguous(), sb.reshape(1, -1).contiguous()
+        elif granularity == _B:
+            sa, sb = _blockwise_scales_for_scaled_mm(sa, sb, sa_group, sb_group)
+        return torch._scaled_mm(a, b.t(), sa, sb, out_dtype=out_dtype)
+
+
+@GemmFp8Dispatcher.register
+class GemmFp8TritonBackend(KernelBackend):
+    """Our persistent scaled fp8 GEMM (epilogue or per-K-block scaling)."""
+
+    backend_type = BackendType.TRITON
+
+    @staticmethod
+    def can_handle(a, b, granularity, **kw) -> Verdict:
+        if a.device.type != "cuda" and not triton_interpret():
+            return no(f"needs a GPU tensor (or TRITON_INTERPRET=1 on CPU), got device {a.device}")
+        if granularity not in (_T, _R, _B):
+            return no(f"granularity {ScalingGranularity(granularity).name} not supported")
+        return YES
+
+    @staticmethod
+    def execute(a, b, sa, sb, granularity, sa_group, sb_group, out_dtype, **kw) -> torch.Tensor:
+        from primus_turbo.triton.gemm.gemm_fp8_kernel import gemm_fp8_triton
+
+        mode = {_T: 0, _R: 1, _B: 2}[granularity]
+        return gemm_fp8_triton(a, b, sa, sb, mode, out_dtype, sa_group, sb_group)
+
+
+def dequant_operand(q, s, granularity, group) -> torch.Tensor:
+    """fp32 values of a quantized NT operand ``[R, K]``."""
+    x = q.float()
+    if granularity in (_T, _R):
+        return x * s.float().reshape(-1, 1) if s.dim() else x * s.float()
+    r, k = q.shape
+    full = s.float().repeat_interleave(group, 0).repeat_interleave(128, 1)
+    return x * full[:r, :k]
+
+
+@GemmFp8Dispatcher.register
+class GemmFp8TorchBackend(KernelBackend):
+    """Reference: dequantize, fp32 matmul."""
+
+    backend_type = BackendType.TORCH
+    autotune = False
+
+    @staticmethod
+    def can_handle(**kw) -> Verdict:
+        return YES
+
+    @staticmethod
+    def execute(a, b, sa, sb, granularity, sa_group, sb_group, out_dtype, **kw) -> torch.Tensor:
+        x = dequant_operand(a, sa, granularity, sa_group)
+        y = dequant_operand(b, sb, granularity, sb_group)
+        return (x @ y.t()).to(out_dtype)
+
+
+@torch.library.custom_op("primus_turbo::gemm_fp8_impl", mutates_args=())
+def _gemm_fp8_op(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    sa: torch.Tensor,
+    sb: torch.Tensor,
+    granularity: int,
+    sa_group: int,
+    sb_group: int,
+    out_dtype: torch.dtype,
+    backend: int,
+) -> torch.Tensor:
+    return GemmFp8Dispatcher.execute(
+        BackendType(backend), a=a, b=b, sa=sa, sb=sb, granularity=granularity,
+        sa_group=sa_group, sb_group=sb_group, out_dtype=out_dtype,
+    )  # fmt: skip
+
+
+@_gemm_fp8_op.register_fake
+def _gemm_fp8_fake(a, b, sa, sb, granularity, sa_group, sb_group, out_dtype, backend):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+def gemm_fp8_impl(a, b, sa, sb, granularity: int, sa_group: int, sb_group: int, out_dtype,
+                  user=None) -> torch.Tensor:  # fmt: skip
+    """Resolve (user choice > settings > default) and run one scaled NT GEMM."""
+    kw = dict(a=a, b=b, sa=sa, sb=sb, granularity=granularity, sa_group=sa_group,
+              sb_group=sb_group, out_dtype=out_dtype)  # fmt: skip
+    backend = GemmFp8Dispatcher.resolve(user, **kw)
+    if torch.compiler.is_compiling():
+        return _gemm_fp8_op(a, b, sa, sb, granularity, sa_group, sb_group, out_dtype,
+                            backend.value)  # fmt: skip
+    return GemmFp8Dispatcher.execute(backend, **kw)
