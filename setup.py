@@ -5,7 +5,7 @@ Static metadata lives in pyproject.toml; this file supplies what must be compute
 * the version (from git, see ``get_version``), also written to ``primus_turbo/_version.py``;
 * the license field (see ``license_kwargs``), so old and new setuptools both accept it;
 * the long description from README.md (a one-line fallback while it does not exist);
-* the C++/HIP extensions (``get_extensions``; empty until the csrc build lands).
+* the C++/HIP extensions (``get_extensions``) and the generated ``primus_turbo/_build_info.py``.
 
 Developer install, using the torch/triton already present in the environment::
 
@@ -139,21 +139,256 @@ def readme_kwargs() -> dict[str, str]:
     return {"long_description": text, "long_description_content_type": content_type}
 
 
-def get_extensions() -> list:
-    """C++/HIP extensions to build: libprimus_turbo_kernels and primus_turbo.pytorch._C.
+# ---- native extensions (csrc/) --------------------------------------------------------------
 
-    Placeholder: returns [] (pure-Python package). The csrc build issue fills this in with
-    ``torch.utils.cpp_extension`` (hipify + ``--offload-arch`` per ``GPU_ARCHS`` on ROCm torch,
-    nvcc for ``TORCH_CUDA_ARCH_LIST`` on CUDA torch, CPU-only otherwise) and adds the matching
-    ``BuildExtension`` to ``get_cmdclass()``. torch is imported only inside this function, so the
-    pure-Python build never needs it.
+CSRC = ROOT / "csrc"
+KERNELS_LIB = "libprimus_turbo_kernels"  # framework-free kernels, next to _C (rpath $ORIGIN)
+EXT_PACKAGE = f"{PACKAGE}.pytorch"
+BUILD_INFO_FILE = ROOT / PACKAGE / "_build_info.py"
+# Env: GPU_ARCHS (ROCm: gfx942, gfx950, "gfx942;gfx950", native), TORCH_CUDA_ARCH_LIST (CUDA),
+# PRIMUS_TURBO_CPU_ONLY=1 (skip the GPU toolchain), MAX_JOBS (parallel compile jobs, ninja).
+GPU_ARCHS_ENV = "GPU_ARCHS"
+CPU_ONLY_ENV = "PRIMUS_TURBO_CPU_ONLY"
+DEFAULT_CUDA_ARCH = "9.0"
+# Sources whose stem ends with one of these compile only for that arch (and only when it is built).
+ARCH_SUFFIXES = {"_gfx942": "gfx942", "_gfx950": "gfx950", "_sm90": "9.0"}
+
+
+def _log(msg: str) -> None:
+    print(f"primus_turbo setup: {msg}", flush=True)
+
+
+def _source_arch(path: Path) -> str | None:
+    for suffix, arch in ARCH_SUFFIXES.items():
+        if path.stem.endswith(suffix):
+            return arch
+    return None
+
+
+def _framework(torch) -> str:
+    """"rocm", "cuda" or "cpu": the extension flavour the installed torch can build."""
+    if os.environ.get(CPU_ONLY_ENV, "").strip() in ("1", "true", "yes"):
+        return "cpu"
+    from torch.utils import cpp_extension
+
+    if getattr(torch.version, "hip", None):
+        if cpp_extension.ROCM_HOME is None:
+            _log("ROCm torch but no ROCm toolkit found (ROCM_HOME): building the CPU extension")
+            return "cpu"
+        return "rocm"
+    if getattr(torch.version, "cuda", None):
+        if cpp_extension.CUDA_HOME is None:
+            _log("CUDA torch but no CUDA toolkit found (CUDA_HOME): building the CPU extension")
+            return "cpu"
+        return "cuda"
+    return "cpu"
+
+
+def _split_archs(raw: str) -> list[str]:
+    return [a.strip() for a in re.split(r"[;,\s]+", raw) if a.strip()]
+
+
+def rocm_archs(torch) -> list[str]:
+    """gfx targets from ``GPU_ARCHS``; ``native`` (or unset with a visible GPU) means the visible
+    GPUs. Unset with no visible GPU stops the build: guessing would build for the wrong chip."""
+    raw = os.environ.get(GPU_ARCHS_ENV, "").strip()
+    if raw and raw != "native":
+        archs = _split_archs(raw)
+        bad = [a for a in archs if not re.fullmatch(r"gfx[0-9a-f]+", a)]
+        if bad:
+            raise SystemExit(f"primus_turbo setup: {GPU_ARCHS_ENV}={raw!r}: not gfx targets: {bad}")
+        return archs
+    visible = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            name = torch.cuda.get_device_properties(i).gcnArchName.split(":")[0]
+            if name not in visible:
+                visible.append(name)
+    if not visible:
+        raise SystemExit(
+            f"primus_turbo setup: ROCm torch, no visible GPU and {GPU_ARCHS_ENV} "
+            f"{'is native' if raw else 'unset'}: set {GPU_ARCHS_ENV} to gfx942, gfx950 or "
+            f'"gfx942;gfx950" (or PRIMUS_TURBO_CPU_ONLY=1 for a CPU-only build)'
+        )
+    return visible
+
+
+def cuda_archs(torch) -> list[str]:
+    """``TORCH_CUDA_ARCH_LIST`` entries; when unset, the visible GPUs' capabilities, else 9.0.
+    The result is written back to the environment so torch's nvcc flags use the same list."""
+    raw = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if raw:
+        return _split_archs(raw)
+    archs = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(i)
+            if f"{major}.{minor}" not in archs:
+                archs.append(f"{major}.{minor}")
+    archs = archs or [DEFAULT_CUDA_ARCH]
+    os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
+    return archs
+
+
+def _arch_flags(framework: str, archs: list[str]) -> list[str]:
+    if framework == "rocm":
+        return [f"--offload-arch={a}" for a in archs]
+    flags = []
+    for a in archs:
+        num = a.replace("+PTX", "").replace(".", "")
+        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if a.endswith("+PTX"):
+            flags.append(f"-gencode=arch=compute_{num},code=compute_{num}")
+    return flags
+
+
+def _arch_selected(arch: str, archs: list[str]) -> bool:
+    return any(a.replace("+PTX", "").removesuffix("a") == arch for a in archs)
+
+
+def _sources(folder: Path, gpu: bool, archs: list[str]) -> list[str]:
+    """C++ (and, for GPU builds, .cu and *_gpu.cpp) sources of ``folder``; arch-suffixed ones only
+    when their arch is built."""
+    out = []
+    for path in sorted(folder.glob("*")):
+        if path.suffix not in (".cpp", ".cu"):
+            continue
+        is_gpu = path.suffix == ".cu" or path.stem.endswith("_gpu")
+        arch = _source_arch(path)
+        if is_gpu and not gpu:
+            continue
+        if arch is not None and (not gpu or not _arch_selected(arch, archs)):
+            continue
+        out.append(str(path.relative_to(ROOT)))
+    return out
+
+
+def _use_compiler_cache() -> None:
+    """ccache/sccache when on PATH: nvcc through PYTORCH_NVCC, C++ through CXX (unless set)."""
+    import shutil
+
+    for tool in ("sccache", "ccache"):
+        exe = shutil.which(tool)
+        if exe:
+            os.environ.setdefault("PYTORCH_NVCC", f"{exe} nvcc")
+            if "CXX" not in os.environ:
+                os.environ["CXX"] = f"{exe} {shutil.which('c++') or 'c++'}"
+            _log(f"compiler cache: {exe}")
+            return
+
+
+def write_build_info(framework: str, archs: list[str], commit: str, torch_version: str) -> None:
+    text = (
+        "# Generated by setup.py at build time; do not edit, do not commit.\n"
+        f'framework = "{framework}"\n'
+        f"archs = {tuple(archs)!r}\n"
+        f'git_commit = "{commit}"\n'
+        f'torch_version = "{torch_version}"\n'
+    )
+    if BUILD_INFO_FILE.parent.is_dir():
+        if not BUILD_INFO_FILE.exists() or BUILD_INFO_FILE.read_text() != text:
+            BUILD_INFO_FILE.write_text(text)
+
+
+_EXT_STATE: dict = {}
+
+
+def get_extensions(commit: str = "unknown") -> list:
+    """``libprimus_turbo_kernels.so`` (csrc/kernels, no torch) and ``primus_turbo.pytorch._C``
+    (csrc/pytorch: schemas + CPU/GPU/Meta registrations) for the framework of the installed
+    torch: ROCm -> hipify + ``--offload-arch`` per ``GPU_ARCHS``; CUDA -> nvcc for
+    ``TORCH_CUDA_ARCH_LIST``; otherwise CPU-only. torch is imported only here.
     """
-    return []
+    try:
+        import torch
+        from torch.utils import cpp_extension
+    except ImportError:
+        _log("torch not importable: building without the C++ extension")
+        return []
+    framework = _framework(torch)
+    gpu = framework != "cpu"
+    archs = rocm_archs(torch) if framework == "rocm" else cuda_archs(torch) if gpu else []
+    _log(f"framework={framework} archs={archs or '-'} torch={torch.__version__}")
+    write_build_info(framework, archs, commit, torch.__version__)
+    _use_compiler_cache()
+    include = [str(CSRC / "include")]
+    cxx = ["-O3"]  # the C++ standard: torch's default for its headers
+    arch_flags = _arch_flags(framework, archs)
+    nvcc = ["-O3", *arch_flags]
+    if framework == "cuda":
+        nvcc += ["--expt-relaxed-constexpr", "-lineinfo"]
+    defines = [("PRIMUS_TURBO_WITH_GPU", None)] if gpu else []
+    link_arch = arch_flags if framework == "rocm" else []
+    ext_cls = cpp_extension.CUDAExtension if gpu else cpp_extension.CppExtension
+
+    kernels = ext_cls(
+        name=f"{EXT_PACKAGE}.{KERNELS_LIB}",
+        sources=_sources(CSRC / "kernels", gpu, archs),
+        include_dirs=include,
+        define_macros=list(defines),
+        extra_compile_args={"cxx": [*cxx, "-fopenmp"], "nvcc": nvcc},
+        extra_link_args=["-fopenmp", *link_arch],
+    )
+    # Framework-free: link the GPU runtime only, not libtorch/libc10/libtorch_python.
+    kernels.libraries = [lib for lib in kernels.libraries if lib in ("cudart", "amdhip64")]
+    bindings = ext_cls(
+        name=f"{EXT_PACKAGE}._C",
+        sources=_sources(CSRC / "pytorch", gpu, archs),
+        include_dirs=include,
+        define_macros=list(defines),
+        extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+        extra_link_args=["-Wl,-rpath,$ORIGIN", *link_arch],
+    )
+    _EXT_STATE.update(framework=framework, archs=archs, arch_flags=arch_flags)
+    return [kernels, bindings]
 
 
 def get_cmdclass() -> dict:
-    """Custom build commands; filled in together with get_extensions()."""
-    return {}
+    """``build_ext`` = torch's BuildExtension, plus: the kernels library keeps its plain name
+    (``libprimus_turbo_kernels.so``) and _C links against it; arch-suffixed sources get only
+    their own arch flag (that needs the non-ninja compile path)."""
+    try:
+        from torch.utils.cpp_extension import BuildExtension
+    except ImportError:
+        return {}
+
+    class BuildNative(BuildExtension):
+        def get_ext_filename(self, fullname: str) -> str:
+            if fullname.split(".")[-1] == KERNELS_LIB:
+                return os.path.join(*fullname.split(".")) + ".so"
+            return super().get_ext_filename(fullname)
+
+        def build_extension(self, ext) -> None:
+            if ext.name.endswith("._C"):
+                lib = Path(self.get_ext_fullpath(f"{EXT_PACKAGE}.{KERNELS_LIB}"))
+                ext.library_dirs = [*ext.library_dirs, str(lib.parent)]
+                ext.libraries = [*ext.libraries, KERNELS_LIB.removeprefix("lib")]
+            if any(_source_arch(Path(s)) for s in ext.sources):
+                self._wrap_arch_compile()
+            super().build_extension(ext)
+
+        def _wrap_arch_compile(self) -> None:
+            compiler = self.compiler
+            if getattr(compiler, "_primus_arch_wrapped", False):
+                return
+            inner = compiler._compile
+            arch_flags = _EXT_STATE.get("arch_flags", [])
+
+            def compile_one(obj, src, ext, cc_args, extra_postargs, pp_opts):
+                arch = _source_arch(Path(src))
+                if arch and isinstance(extra_postargs, dict):
+                    own = _arch_flags(_EXT_STATE["framework"], [arch])
+                    extra_postargs = dict(extra_postargs)
+                    extra_postargs["nvcc"] = [
+                        f for f in extra_postargs.get("nvcc", []) if f not in arch_flags
+                    ] + own
+                return inner(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+            compiler._compile = compile_one
+            compiler._primus_arch_wrapped = True
+
+    suffixed = any(_source_arch(p) for p in CSRC.rglob("*") if p.suffix in (".cpp", ".cu"))
+    return {"build_ext": BuildNative.with_options(use_ninja=not suffixed)}
 
 
 def main() -> None:
@@ -161,7 +396,7 @@ def main() -> None:
     write_version_file(version, commit)
     setup(
         version=version,
-        ext_modules=get_extensions(),
+        ext_modules=get_extensions(commit),
         cmdclass=get_cmdclass(),
         **license_kwargs(),
         **readme_kwargs(),

@@ -1,0 +1,350 @@
+// RMSNorm on the GPU (CUDA, and HIP through hipify; math in primus_turbo/rmsnorm.h).
+//
+// Forward, vectorised path (hidden % (16 / sizeof(T)) == 0, 16-byte aligned rows): one row per
+// block; each thread keeps VPT 16-byte vectors of the row in registers, so x is read once; one
+// block reduction gives rstd; y = x * rstd * w is written with 16-byte stores.
+// Backward, vectorised path: a grid sized to fill the device (SMs x resident blocks) walks the rows
+// with a fixed stride; each thread keeps its slice of w and fp32 dw partial sums in registers, so
+// per row it reads x and dy once and writes dx once. Each block writes its dw partial row; a
+// second kernel sums the partial rows in a fixed order (deterministic for a given device).
+// Generic path (any hidden, e.g. 1 or 127): the same math with scalar loads.
+#include <algorithm>
+
+#include "primus_turbo/device.h"
+#include "primus_turbo/rmsnorm.h"
+
+namespace primus_turbo {
+namespace {
+
+constexpr int kMaxThreads = 512;  // 128 registers per thread on NVIDIA: no spills
+constexpr int kScratch = kMaxThreads / kWarpSize;
+
+template <typename T, int VPT>
+__global__ void __launch_bounds__(kMaxThreads)
+    fwd_vec_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                   float* __restrict__ rstd, int64_t hidden, float eps) {
+  __shared__ float scratch[kScratch];
+  constexpr int N = Vec16<T>::N;
+  const int64_t nvec = hidden / N;
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * hidden;
+  Vec16<T> xv[VPT];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t v = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+    if (v < nvec) {
+      load16(xv[i], xr + v * N);
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float f = to_float(xv[i].v()[j]);
+        ss += f * f;
+      }
+    }
+  }
+  ss = block_sum(ss, scratch);
+  const float rs = rsqrtf(ss / static_cast<float>(hidden) + eps);
+  if (threadIdx.x == 0) rstd[row] = rs;
+  T* yr = y + row * hidden;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t v = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+    if (v < nvec) {
+      Vec16<T> wv, out;
+      load16(wv, w + v * N);
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        out.v()[j] = from_float<T>(to_float(xv[i].v()[j]) * rs * to_float(wv.v()[j]));
+      }
+      store16(yr + v * N, out);
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kMaxThreads)
+    fwd_generic_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                       float* __restrict__ rstd, int64_t hidden, float eps) {
+  __shared__ float scratch[kScratch];
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * hidden;
+  float ss = 0.f;
+  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+    const float f = to_float(xr[h]);
+    ss += f * f;
+  }
+  ss = block_sum(ss, scratch);
+  const float rs = rsqrtf(ss / static_cast<float>(hidden) + eps);
+  if (threadIdx.x == 0) rstd[row] = rs;
+  T* yr = y + row * hidden;
+  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+    yr[h] = from_float<T>(to_float(xr[h]) * rs * to_float(w[h]));
+  }
+}
+
+template <typename T, int VPT>
+__global__ void __launch_bounds__(kMaxThreads)
+    bwd_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                   const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ part,
+                   int64_t rows, int64_t hidden) {
+  __shared__ float scratch[kScratch];
+  constexpr int N = Vec16<T>::N;
+  const int64_t nvec = hidden / N;
+  const float inv_h = 1.f / static_cast<float>(hidden);
+  Vec16<T> wv[VPT];  // packed: fewer registers than fp32 copies
+  float acc[VPT][N];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t v = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+    wv[i].raw = make_uint4(0, 0, 0, 0);
+    if (v < nvec) load16(wv[i], w + v * N);
+#pragma unroll
+    for (int j = 0; j < N; ++j) acc[i][j] = 0.f;
+  }
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float rs = rstd[row];
+    const T* xr = x + row * hidden;
+    const T* gr = dy + row * hidden;
+    Vec16<T> xv[VPT], gv[VPT];
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      if (v < nvec) {
+        load16(xv[i], xr + v * N);
+        load16(gv[i], gr + v * N);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float xh = to_float(xv[i].v()[j]) * rs;
+          const float g = to_float(gv[i].v()[j]);
+          dot += xh * g * to_float(wv[i].v()[j]);
+          acc[i][j] += g * xh;
+        }
+      }
+    }
+    const float mean = block_sum(dot, scratch) * inv_h;
+    T* dxr = dx + row * hidden;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t v = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      if (v < nvec) {
+        Vec16<T> out;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float xh = to_float(xv[i].v()[j]) * rs;
+          out.v()[j] = from_float<T>(
+              rs * (to_float(wv[i].v()[j]) * to_float(gv[i].v()[j]) - xh * mean));
+        }
+        store16(dxr + v * N, out);
+      }
+    }
+  }
+  float* pb = part + static_cast<int64_t>(blockIdx.x) * hidden;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t v = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+    if (v < nvec) {
+#pragma unroll
+      for (int j = 0; j < N; j += 4) {
+        *reinterpret_cast<float4*>(pb + v * N + j) =
+            make_float4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]);
+      }
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kMaxThreads)
+    bwd_generic_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                       const float* __restrict__ rstd, T* __restrict__ dx,
+                       float* __restrict__ part, int64_t rows, int64_t hidden) {
+  __shared__ float scratch[kScratch];
+  float* pb = part + static_cast<int64_t>(blockIdx.x) * hidden;
+  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) pb[h] = 0.f;
+  const float inv_h = 1.f / static_cast<float>(hidden);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float rs = rstd[row];
+    const T* xr = x + row * hidden;
+    const T* gr = dy + row * hidden;
+    float dot = 0.f;
+    for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+      const float xh = to_float(xr[h]) * rs;
+      const float g = to_float(gr[h]);
+      dot += xh * g * to_float(w[h]);
+      pb[h] += g * xh;  // column h of this block's partial row: only this thread touches it
+    }
+    const float mean = block_sum(dot, scratch) * inv_h;
+    T* dxr = dx + row * hidden;
+    for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+      const float xh = to_float(xr[h]) * rs;
+      dxr[h] = from_float<T>(rs * (to_float(w[h]) * to_float(gr[h]) - xh * mean));
+    }
+  }
+}
+
+// dw[h] = sum_b part[b, h] in a fixed order: block (32 columns x 8 lanes of partial rows); lane k
+// sums rows k, k+8, ...; then lane 0 adds the 8 lane sums in order.
+constexpr int kRedCols = 32, kRedLanes = 8;
+template <typename T>
+__global__ void dw_reduce_kernel(const float* __restrict__ part, T* __restrict__ dw,
+                                 int64_t nparts, int64_t hidden) {
+  __shared__ float sums[kRedLanes][kRedCols];
+  const int64_t h = static_cast<int64_t>(blockIdx.x) * kRedCols + threadIdx.x;
+  float s = 0.f;
+  if (h < hidden) {
+    for (int64_t b = threadIdx.y; b < nparts; b += kRedLanes) s += part[b * hidden + h];
+  }
+  sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && h < hidden) {
+    float t = 0.f;
+#pragma unroll
+    for (int k = 0; k < kRedLanes; ++k) t += sums[k][threadIdx.x];
+    dw[h] = from_float<T>(t);
+  }
+}
+
+inline int round_up(int64_t v, int m) { return static_cast<int>((v + m - 1) / m * m); }
+
+// Launch shape of one call: VPT (0 = generic path) and threads per block.
+struct Plan {
+  int vpt;
+  int threads;
+};
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// `aligned`: every row pointer is 16-byte aligned (base pointers aligned, hidden % N == 0).
+// `max_vpt`: 8 for the forward (it holds only x); 4 for the backward, which also holds w, dy and
+// the fp32 dw sums per vector and would spill at 8.
+template <typename T>
+Plan make_plan(bool aligned, int64_t hidden, int max_vpt) {
+  constexpr int N = Vec16<T>::N;
+  const int64_t nvec = hidden / N;
+  if (aligned && hidden % N == 0 && nvec <= static_cast<int64_t>(max_vpt) * kMaxThreads) {
+    for (int vpt = 1; vpt <= max_vpt; vpt *= 2) {
+      if (nvec <= static_cast<int64_t>(vpt) * 256 || vpt == max_vpt) {
+        return {vpt, std::max(kWarpSize, round_up((nvec + vpt - 1) / vpt, kWarpSize))};
+      }
+    }
+  }
+  return {0, std::max(kWarpSize, round_up(std::min<int64_t>(hidden, kMaxThreads), kWarpSize))};
+}
+
+constexpr int kFwdMaxVpt = 8, kBwdMaxVpt = 4;
+
+template <typename T>
+void fwd_launch(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t hidden,
+                float eps, ptStream_t s) {
+  const Plan p = make_plan<T>(aligned16(x) && aligned16(w) && aligned16(y), hidden, kFwdMaxVpt);
+  auto X = static_cast<const T*>(x);
+  auto W = static_cast<const T*>(w);
+  auto Y = static_cast<T*>(y);
+  dim3 grid(static_cast<unsigned>(rows)), block(p.threads);
+  switch (p.vpt) {
+    case 1: fwd_vec_kernel<T, 1><<<grid, block, 0, s>>>(X, W, Y, rstd, hidden, eps); break;
+    case 2: fwd_vec_kernel<T, 2><<<grid, block, 0, s>>>(X, W, Y, rstd, hidden, eps); break;
+    case 4: fwd_vec_kernel<T, 4><<<grid, block, 0, s>>>(X, W, Y, rstd, hidden, eps); break;
+    case 8: fwd_vec_kernel<T, 8><<<grid, block, 0, s>>>(X, W, Y, rstd, hidden, eps); break;
+    default: fwd_generic_kernel<T><<<grid, block, 0, s>>>(X, W, Y, rstd, hidden, eps);
+  }
+  PT_CHECK_LAUNCH("rmsnorm forward");
+}
+
+template <typename Kernel>
+int64_t resident_blocks(Kernel k, int threads) {
+  int per_sm = 0;
+#if PT_HIP
+  PT_CHECK(hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, 0), "occupancy");
+#else
+  PT_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, 0), "occupancy");
+#endif
+  return static_cast<int64_t>(std::max(per_sm, 1)) * device_sm_count();
+}
+
+// Grid of the backward (= number of dw partial rows): every SM filled with resident blocks.
+template <typename T>
+int64_t bwd_grid(const Plan& p, int64_t rows) {
+  int64_t cap;
+  switch (p.vpt) {
+    case 1: cap = resident_blocks(bwd_vec_kernel<T, 1>, p.threads); break;
+    case 2: cap = resident_blocks(bwd_vec_kernel<T, 2>, p.threads); break;
+    case 4: cap = resident_blocks(bwd_vec_kernel<T, 4>, p.threads); break;
+    default: cap = resident_blocks(bwd_generic_kernel<T>, p.threads);
+  }
+  return std::max<int64_t>(1, std::min(rows, cap));
+}
+
+// Scratch rows for dw: the larger grid of the two paths, so a caller can size it before knowing
+// which path the pointers allow.
+template <typename T>
+int64_t bwd_partials(int64_t rows, int64_t hidden) {
+  return std::max(bwd_grid<T>(make_plan<T>(true, hidden, kBwdMaxVpt), rows),
+                  bwd_grid<T>(make_plan<T>(false, hidden, kBwdMaxVpt), rows));
+}
+
+template <typename T>
+void bwd_launch(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
+                void* dw, float* part, int64_t rows, int64_t hidden, ptStream_t s) {
+  const Plan p =
+      make_plan<T>(aligned16(dy) && aligned16(x) && aligned16(w) && aligned16(dx), hidden, kBwdMaxVpt);
+  const int64_t g = bwd_grid<T>(p, rows);
+  auto DY = static_cast<const T*>(dy);
+  auto X = static_cast<const T*>(x);
+  auto W = static_cast<const T*>(w);
+  auto DX = static_cast<T*>(dx);
+  dim3 grid(static_cast<unsigned>(g)), block(p.threads);
+  if (rows > 0) {
+    switch (p.vpt) {
+      case 1: bwd_vec_kernel<T, 1><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden); break;
+      case 2: bwd_vec_kernel<T, 2><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden); break;
+      case 4: bwd_vec_kernel<T, 4><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden); break;
+      default: bwd_generic_kernel<T><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden);
+    }
+    PT_CHECK_LAUNCH("rmsnorm backward");
+  }
+  const int64_t nparts = rows > 0 ? g : 0;
+  dim3 rgrid(static_cast<unsigned>((hidden + kRedCols - 1) / kRedCols)), rblock(kRedCols, kRedLanes);
+  dw_reduce_kernel<T><<<rgrid, rblock, 0, s>>>(part, static_cast<T*>(dw), nparts, hidden);
+  PT_CHECK_LAUNCH("rmsnorm dweight reduce");
+}
+
+}  // namespace
+
+void rmsnorm_fwd_gpu(const void* x, const void* w, void* y, float* rstd, int64_t rows,
+                     int64_t hidden, float eps, DType dtype, void* stream) {
+  if (rows == 0 || hidden == 0) return;
+  auto s = static_cast<ptStream_t>(stream);
+  switch (dtype) {
+    case DType::kFloat32: return fwd_launch<float>(x, w, y, rstd, rows, hidden, eps, s);
+    case DType::kFloat16: return fwd_launch<pt_half>(x, w, y, rstd, rows, hidden, eps, s);
+    case DType::kBFloat16: return fwd_launch<pt_bf16>(x, w, y, rstd, rows, hidden, eps, s);
+  }
+}
+
+int64_t rmsnorm_bwd_gpu_partials(int64_t rows, int64_t hidden, DType dtype) {
+  if (rows == 0 || hidden == 0) return 1;
+  switch (dtype) {
+    case DType::kFloat32: return bwd_partials<float>(rows, hidden);
+    case DType::kFloat16: return bwd_partials<pt_half>(rows, hidden);
+    case DType::kBFloat16: return bwd_partials<pt_bf16>(rows, hidden);
+  }
+  return 1;
+}
+
+void rmsnorm_bwd_gpu(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
+                     void* dw, float* dw_partial, int64_t rows, int64_t hidden, DType dtype,
+                     void* stream) {
+  if (hidden == 0) return;
+  auto s = static_cast<ptStream_t>(stream);
+  switch (dtype) {
+    case DType::kFloat32:
+      return bwd_launch<float>(dy, x, w, rstd, dx, dw, dw_partial, rows, hidden, s);
+    case DType::kFloat16:
+      return bwd_launch<pt_half>(dy, x, w, rstd, dx, dw, dw_partial, rows, hidden, s);
+    case DType::kBFloat16:
+      return bwd_launch<pt_bf16>(dy, x, w, rstd, dx, dw, dw_partial, rows, hidden, s);
+  }
+}
+
+}  // namespace primus_turbo

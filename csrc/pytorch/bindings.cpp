@@ -1,0 +1,94 @@
+// primus_turbo.pytorch._C: the op schemas (namespace primus_turbo_cpp), the CPU and Meta
+// implementations, and a minimal Python module object so `import primus_turbo.pytorch._C` loads
+// the registrations. The kernels themselves live in libprimus_turbo_kernels.so (found through
+// the rpath $ORIGIN: it sits next to this module).
+#include <Python.h>
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include "primus_turbo/rmsnorm.h"
+#include "rmsnorm_op.h"
+
+namespace primus_turbo::pytorch {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_cpu_impl(const at::Tensor& x, const at::Tensor& w,
+                                                        double eps) {
+  auto [rows, hidden] = check_fwd(x, w);
+  at::Tensor y = at::empty_like(x);
+  at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+  if (rows > 0 && hidden > 0) {
+    rmsnorm_fwd_cpu(x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr<float>(), rows,
+                    hidden, static_cast<float>(eps), to_dtype(x, "x"));
+  }
+  return {y, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_cpu_impl(const at::Tensor& dy, const at::Tensor& x,
+                                                        const at::Tensor& w,
+                                                        const at::Tensor& rstd) {
+  check_bwd(dy, x, w, rstd);
+  const int64_t rows = x.size(0), hidden = x.size(1);
+  at::Tensor dx = at::empty_like(x);
+  at::Tensor dw = at::empty_like(w);
+  if (hidden > 0) {
+    at::Tensor part =
+        at::empty({rmsnorm_bwd_cpu_partials(rows), hidden}, x.options().dtype(at::kFloat));
+    rmsnorm_bwd_cpu(dy.data_ptr(), x.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
+                    dx.data_ptr(), dw.data_ptr(), part.data_ptr<float>(), rows, hidden,
+                    to_dtype(x, "x"));
+  }
+  return {dx, dw};
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_meta(const at::Tensor& x, const at::Tensor& w,
+                                                    double eps) {
+  return {at::empty_like(x), at::empty({x.size(0)}, x.options().dtype(at::kFloat))};
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_meta(const at::Tensor& dy, const at::Tensor& x,
+                                                    const at::Tensor& w, const at::Tensor& rstd) {
+  return {at::empty_like(x), at::empty_like(w)};
+}
+
+bool has_gpu_kernels() {
+#ifdef PRIMUS_TURBO_WITH_GPU
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+}  // namespace primus_turbo::pytorch
+
+TORCH_LIBRARY(primus_turbo_cpp, m) {
+  m.def("rmsnorm_fwd(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("rmsnorm_bwd(Tensor dy, Tensor x, Tensor weight, Tensor rstd) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(primus_turbo_cpp, CPU, m) {
+  m.impl("rmsnorm_fwd", &primus_turbo::pytorch::rmsnorm_fwd_cpu_impl);
+  m.impl("rmsnorm_bwd", &primus_turbo::pytorch::rmsnorm_bwd_cpu_impl);
+}
+
+TORCH_LIBRARY_IMPL(primus_turbo_cpp, Meta, m) {
+  m.impl("rmsnorm_fwd", &primus_turbo::pytorch::rmsnorm_fwd_meta);
+  m.impl("rmsnorm_bwd", &primus_turbo::pytorch::rmsnorm_bwd_meta);
+}
+
+namespace {
+PyObject* py_has_gpu_kernels(PyObject*, PyObject*) {
+  return PyBool_FromLong(primus_turbo::pytorch::has_gpu_kernels() ? 1 : 0);
+}
+PyMethodDef kMethods[] = {
+    {"has_gpu_kernels", py_has_gpu_kernels, METH_NOARGS,
+     "True when this build carries the CUDA/HIP kernels."},
+    {nullptr, nullptr, 0, nullptr}};
+PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_C",
+                       "Primus-Turbo C++ ops (torch.ops.primus_turbo_cpp).", -1, kMethods};
+}  // namespace
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&kModule); }
