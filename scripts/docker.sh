@@ -9,7 +9,8 @@
 # Env (the Makefile passes its variables of the same names):
 #   IMAGE=primus-turbo  DOCKER_TARGET=runtime  BASE_IMAGE=<empty: the Dockerfile's pinned base>
 #   DOCKER_GPU_ARCHS="gfx942;gfx950"  MAX_JOBS  TORCH_CUDA_ARCH_LIST  SHM_SIZE=64g
-#   DOCKER_CONTEXT=worktree|head (head: `git archive HEAD`, i.e. committed files only)
+#   BUILD_FROM=worktree|head (head: `git archive HEAD`, committed files only; the name avoids
+#   DOCKER_CONTEXT, which the docker CLI reads)
 #   DOCKER_TEST_ARGS (extra `make test` arguments inside, e.g. PYTEST_ARGS='-m "not slow"')
 #   START_DOCKERD=1: start dockerd (vfs storage, no bridge/iptables) when none answers (root).
 set -euo pipefail
@@ -21,7 +22,7 @@ IMAGE=${IMAGE:-primus-turbo}
 DOCKER_TARGET=${DOCKER_TARGET:-runtime}
 BASE_IMAGE=${BASE_IMAGE:-}
 DOCKER_GPU_ARCHS=${DOCKER_GPU_ARCHS:-gfx942;gfx950}
-DOCKER_CONTEXT=${DOCKER_CONTEXT:-worktree}
+BUILD_FROM=${BUILD_FROM:-worktree}
 SHM_SIZE=${SHM_SIZE:-64g}
 LOCAL_BASE=${LOCAL_BASE:-primus-turbo-localbase:bookworm-torch2.13}
 DOCKER=${DOCKER:-}
@@ -86,8 +87,8 @@ build() {
     [ -n "${MAX_JOBS:-}" ] && args+=(--build-arg "MAX_JOBS=$MAX_JOBS")
     [ -n "${TORCH_CUDA_ARCH_LIST:-}" ] \
         && args+=(--build-arg "TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST")
-    log "build $tag (target $target, base ${BASE_IMAGE:-Dockerfile default}, context $DOCKER_CONTEXT)"
-    if [ "$DOCKER_CONTEXT" = head ]; then
+    log "build $tag (target $target, base ${BASE_IMAGE:-Dockerfile default}, context $BUILD_FROM)"
+    if [ "$BUILD_FROM" = head ]; then
         git archive --format=tar HEAD | DOCKER_BUILDKIT=1 $DOCKER build "${args[@]}" "$@" -
     else
         DOCKER_BUILDKIT=1 $DOCKER build "${args[@]}" "$@" .
