@@ -1,0 +1,194 @@
+"""moe_permute / moe_unpermute: forward and every gradient vs the loop reference; padding, dropped
+copies, zero-token experts, single expert, routing maps, compile, determinism, bad inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import primus_turbo.pytorch as turbo
+from primus_turbo.pytorch.reference.moe import permute_ref, unpermute_ref
+from tests.pytorch.test_utils import assert_close, rand
+
+pytestmark = pytest.mark.moe
+
+# (T, H, E, K)
+SHAPES = [(9, 20, 4, 2), (1, 7, 1, 1), (13, 33, 5, 3), (0, 8, 3, 2)]
+GPU_SHAPES = [(4096, 7168, 32, 8), (8192, 2880, 32, 4), (2000, 4096, 8, 2)]
+
+
+def skewed_topk(t: int, e: int, k: int, device, zero_experts: int = 1) -> torch.Tensor:
+    """Distinct experts per token, non-uniform load; the last ``zero_experts`` get nothing."""
+    live = max(e - zero_experts, k)
+    w = torch.linspace(1.0, 0.1, live, device=device).expand(t, live)
+    return torch.multinomial(w, k, replacement=False).to(torch.int64)
+
+
+def _ref_weights(probs, tok, cp):
+    valid = tok >= 0
+    w = probs[tok.clamp(min=0), cp.clamp(min=0)]
+    return torch.where(valid, w, torch.zeros_like(w))
+
+
+def _check(t, h, e, k, dtype, pad, device, with_probs=True):
+    x = rand(t, h, dtype=dtype, device=device, requires_grad=True)
+    idx = skewed_topk(t, e, k, device) if t else torch.zeros(0, k, dtype=torch.int64, device=device)
+    probs = torch.rand(t, k, device=device).requires_grad_(with_probs)
+    out = turbo.ops.moe_permute(
+        x, idx, num_local_experts=e, pad_multiple=pad, probs=probs if with_probs else None
+    )
+    perm, row_map, tpe, overflow, ndisp, _, pprobs = out
+    x_ref = x.detach().float().requires_grad_()
+    p_ref = probs.detach().clone().requires_grad_()
+    r_perm, tok, cp, r_tpe = permute_ref(x_ref, idx, e, pad)
+    assert perm.dtype == dtype and perm.shape == r_perm.shape
+    assert torch.equal(tpe.cpu(), r_tpe.cpu()) and tpe.dtype == torch.int64
+    assert not bool(overflow) and int(ndisp) == perm.shape[0]
+    assert_close(perm, r_perm, dtype)
+    assert row_map.shape == (t, k) and row_map.dtype == torch.int64
+
+    # unpermute a transformed copy so the gradient reaching permute is not trivial
+    y = perm * 1.5
+    u, uprobs = turbo.ops.moe_unpermute(
+        y, row_map, restore_shape=(t, h), permuted_probs=pprobs if with_probs else None
+    )
+    w = _ref_weights(p_ref, tok, cp) if with_probs else None
+    r_u = unpermute_ref(r_perm * 1.5, tok, t, w)  # fp32 chain (x_ref is fp32)
+    assert u.dtype == dtype and u.shape == (t, h)
+    assert_close(u, r_u, dtype)
+    if with_probs:
+        assert torch.equal(uprobs.cpu(), probs.detach().cpu())
+    g = rand(t, h, dtype=dtype, device=device)
+    u.backward(g)
+    r_u.backward(g.float())
+    assert x.grad.dtype == dtype
+    assert_close(x.grad, x_ref.grad, dtype)
+    if with_probs:
+        tol = 1e-4 if dtype == torch.float32 else 1e-2 * max(1.0, h**0.5)
+        torch.testing.assert_close(probs.grad.cpu(), p_ref.grad.cpu(), rtol=1e-2, atol=tol)
+
+
+# (dtype, pad_multiple, with_probs): a covering subset (interpreter time budget)
+VARIANTS = [
+    (torch.bfloat16, 0, True),
+    (torch.bfloat16, 4, True),
+    (torch.bfloat16, 0, False),
+    (torch.float32, 4, False),
+    (torch.float32, 0, True),
+]
+
+
+@pytest.mark.parametrize("dtype,pad,with_probs", VARIANTS, ids=str)
+@pytest.mark.parametrize("t,h,e,k", SHAPES, ids=str)
+def test_permute_unpermute(t, h, e, k, dtype, pad, with_probs, device):
+    _check(t, h, e, k, dtype, pad, device, with_probs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pad", [0, 128])
+@pytest.mark.parametrize("t,h,e,k", GPU_SHAPES, ids=str)
+def test_permute_unpermute_gpu_shapes(t, h, e, k, pad, device):
+    _check(t, h, e, k, torch.bfloat16, pad, device)
+
+
+def test_permute_expert_major_stable_order(device):
+    idx = torch.tensor([[2, 0], [0, 1], [2, 1]], device=device)
+    x = torch.arange(3, dtype=torch.float32, device=device).unsqueeze(1).repeat(1, 4) + 1
+    perm, row_map, tpe, *_ = turbo.ops.moe_permute(x, idx, num_local_experts=4)
+    assert tpe.tolist() == [2, 2, 2, 0]
+    assert perm[:, 0].tolist() == [1, 2, 2, 3, 1, 3]  # expert 0: t0,t1; 1: t1,t2; 2: t0,t2
+    assert row_map.tolist() == [[4, 0], [1, 2], [5, 3]]
+
+
+def test_permute_routing_map_and_dense_probs(device):
+    t, e, k, h = 6, 5, 2, 16
+    idx = skewed_topk(t, e, k, device).sort(dim=-1).values
+    rmap = torch.zeros(t, e, dtype=torch.bool, device=device).scatter(1, idx, True)
+    dense = torch.rand(t, e, device=device)
+    x = rand(t, h, dtype=torch.bfloat16, device=device)
+    a = turbo.ops.moe_permute(
+        x, rmap, num_local_experts=e, num_topk=k, probs=dense, probs_layout="routing_map"
+    )
+    b = turbo.ops.moe_permute(x, idx, num_local_experts=e, probs=dense.gather(1, idx))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and torch.equal(a[6], b[6])
+
+
+def test_permute_drops_nonlocal_and_fixed_allocation(device):
+    t, h, e = 5, 8, 3
+    idx = torch.tensor([[0, 3], [1, -1], [2, 0], [4, 1], [0, 2]], device=device)
+    x = rand(t, h, dtype=torch.float32, device=device)
+    perm, row_map, tpe, overflow, ndisp, _, _ = turbo.ops.moe_permute(x, idx, num_local_experts=e)
+    assert perm.shape[0] == t * 2 and tpe.tolist() == [3, 2, 2] and int(ndisp) == 7
+    assert (row_map < 0).sum().item() == 3
+    assert torch.count_nonzero(perm[7:]) == 0  # rows of dropped copies stay zero
+    u, _ = turbo.ops.moe_unpermute(perm, row_map)
+    keep = ((idx >= 0) & (idx < e)).sum(1, keepdim=True).float()
+    assert_close(u, x * keep, torch.float32)
+    # fixed allocation smaller than needed: overflow flagged, extra copies dropped
+    perm2, row_map2, _, overflow2, ndisp2, _, _ = turbo.ops.moe_permute(
+        x, idx, num_local_experts=e, num_permuted_tokens=4
+    )
+    assert perm2.shape[0] == 4 and bool(overflow2) and int(ndisp2) == 4
+    assert (row_map2 >= 0).sum().item() == 4
+
+
+def test_permute_torch_compile(device):
+    torch._dynamo.reset()
+    backend = "inductor" if device == "cuda" else "aot_eager"
+
+    def step(x, idx, probs):
+        perm, row_map, _, _, _, _, pprobs = turbo.ops.moe_permute(
+            x, idx, num_local_experts=4, probs=probs
+        )
+        return turbo.ops.moe_unpermute(perm * 2.0, row_map, permuted_probs=pprobs)[0]
+
+    fn = torch.compile(step, fullgraph=True, backend=backend)
+    x = rand(7, 24, dtype=torch.bfloat16, device=device, requires_grad=True)
+    idx = skewed_topk(7, 4, 2, device, zero_experts=0)
+    probs = torch.rand(7, 2, device=device, requires_grad=True)
+    out = fn(x, idx, probs)
+    out.backward(torch.ones_like(out))
+    expect = x.detach().float() * 2.0 * probs.detach().sum(1, keepdim=True)
+    assert_close(out, expect, torch.bfloat16)
+    assert_close(x.grad, (2.0 * probs.detach().sum(1, keepdim=True)).expand(7, 24), torch.bfloat16)
+
+
+@pytest.mark.deterministic
+def test_permute_unpermute_deterministic(device):
+    t, h, e, k = (16, 64, 4, 2) if device == "cpu" else (8192, 4096, 32, 8)
+    x = rand(t, h, dtype=torch.bfloat16, device=device, requires_grad=True)
+    idx = skewed_topk(t, e, k, device)
+    probs = torch.rand(t, k, device=device, requires_grad=True)
+    g = rand(t, h, dtype=torch.bfloat16, device=device)
+    first = None
+    for _ in range(3):
+        x.grad = probs.grad = None
+        perm, row_map, *_, pprobs = turbo.ops.moe_permute(
+            x, idx, num_local_experts=e, pad_multiple=16, probs=probs
+        )
+        u, _ = turbo.ops.moe_unpermute(perm * 1.5, row_map, permuted_probs=pprobs)
+        u.backward(g)
+        cur = (perm.detach().clone(), u.detach().clone(), x.grad.clone(), probs.grad.clone())
+        if first is None:
+            first = cur
+        for a, b in zip(first, cur, strict=True):
+            assert torch.equal(a, b)
+
+
+def test_permute_bad_inputs(device):
+    x = rand(4, 8, dtype=torch.bfloat16, device=device)
+    idx = torch.zeros(4, 2, dtype=torch.int64, device=device)
+    with pytest.raises(TypeError, match="moe_permute.*'expert_map'.*dtype"):
+        turbo.ops.moe_permute(x, idx.float(), num_local_experts=2)
+    with pytest.raises(ValueError, match="moe_permute.*'expert_map'.*4 rows"):
+        turbo.ops.moe_permute(x, idx[:3], num_local_experts=2)
+    with pytest.raises(ValueError, match="moe_permute.*'num_local_experts'"):
+        turbo.ops.moe_permute(x, idx, num_local_experts=0)
+    with pytest.raises(ValueError, match="moe_permute.*'probs'.*shape"):
+        turbo.ops.moe_permute(x, idx, num_local_experts=2, probs=torch.rand(4, 3, device=device))
+    with pytest.raises(NotImplementedError, match="moe_permute.*'use_fp8'"):
+        turbo.ops.moe_permute(x, idx, num_local_experts=2, use_fp8=True)
+    with pytest.raises(ValueError, match="moe_unpermute.*'restore_shape'"):
+        turbo.ops.moe_unpermute(x, idx, restore_shape=(5, 8))
+    with pytest.raises(ValueError, match="moe_unpermute.*'permuted_probs'"):
+        turbo.ops.moe_unpermute(x, idx, permuted_probs=torch.rand(3, device=device))
