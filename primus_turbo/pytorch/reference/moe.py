@@ -22,7 +22,7 @@ def router_ref(
     normalised by their sum (+1e-20) when ``topk > 1`` and multiplied by ``scaling_factor``.
     ``aux_scores`` is the softmax, or the sigmoid normalised over all experts.
     """
-    s = logits.float()
+    s = logits if logits.dtype == torch.float64 else logits.float()
     t, e = s.shape
     scores = torch.softmax(s, -1) if score_function == "softmax" else torch.sigmoid(s)
     masked = scores
