@@ -1,0 +1,202 @@
+"""RMSNorm backends (TURBO = our C++ kernels, TRITON, TORCH), their dispatcher and custom ops.
+
+Every backend takes ``x [M, N]`` (contiguous), ``gamma [N]``, ``eps``, ``zero_centered`` and has
+``execute(...) -> (y, rstd)`` and ``backward(dy, x, gamma, rstd, zero_centered) -> (dx, dgamma)``,
+with ``rstd [M]`` fp32. The forward's backend also runs the backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from primus_turbo.build_info import native_has_gpu, native_ops, native_status
+from primus_turbo.pytorch.core.backend import (
+    YES,
+    AutoKernelDispatcher,
+    BackendType,
+    KernelBackend,
+    PrecisionType,
+    Verdict,
+    no,
+)
+from primus_turbo.pytorch.core.platform import triton_interpret
+from primus_turbo.pytorch.reference.normalization import rmsnorm_bwd_ref, rmsnorm_fwd_ref
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# C++ GPU kernels: register-cached 16-byte vector path up to this many elements per row.
+TURBO_GPU_MAX_VEC_HIDDEN = 16384
+
+
+class RMSNormDispatcher(AutoKernelDispatcher):
+    family = "rmsnorm"
+    memoize_resolution = True  # make_key covers everything can_handle looks at
+
+    @classmethod
+    def precision(cls, x: torch.Tensor, **kwargs: Any) -> PrecisionType:
+        return PrecisionType.BF16_FP16_FP32
+
+    @classmethod
+    def default_backend(cls, x, gamma, eps, zero_centered, **kwargs) -> BackendType:
+        """GPU: the C++ kernel where its vectorised path applies (16-byte rows up to 16K), else
+        Triton. CPU: the C++ kernel when the extension is built, else TORCH."""
+        n = x.shape[-1]
+        if x.device.type == "cuda":
+            vec = 16 // x.element_size()
+            if n % vec == 0 and n <= TURBO_GPU_MAX_VEC_HIDDEN and not zero_centered:
+                return BackendType.TURBO
+            return BackendType.TRITON
+        return BackendType.TURBO
+
+    @classmethod
+    def make_key(cls, x, gamma, eps, zero_centered, **kwargs):
+        return (x.shape[0], x.shape[1], x.dtype, gamma.dtype, zero_centered, x.device.type)
+
+    @classmethod
+    def describe(cls, x, gamma, eps, zero_centered, **kwargs) -> str:
+        return (
+            f"x={tuple(x.shape)}:{x.dtype} gamma:{gamma.dtype} zero_centered={zero_centered} "
+            f"device={x.device}"
+        )
+
+
+@RMSNormDispatcher.register
+class RMSNormTurboBackend(KernelBackend):
+    """Our C++ kernels (``torch.ops.primus_turbo_cpp.rmsnorm_fwd/bwd``): CPU, CUDA and HIP."""
+
+    backend_type = BackendType.TURBO
+
+    @staticmethod
+    def can_handle(x, gamma, eps, zero_centered, **kwargs) -> Verdict:
+        ok, why = native_status()
+        if not ok:
+            return no(why)
+        if x.device.type == "cuda" and not native_has_gpu():
+            return no("the C++ extension was built without GPU kernels (CPU-only build)")
+        if x.device.type not in ("cpu", "cuda"):
+            return no(f"needs a CPU or GPU tensor, got device {x.device}")
+        if x.dtype not in FLOAT_DTYPES or gamma.dtype != x.dtype:
+            return no(f"needs x and gamma of one dtype in fp16/bf16/fp32, got {x.dtype}/{gamma.dtype}")
+        if zero_centered:
+            return no("zero_centered is not supported by the C++ kernels")
+        return YES
+
+    @staticmethod
+    def execute(x, gamma, eps, zero_centered, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        return native_ops().rmsnorm_fwd(x, gamma, eps)
+
+    @staticmethod
+    def backward(dy, x, gamma, rstd, zero_centered) -> tuple[torch.Tensor, torch.Tensor]:
+        return native_ops().rmsnorm_bwd(dy, x, gamma, rstd)
+
+
+@RMSNormDispatcher.register
+class RMSNormTritonBackend(KernelBackend):
+    """Triton kernels: one tile per row forward; persistent backward with fixed-order dgamma."""
+
+    backend_type = BackendType.TRITON
+
+    @staticmethod
+    def can_handle(x, gamma, eps, zero_centered, **kwargs) -> Verdict:
+        from primus_turbo.triton.normalization.rmsnorm_kernel import MAX_HIDDEN
+
+        if x.device.type != "cuda" and not triton_interpret():
+            return no(f"needs a GPU tensor (or TRITON_INTERPRET=1 on CPU), got device {x.device}")
+        if x.dtype not in FLOAT_DTYPES or gamma.dtype not in FLOAT_DTYPES:
+            return no(f"needs fp16/bf16/fp32 x and gamma, got {x.dtype}/{gamma.dtype}")
+        if x.shape[-1] > MAX_HIDDEN:
+            return no(f"hidden size must be <= {MAX_HIDDEN}, got {x.shape[-1]}")
+        return YES
+
+    @staticmethod
+    def execute(x, gamma, eps, zero_centered, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        from primus_turbo.triton.normalization.rmsnorm_kernel import rmsnorm_fwd_triton
+
+        return rmsnorm_fwd_triton(x, gamma, eps, zero_centered)
+
+    @staticmethod
+    def backward(dy, x, gamma, rstd, zero_centered) -> tuple[torch.Tensor, torch.Tensor]:
+        from primus_turbo.triton.normalization.rmsnorm_kernel import rmsnorm_bwd_triton
+
+        return rmsnorm_bwd_triton(dy, x, gamma, rstd, zero_centered)
+
+
+@RMSNormDispatcher.register
+class RMSNormTorchBackend(KernelBackend):
+    """The pure-torch reference (fp32 math); runs anywhere."""
+
+    backend_type = BackendType.TORCH
+    autotune = False
+
+    @staticmethod
+    def can_handle(x, gamma, eps, zero_centered, **kwargs) -> Verdict:
+        return YES
+
+    @staticmethod
+    def execute(x, gamma, eps, zero_centered, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        return rmsnorm_fwd_ref(x, gamma, eps, zero_centered)
+
+    @staticmethod
+    def backward(dy, x, gamma, rstd, zero_centered) -> tuple[torch.Tensor, torch.Tensor]:
+        return rmsnorm_bwd_ref(dy, x, gamma, rstd, zero_centered)
+
+
+@torch.library.custom_op("primus_turbo::rmsnorm_fwd_impl", mutates_args=())
+def _rmsnorm_fwd_op(
+    x: torch.Tensor, gamma: torch.Tensor, eps: float, zero_centered: bool, backend: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return RMSNormDispatcher.execute(
+        BackendType(backend), x=x, gamma=gamma, eps=eps, zero_centered=zero_centered
+    )
+
+
+@_rmsnorm_fwd_op.register_fake
+def _rmsnorm_fwd_fake(x, gamma, eps, zero_centered, backend):
+    return torch.empty_like(x), x.new_empty((x.shape[0],), dtype=torch.float32)
+
+
+@torch.library.custom_op("primus_turbo::rmsnorm_bwd_impl", mutates_args=())
+def _rmsnorm_bwd_op(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    gamma: torch.Tensor,
+    rstd: torch.Tensor,
+    zero_centered: bool,
+    backend: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    impl = RMSNormDispatcher.backend_class(BackendType(backend))
+    return impl.backward(dy, x, gamma, rstd, zero_centered)
+
+
+@_rmsnorm_bwd_op.register_fake
+def _rmsnorm_bwd_fake(dy, x, gamma, rstd, zero_centered, backend):
+    return torch.empty_like(x), torch.empty_like(gamma)
+
+
+def rmsnorm_fwd_impl(
+    x: torch.Tensor, gamma: torch.Tensor, eps: float, zero_centered: bool, backend: BackendType
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward on one resolved backend; the custom op ``primus_turbo::rmsnorm_fwd_impl`` under
+    torch.compile, a direct call in eager mode (same result, less dispatch cost)."""
+    if torch.compiler.is_compiling():
+        return _rmsnorm_fwd_op(x, gamma, eps, zero_centered, backend.value)
+    return RMSNormDispatcher.execute(
+        backend, x=x, gamma=gamma, eps=eps, zero_centered=zero_centered
+    )
+
+
+def rmsnorm_bwd_impl(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    gamma: torch.Tensor,
+    rstd: torch.Tensor,
+    zero_centered: bool,
+    backend: BackendType,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward on the forward's backend (custom op ``primus_turbo::rmsnorm_bwd_impl`` when
+    compiling)."""
+    if torch.compiler.is_compiling():
+        return _rmsnorm_bwd_op(dy, x, gamma, rstd, zero_centered, backend.value)
+    impl = RMSNormDispatcher.backend_class(backend)
+    return impl.backward(dy, x, gamma, rstd, zero_centered)
