@@ -16,6 +16,7 @@ from primus_turbo.pytorch.ops.moe import (
     moe_router_topk,
     moe_unpermute,
 )
+from primus_turbo.pytorch.ops.normalization import rmsnorm
 
 __all__ = ["gemm", "grouped_gemm"]
 __all__ += [
@@ -30,3 +31,4 @@ __all__ += [
     "moe_unpermute",
 ]
 __all__ += ["flash_attn_func", "flash_attn_varlen_func"]
+__all__ += ["rmsnorm"]
