@@ -7,4 +7,5 @@ KERNEL_MODULES: tuple[str, ...] = (
     "primus_turbo.triton.grouped_gemm.grouped_gemm_kernel",
     "primus_turbo.triton.activation.glu_kernel",
     "primus_turbo.triton.moe.permute_kernel",
+    "primus_turbo.triton.normalization.rmsnorm_kernel",
 )
