@@ -118,6 +118,25 @@ TASKS: list[dict[str, Any]] = [
         "output": "quick_gemm_bf16_TORCH_{date}_{gpu}.csv",
         "output_flag": "--summary-csv",
     },
+    # ---- grouped GEMM (MoE experts; non-uniform group sizes) --------------------------------
+    {
+        "label": "grouped_gemm_bf16_triton",
+        "group": "grouped_gemm",
+        "profile": "gpu",
+        "script": "ops/training/bench_grouped_gemm_turbo.py",
+        "args": ["--dtype", "bf16", "--backend", "TRITON"],
+        "env": {},
+        "output": "grouped_gemm_turbo_bf16_TRITON_{date}_{gpu}.csv",
+    },
+    {
+        "label": "cpu_grouped_gemm_bf16_torch",
+        "group": "grouped_gemm",
+        "profile": "cpu",
+        "script": "ops/training/bench_grouped_gemm_turbo.py",
+        "args": ["--profile", "cpu", "--dtype", "bf16", "--backend", "TORCH"],
+        "env": {},
+        "output": "grouped_gemm_turbo_bf16_TORCH_{date}_{gpu}.csv",
+    },
 ]
 
 CPU_NOTICE = (

@@ -315,3 +315,82 @@ def grouped_gemm_cases(
                 for layer, n, k in cfg.expert_layers():
                     cases.append(GroupedGemmCase(name, layer, ep, cfg.num_experts // ep, m, n, k))
     return cases
+
+
+# ------------------------------------------------------------------------------------------
+# Grouped GEMM with realistic, non-uniform group sizes (bench_grouped_gemm_turbo.py)
+# ------------------------------------------------------------------------------------------
+def moe_group_lens(
+    total: int, groups: int, seed: int, shape: float = 3.0, zero_every: int = 16
+) -> list[int]:
+    """Seeded non-uniform rows per expert summing to ``total``.
+
+    Expert loads are Gamma(``shape``)-distributed (shape 3: coefficient of variation ~0.58, the
+    imbalance a router shows with an aux loss), one expert in ``zero_every`` gets no tokens, and
+    the rounding remainder goes to the busiest expert.
+    """
+    import random
+
+    rng = random.Random(seed)
+    weights = [rng.gammavariate(shape, 1.0) for _ in range(groups)]
+    if groups >= 4:
+        for i in rng.sample(range(groups), max(1, groups // zero_every)):
+            weights[i] = 0.0
+    scale = total / sum(weights)
+    lens = [int(w * scale) for w in weights]
+    lens[max(range(groups), key=lambda i: weights[i])] += total - sum(lens)
+    return lens
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedGroupedGemmCase:
+    """``g`` local experts, ``m`` routed rows in all (non-uniform per expert), weights
+    ``[g, n, k]``; the group sizes come from :func:`moe_group_lens` with ``seed``."""
+
+    case: str
+    layer: str
+    g: int
+    m: int
+    n: int
+    k: int
+    seed: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.case}-{self.layer}"
+
+    def group_lens(self) -> list[int]:
+        return moe_group_lens(self.m, self.g, self.seed)
+
+
+# (model, local experts, routed rows on the rank): DeepSeek-V3 at EP8 (32 of 256 experts, about
+# 2048 rows each); Qwen3-30B-A3B with all 128 experts local (8192 tokens x top-8); gpt-oss-20b
+# with its 32 experts (8192 tokens x top-4); Mixtral-8x7B (8192 tokens x top-2).
+RAGGED_GROUPED_GEMM_SPECS: tuple[tuple[str, int, int], ...] = (
+    ("DeepSeek-V3", 32, 65536),
+    ("Qwen3-30B-A3B", 128, 65536),
+    ("gpt-oss-20b", 32, 32768),
+    ("Mixtral-8x7B", 8, 16384),
+)
+
+
+def ragged_grouped_gemm_cases(
+    models: list[str] | None = None, profile: str = "gpu"
+) -> list[RaggedGroupedGemmCase]:
+    """The grouped-GEMM benchmark cases (gate_up and down per model); tiny ones for ``cpu``."""
+    if profile == "cpu":
+        return [
+            RaggedGroupedGemmCase("tiny", "gate_up", 4, 96, 32, 48, 0),
+            RaggedGroupedGemmCase("tiny", "down", 4, 96, 48, 16, 1),
+        ]
+    names = [s[0] for s in RAGGED_GROUPED_GEMM_SPECS]
+    unknown = [n for n in models or () if n not in names]
+    if unknown:
+        raise ValueError(f"--models expected names in {names}, got {unknown}")
+    cases = []
+    for seed, (name, g, m) in enumerate(RAGGED_GROUPED_GEMM_SPECS):
+        if models and name not in models:
+            continue
+        for layer, n, k in MOE_MODELS[name].expert_layers():
+            cases.append(RaggedGroupedGemmCase(name, layer, g, m, n, k, seed))
+    return cases

@@ -1,0 +1,283 @@
+"""Grouped GEMM benchmark: ``turbo.ops.grouped_gemm`` vs ``torch._grouped_mm`` and a loop of
+``torch.matmul`` on MoE expert shapes with non-uniform group sizes.
+
+For every case (``config.ragged_grouped_gemm_cases``: DeepSeek-V3, Qwen3-30B-A3B, gpt-oss-20b,
+Mixtral-8x7B; gate_up and down; seeded Gamma-distributed expert loads with some empty experts):
+correctness first (out, da, db against ``grouped_gemm_ref`` in fp32: normalised allclose and SNR
+-> Check PASS/FAIL/ERROR), then forward and backward timings of the turbo op and of both peers
+in alternating rounds. Layout: ``a [M, K]``, weights ``b [G, N, K]``, ``trans_b=True`` (the
+``GroupedLinear`` layout). FLOPs: forward ``2MNK``, backward ``4MNK`` (``M`` = all rows).
+
+Peers: ``torch._grouped_mm`` (CUTLASS, CUDA sm_90+, bf16; its own autograd) with int32 group
+ends; the loop peer gets the group sizes on the host for free (no sync counted) and runs one
+``torch.matmul`` per expert plus ``torch.cat`` (what a plain PyTorch MoE layer does).
+
+    python benchmark/ops/training/bench_grouped_gemm_turbo.py --backend TRITON
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import traceback
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(_HERE), str(_HERE.parents[1])]  # config.py, harness.py
+if str(_HERE.parents[2]) not in sys.path:
+    sys.path.append(str(_HERE.parents[2]))  # the repo root, for an uninstalled checkout
+
+import torch  # noqa: E402
+from config import RaggedGroupedGemmCase, ragged_grouped_gemm_cases  # noqa: E402
+from harness import (  # noqa: E402
+    SNR_THRESHOLD_DB,
+    DeviceInfo,
+    Mode,
+    Results,
+    add_common_args,
+    bench_pair,
+    check_allclose,
+    compute_snr,
+    cpu_notice,
+    geomean,
+    output_path,
+    ratio,
+    resolve_profile,
+    shard,
+    tflops,
+)
+
+import primus_turbo.pytorch as turbo  # noqa: E402
+from primus_turbo.pytorch.core import BackendType, GlobalBackendManager  # noqa: E402
+from primus_turbo.pytorch.reference import grouped_gemm_ref  # noqa: E402
+
+BACKENDS = ("auto", "TRITON", "HIPBLASLT", "TORCH")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+PEERS = ("grouped_mm", "loop")
+
+TABLE_COLUMNS = [
+    "Case",
+    "G",
+    "M",
+    "N",
+    "K",
+    "Resolved Backend",
+    "Check",
+    "Forward TFLOPS",
+    "Step TFLOPS",
+    "grouped_mm Forward TFLOPS",
+    "grouped_mm Step TFLOPS",
+    "loop Forward TFLOPS",
+    "Forward Ratio grouped_mm",
+    "Step Ratio grouped_mm",
+    "Forward Ratio loop",
+    "Step Ratio loop",
+    "out_snr",
+    "da_snr",
+    "db_snr",
+]
+METRIC_COLUMNS = [
+    "Forward Time (ms)",
+    "Forward TFLOPS",
+    "Backward Time (ms)",
+    "Backward TFLOPS",
+    "Step TFLOPS",
+    *(f"{p} {x}" for p in PEERS for x in ("Forward TFLOPS", "Backward TFLOPS", "Step TFLOPS")),
+    *(f"{x} Ratio {p}" for p in PEERS for x in ("Forward", "Backward", "Step")),
+    "out_snr",
+    "da_snr",
+    "db_snr",
+]
+
+
+def _grouped_mm_peer(a, b, ends):
+    return torch._grouped_mm(a, b.transpose(-2, -1), offs=ends)
+
+
+def _loop_peer(a, b, lens):
+    outs, start = [], 0
+    for g, n in enumerate(lens):
+        outs.append(torch.matmul(a[start : start + n], b[g].t()))
+        start += n
+    return torch.cat(outs)
+
+
+def check_case(a, b, gl, lens, grad, dtype) -> tuple[bool, dict[str, float]]:
+    out = turbo.ops.grouped_gemm(a, b, gl, trans_b=True)
+    out.backward(grad)
+    a32 = a.detach().float().requires_grad_()
+    b32 = b.detach().float().requires_grad_()
+    ref = grouped_gemm_ref(a32, b32, torch.tensor(lens), True, torch.float32)
+    ref.backward(grad.float())
+    pairs = {"out": (out, ref), "da": (a.grad, a32.grad), "db": (b.grad, b32.grad)}
+    snrs = {f"{k}_snr": compute_snr(r, o) for k, (o, r) in pairs.items()}
+    ok = all(s > SNR_THRESHOLD_DB["bf16"] for s in snrs.values())
+    ok = ok and all(check_allclose(o, r, dtype) for o, r in pairs.values())
+    a.grad = b.grad = None
+    return ok, snrs
+
+
+def resolved_backend(a, b, gl) -> str:
+    from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_impl import GroupedGemmDispatcher
+    from primus_turbo.pytorch.reference import group_offsets
+
+    try:
+        kw = dict(a=a, b=b, group_lens=gl, group_offs=group_offsets(gl), trans_b=True)
+        return GroupedGemmDispatcher.resolve(**kw, out_dtype=a.dtype).name
+    except Exception as e:
+        return f"none ({type(e).__name__})"
+
+
+def run_case(
+    test_id: int,
+    case: RaggedGroupedGemmCase,
+    dtype: torch.dtype,
+    args: argparse.Namespace,
+    info: DeviceInfo,
+) -> dict:
+    g, m, n, k = case.g, case.m, case.n, case.k
+    lens = case.group_lens()
+    row: dict = {
+        "TestID": test_id,
+        "Case": case.label,
+        "G": g,
+        "M": m,
+        "N": n,
+        "K": k,
+        "Min Group": min(lens),
+        "Max Group": max(lens),
+        "Empty Groups": sum(1 for x in lens if x == 0),
+        "Dtype": str(dtype).replace("torch.", ""),
+        "Backend": args.backend,
+        "Resolved Backend": "",
+        "Check": "ERROR",
+    }
+    row.update(dict.fromkeys(METRIC_COLUMNS, math.nan))
+    device = info.device
+    torch.manual_seed(test_id)
+    try:
+        a = torch.randn((m, k), dtype=dtype, device=device, requires_grad=True)
+        b = (torch.randn((g, n, k), device=device) / math.sqrt(k)).to(dtype).requires_grad_()
+        gl = torch.tensor(lens, dtype=torch.int64, device=device)
+        grad = torch.randn((m, n), dtype=dtype, device=device)
+        row["Resolved Backend"] = resolved_backend(a, b, gl)
+        if not args.skip_check:
+            ok, snrs = check_case(a, b, gl, lens, grad, dtype)
+            row.update(snrs)
+            row["Check"] = "PASS" if ok else "FAIL"
+        else:
+            row["Check"] = "SKIPPED"
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        ours = (lambda: turbo.ops.grouped_gemm(a, b, gl, trans_b=True), (a, b))
+        ends = torch.cumsum(gl, 0).to(torch.int32)
+        peers = {
+            "grouped_mm": lambda ap, bp: _grouped_mm_peer(ap, bp, ends),
+            "loop": lambda ap, bp: _loop_peer(ap, bp, lens),
+        }
+        timings = {}
+        for name, fn in peers.items():
+            ap = a.detach().clone().requires_grad_()
+            bp = b.detach().clone().requires_grad_()
+            try:
+                t, p = bench_pair(
+                    ours,
+                    (lambda fn=fn, ap=ap, bp=bp: fn(ap, bp), (ap, bp)),
+                    grad,
+                    warmup=args.warmup_ms,
+                    rep=args.rep_ms,
+                    device=device,
+                )
+            except Exception as e:  # e.g. torch._grouped_mm absent or not for this device
+                print(f"  peer {name} unavailable: {type(e).__name__}: {str(e)[:200]}")
+                continue
+            timings.setdefault("ours", t)
+            timings[name] = p
+    except Exception as e:
+        print(f"  ERROR: {type(e).__name__}: {e}")
+        if os.environ.get("BENCH_TRACEBACK"):
+            traceback.print_exc()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return row
+
+    fwd_flops, bwd_flops = 2.0 * m * n * k, 4.0 * m * n * k
+
+    def _fill(prefix: str, t) -> None:
+        row[f"{prefix}Forward TFLOPS"] = tflops(fwd_flops, t[Mode.FWD].median_ms)
+        row[f"{prefix}Backward TFLOPS"] = tflops(bwd_flops, t[Mode.BWD].median_ms)
+        step_ms = t[Mode.FWD].median_ms + t[Mode.BWD].median_ms
+        row[f"{prefix}Step TFLOPS"] = tflops(fwd_flops + bwd_flops, step_ms)
+
+    if "ours" in timings:
+        t = timings["ours"]
+        row["Forward Time (ms)"] = t[Mode.FWD].median_ms
+        row["Backward Time (ms)"] = t[Mode.BWD].median_ms
+        _fill("", t)
+    for name in PEERS:
+        if name in timings:
+            _fill(f"{name} ", timings[name])
+            for x in ("Forward", "Backward", "Step"):
+                row[f"{x} Ratio {name}"] = ratio(row[f"{x} TFLOPS"], row[f"{name} {x} TFLOPS"])
+    return row
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--backend", choices=BACKENDS, default="auto")
+    p.add_argument("--models", nargs="+", default=None, help="config.RAGGED_GROUPED_GEMM_SPECS")
+    p.add_argument("--max-cases", type=int, default=None)
+    p.add_argument("--skip-check", action="store_true", help="time only (no fp32 reference)")
+    add_common_args(p)
+    args = p.parse_args(argv)
+    if args.models:
+        args.models = [x for item in args.models for x in item.split(",") if x]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    profile, info = resolve_profile(args.profile)
+    dtype = DTYPES[args.dtype]
+    GlobalBackendManager.reset()
+    if args.backend != "auto":
+        GlobalBackendManager.set_grouped_gemm_backend(BackendType.parse(args.backend))
+    print(info.banner())
+    print(f"profile: {profile} | dtype {args.dtype} | backend {args.backend} | NT (b [G, N, K])")
+    notice = cpu_notice(info)
+    if notice:
+        print(notice)
+    results = Results(info)
+    cases = ragged_grouped_gemm_cases(args.models, profile)[: args.max_cases]
+    for test_id, case in shard(cases, args.num_shards, args.shard_id):
+        print(f"[{test_id}/{len(cases)}] {case.label} G={case.g} M={case.m} N={case.n} K={case.k}")
+        row = results.add(run_case(test_id, case, dtype, args, info))
+        print(
+            f"  {row['Check']} ({row['Resolved Backend']}) fwd {row['Forward TFLOPS']:.1f} "
+            f"step {row['Step TFLOPS']:.1f} TFLOPS | vs grouped_mm x"
+            f"{row['Forward Ratio grouped_mm']:.3f} / step x{row['Step Ratio grouped_mm']:.3f}"
+            f" | vs loop x{row['Forward Ratio loop']:.3f} / step x{row['Step Ratio loop']:.3f}"
+        )
+    print()
+    print(results.markdown(TABLE_COLUMNS))
+    ok = lambda r: r["Check"] in ("PASS", "SKIPPED")  # noqa: E731
+    gm = {c: geomean(results.column(c, ok)) for c in METRIC_COLUMNS if "Ratio" in c}
+    print(
+        f"\nGeomean over {len(results.column('Check', ok))}/{len(results.rows)} rows: "
+        f"turbo fwd {geomean(results.column('Forward TFLOPS', ok)):.4g} "
+        f"step {geomean(results.column('Step TFLOPS', ok)):.4g} TFLOPS; "
+        + ", ".join(f"{c} {v:.3f}" for c, v in gm.items())
+    )
+    if notice:
+        print(notice)
+    name = f"grouped_gemm_turbo_{args.dtype}_{args.backend}_{info.date_compact}_{info.gpu}.csv"
+    path = results.write_csv(output_path(args.output, name, args.num_shards, args.shard_id))
+    print(f"Results saved to {path}")
+    return 0 if all(r["Check"] in ("PASS", "SKIPPED") for r in results.rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
