@@ -92,19 +92,20 @@ def moe_layer_ref(
 ) -> torch.Tensor:
     """Plain PyTorch MoE layer, a loop over experts.
 
-    ``x [T, D]``, ``router_weight [E, D]``, ``w1 [E, D, 2F]`` (gate | up), ``w2 [E, F, D]``.
+    ``x [T, D]``, ``router_weight [E, D]``, ``w1 [E, 2F, D]`` (gate rows, then up rows),
+    ``w2 [E, D, F]`` (the ``[out, in]`` layout of ``GroupedLinear``).
     Matmuls run in the input dtype (this is also the benchmark's peer); routing in fp32.
     """
-    logits = F.linear(x, router_weight).float()
+    logits = F.linear(x.float(), router_weight.float())  # router in fp32
     _, probs, idx = router_ref(
         logits, topk, groups, selected_groups, score_function, scaling_factor
     )
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    f = w2.shape[1]
+    f = w2.shape[2]
     for ex in range(w1.shape[0]):
         tok, cp = (idx == ex).nonzero(as_tuple=True)
-        h = x[tok] @ w1[ex]
+        h = x[tok] @ w1[ex].t()
         act = F.silu if activation == "swiglu" else F.gelu
         a = (act(h[:, :f].float()) * h[:, f:].float() * probs[tok, cp].unsqueeze(1)).to(x.dtype)
-        out.index_add_(0, tok, (a @ w2[ex]).float())
+        out.index_add_(0, tok, (a @ w2[ex].t()).float())
     return out.to(x.dtype)

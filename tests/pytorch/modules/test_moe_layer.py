@@ -1,0 +1,87 @@
+"""MoELayer: forward and every parameter/input gradient vs the loop-of-experts reference layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import primus_turbo.pytorch as turbo
+from primus_turbo.pytorch.reference.moe import moe_layer_ref
+from tests.pytorch.test_utils import snr_db
+
+pytestmark = pytest.mark.moe
+
+# (T, D, F, E, topk, score_function, groups, selected_groups, activation)
+CASES = [
+    (7, 32, 16, 4, 2, "softmax", 1, 1, "swiglu"),
+    (5, 24, 8, 8, 4, "sigmoid", 4, 2, "geglu"),  # group-limited
+    (4, 16, 8, 1, 1, "softmax", 1, 1, "swiglu"),  # single expert
+]
+GPU_CASES = [
+    (4096, 2048, 768, 32, 8, "softmax", 1, 1, "swiglu"),  # Qwen3-MoE-like (E cut)
+    (2048, 2880, 2880, 32, 4, "softmax", 1, 1, "swiglu"),  # gpt-oss-20b
+    (2048, 4096, 14336, 8, 2, "softmax", 1, 1, "swiglu"),  # Mixtral-8x7B
+    (2048, 7168, 2048, 32, 8, "sigmoid", 8, 4, "swiglu"),  # DeepSeek-V3-like (E cut)
+]
+
+
+def _check(t, d, f, e, k, fn, groups, sel, act, device, min_snr=30.0):
+    layer = turbo.modules.MoELayer(
+        d, f, e, k, score_function=fn, groups=groups, selected_groups=sel, activation=act,
+        scaling_factor=1.0, device=device, dtype=torch.bfloat16,
+    )  # fmt: skip
+    x = torch.randn(t, d, device=device, dtype=torch.bfloat16, requires_grad=True)
+    out = layer(x)
+    assert out.shape == x.shape and out.dtype == torch.bfloat16
+    params = [layer.router_weight, layer.w1, layer.w2]
+    ref_params = [p.detach().float().requires_grad_() for p in params]
+    x_ref = x.detach().float().requires_grad_()
+    ref = moe_layer_ref(x_ref, *ref_params, k, fn, groups, sel, 1.0, act)
+    assert snr_db(ref.detach(), out.detach().float()) > min_snr
+    g = torch.randn_like(out)
+    out.backward(g)
+    ref.backward(g.float())
+    for name, got, want in [("x", x.grad, x_ref.grad)] + [
+        (n, p.grad, r.grad)
+        for n, p, r in zip(("router", "w1", "w2"), params, ref_params, strict=True)
+    ]:
+        assert got is not None and got.dtype == torch.bfloat16, name
+        if want.abs().max() == 0:
+            assert got.abs().max() == 0, name
+            continue
+        snr = snr_db(want, got.float())
+        # the router weight's gradient flows only through probs: a small, noisier signal
+        assert snr > (min_snr - 10 if name == "router" else min_snr), f"{name}: {snr:.1f} dB"
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_moe_layer(case, device):
+    _check(*case, device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+def test_moe_layer_gpu_shapes(case, device):
+    _check(*case, device)
+
+
+def test_moe_layer_training_step(device):
+    layer = turbo.modules.MoELayer(16, 8, 4, 2, device=device, dtype=torch.bfloat16)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    x = torch.randn(2, 3, 16, device=device, dtype=torch.bfloat16)
+    before = [p.detach().clone() for p in layer.parameters()]
+    loss = layer(x).float().pow(2).mean()
+    loss.backward()
+    opt.step()
+    assert layer.last_aux_scores.shape == (6, 4)
+    assert all(not torch.equal(a, p) for a, p in zip(before, layer.parameters(), strict=True))
+
+
+def test_moe_layer_bad_inputs(device):
+    with pytest.raises(ValueError, match="MoELayer.*'activation'"):
+        turbo.modules.MoELayer(8, 4, 2, 1, activation="relu")
+    layer = turbo.modules.MoELayer(8, 4, 2, 1, device=device, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="MoELayer.*'x'.*last dim 8"):
+        layer(torch.randn(3, 7, device=device, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="MoELayer.*'x'.*dtype"):
+        layer(torch.randn(3, 8, device=device))
