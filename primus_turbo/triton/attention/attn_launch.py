@@ -137,10 +137,10 @@ def attn_bwd_triton(do, q, k, v, out, lse, cu_q, cu_k, max_sq, max_sk, scale, ca
     if q.numel() == 0 or k.numel() == 0 or batch == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     # delta = rowsum(dO * O) in lse's layout ([B, Hq, Sq] or [Hq, Tq]), fp32
-    delta = (do.float() * out.float()).sum(-1)
-    delta = delta.t().contiguous() if varlen else delta.transpose(1, 2).contiguous()
+    rows = (do.float() * out.float()).sum(-1)
+    delta = torch.empty_strided(lse.shape, lse.stride(), dtype=torch.float32, device=q.device)
+    delta.copy_(rows.t() if varlen else rows.transpose(1, 2))
     ls = (0, lse.stride(0), lse.stride(1)) if varlen else lse.stride()
-    assert delta.stride() == lse.stride()
     wl, wr, has_l, has_r = _window_flags(causal, window)
     bdq, bdv = _pow2(dqk), _pow2(dvd)
     family = arch_family(q.device)

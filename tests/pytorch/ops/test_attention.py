@@ -1,0 +1,214 @@
+"""Flash attention (dense bshd): forward, lse and dq/dk/dv vs the fp32 reference, per backend.
+
+CPU: TRITON under the interpreter at tiny shapes, TORCH (SDPA / reference) everywhere.
+GPU: odd sequence lengths (1, 17, 1000, 4097), Sq != Sk, head dims 64/128/256/192x128,
+GQA/MQA ratios, causal and windows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import primus_turbo.pytorch as turbo
+from primus_turbo.pytorch.core import BackendType, GlobalBackendManager
+from primus_turbo.pytorch.reference import attention_ref
+from tests.conftest import HAS_GPU
+from tests.pytorch.test_utils import assert_close, rand, snr_db
+
+pytestmark = pytest.mark.attention
+
+NO_WIN = (-1, -1)
+# (b, sq, sk, hq, hkv, dqk, dv, causal, window): tiny, for the interpreter
+CPU_CASES = [
+    (1, 1, 1, 2, 1, 16, 16, False, NO_WIN),
+    (1, 17, 17, 4, 2, 32, 32, True, NO_WIN),
+    (2, 33, 17, 2, 1, 16, 16, True, NO_WIN),  # Sq > Sk causal: first rows see no key
+    (1, 17, 33, 3, 1, 64, 64, False, (4, 2)),  # MQA, two-sided window
+    (1, 33, 33, 2, 2, 48, 32, True, (8, -1)),  # Dqk != Dv (padded), causal + left window
+]
+GPU_CASES = [
+    (2, 1, 1, 8, 8, 128, 128, True, NO_WIN),
+    (2, 17, 17, 8, 2, 64, 64, True, NO_WIN),
+    (1, 1000, 1000, 8, 1, 128, 128, False, NO_WIN),
+    (1, 1000, 1000, 8, 8, 256, 256, True, NO_WIN),
+    (1, 4097, 4097, 4, 4, 128, 128, True, NO_WIN),
+    (1, 1000, 1000, 16, 16, 192, 128, True, NO_WIN),  # DeepSeek qk 192 / v 128
+    (1, 1000, 4097, 8, 2, 128, 128, True, NO_WIN),  # Sq < Sk (bottom-right)
+    (2, 1000, 17, 8, 4, 64, 64, True, NO_WIN),  # Sq > Sk: empty rows
+    (1, 4097, 4097, 8, 2, 128, 128, True, (256, -1)),  # sliding window
+    (1, 1000, 1000, 4, 1, 64, 64, False, (100, 50)),
+    (1, 17, 1000, 32, 8, 128, 128, False, NO_WIN),
+]
+CASES = GPU_CASES if HAS_GPU else CPU_CASES
+
+
+def _case_id(c):
+    b, sq, sk, hq, hkv, dqk, dv, causal, win = c
+    mask = "causal" if causal else "full"
+    return f"b{b}_s{sq}x{sk}_h{hq}x{hkv}_d{dqk}x{dv}_{mask}_w{win[0]}_{win[1]}"
+
+
+def _inputs(b, sq, sk, hq, hkv, dqk, dv, dtype, device):
+    q = rand(b, sq, hq, dqk, dtype=dtype, device=device, requires_grad=True)
+    k = rand(b, sk, hkv, dqk, dtype=dtype, device=device, requires_grad=True)
+    v = rand(b, sk, hkv, dv, dtype=dtype, device=device, requires_grad=True)
+    return q, k, v
+
+
+def check_attention(case, dtype, device, layout="bshd"):
+    b, sq, sk, hq, hkv, dqk, dv, causal, window = case
+    q, k, v = _inputs(b, sq, sk, hq, hkv, dqk, dv, dtype, device)
+    args = (q, k, v)
+    if layout == "bhsd":  # a transposed view of contiguous [b, h, s, d]
+        args = tuple(t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+                     for t in (q, k, v))  # fmt: skip
+    out, lse = turbo.ops.flash_attn_func(*args, causal=causal, window_size=window,
+                                         return_lse=True)  # fmt: skip
+    assert out.shape == (b, sq, hq, dv) and out.dtype == dtype
+    assert lse.shape == (b, hq, sq) and lse.dtype == torch.float32
+    qr, kr, vr = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref, ref_lse = attention_ref(qr, kr, vr, None, causal, window)
+    assert_close(out, ref, dtype)
+    assert torch.equal(torch.isinf(lse).cpu(), torch.isinf(ref_lse).cpu()), "lse -inf rows differ"
+    fin = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[fin].cpu(), ref_lse[fin].cpu(), rtol=1e-3, atol=1e-3)
+    grad = rand(b, sq, hq, dv, dtype=dtype, device=device)
+    out.backward(grad)
+    ref.backward(grad.float())
+    for got, want in zip((a.grad for a in args), (qr.grad, kr.grad, vr.grad), strict=True):
+        assert got.shape == want.shape and got.dtype == dtype
+        assert_close(got, want, dtype)
+        if want.abs().max() > 0:
+            assert snr_db(want, got.float()) > 35
+
+
+# On the CPU the default is TRITON under the interpreter (same as the pinned TRITON cases).
+BACKENDS = (
+    [None, BackendType.TRITON, BackendType.TORCH]
+    if HAS_GPU
+    else [BackendType.TRITON, BackendType.TORCH]
+)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name if b else "default")
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_flash_attn(case, backend, device):
+    if backend == BackendType.TORCH and not HAS_GPU and case[1] > 20:
+        pytest.skip("TORCH on CPU: covered by the smaller cases")
+    GlobalBackendManager.set_attn_backend(backend)
+    check_attention(case, torch.bfloat16, device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["bhsd"])
+def test_flash_attn_strided_layout(layout, device):
+    GlobalBackendManager.set_attn_backend(BackendType.TRITON)
+    check_attention((2, 300, 300, 8, 2, 128, 128, True, NO_WIN), torch.bfloat16, device, layout)
+
+
+@pytest.mark.gpu
+def test_flash_attn_fp16_and_scale(device):
+    GlobalBackendManager.set_attn_backend(BackendType.TRITON)
+    q, k, v = _inputs(2, 257, 300, 8, 4, 128, 128, torch.float16, device)
+    out = turbo.ops.flash_attn_func(q, k, v, softmax_scale=0.3, causal=True)
+    ref, _ = attention_ref(q.float(), k.float(), v.float(), 0.3, True)
+    assert_close(out, ref, torch.float16)
+
+
+def test_empty_rows_are_zero_without_nan(device):
+    """Sq > Sk causal: the first Sq - Sk rows see no key -> output 0, lse -inf, finite grads."""
+    GlobalBackendManager.set_attn_backend(BackendType.TRITON)
+    q, k, v = _inputs(1, 20, 4, 2, 1, 16, 16, torch.bfloat16, device)
+    out, lse = turbo.ops.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert torch.all(out[:, :16] == 0) and torch.isinf(lse[:, :, :16]).all()
+    out.float().sum().backward()
+    for t in (q, k, v):
+        assert torch.isfinite(t.grad).all()
+    assert torch.all(q.grad[:, :16] == 0)
+
+
+@pytest.mark.parametrize("backend", [BackendType.TORCH, BackendType.TRITON], ids=lambda b: b.name)
+def test_flash_attn_torch_compile(backend, device):
+    GlobalBackendManager.set_attn_backend(backend)
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda q, k, v: turbo.ops.flash_attn_func(q, k, v, causal=True) * 2.0,
+        fullgraph=True,
+        backend="inductor" if HAS_GPU else "aot_eager",  # CPU: trace only (inductor costs ~50 s)
+    )
+    q, k, v = _inputs(1, 17, 17, 4, 2, 32, 32, torch.bfloat16, device)
+    out = compiled(q, k, v)
+    out.float().sum().backward()
+    qr, kr, vr = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = attention_ref(qr, kr, vr, None, True)[0] * 2.0
+    ref.sum().backward()
+    assert_close(out, ref, torch.bfloat16)
+    for got, want in ((q.grad, qr.grad), (k.grad, kr.grad), (v.grad, vr.grad)):
+        assert_close(got, want, torch.bfloat16)
+
+
+@pytest.mark.deterministic
+def test_flash_attn_backward_deterministic(device):
+    """TRITON's backward has no atomics: repeated runs are bitwise equal (GQA sums included)."""
+    GlobalBackendManager.set_attn_backend(BackendType.TRITON)
+    shape = (1, 33, 33, 4, 1, 32, 32) if device == "cpu" else (2, 2048, 2048, 32, 8, 128, 128)
+    q, k, v = _inputs(*shape, torch.bfloat16, device)
+    grad = rand(*shape[:2], shape[3], shape[6], dtype=torch.bfloat16, device=device)
+    first = None
+    for _ in range(3 if device == "cpu" else 10):
+        q.grad = k.grad = v.grad = None
+        out = turbo.ops.flash_attn_func(q, k, v, causal=True)
+        out.backward(grad)
+        now = (out.detach().clone(), q.grad.clone(), k.grad.clone(), v.grad.clone())
+        first = first or now
+        for x, y in zip(first, now, strict=True):
+            assert torch.equal(x, y)
+
+
+BAD = [
+    ("k heads", dict(k=(1, 8, 3, 16), v=(1, 8, 3, 16)), ValueError, "head count dividing"),
+    ("v heads", dict(v=(1, 8, 1, 16)), ValueError, "heads (same as k)"),
+    ("head dim", dict(k=(1, 8, 2, 32)), ValueError, "head dim 16"),
+    ("rank", dict(q=(8, 4, 16)), ValueError, "4-D tensor"),
+    ("batch", dict(k=(2, 8, 2, 16), v=(2, 8, 2, 16)), ValueError, "batch 1"),
+]
+
+
+@pytest.mark.parametrize("name,shapes,exc,msg", BAD, ids=[b[0] for b in BAD])
+def test_bad_shapes(name, shapes, exc, msg, device):
+    dims = {"q": (1, 8, 4, 16), "k": (1, 8, 2, 16), "v": (1, 8, 2, 16), **shapes}
+    t = {n: rand(*s, dtype=torch.bfloat16, device=device) for n, s in dims.items()}
+    with pytest.raises(exc, match="primus_turbo.flash_attn") as err:
+        turbo.ops.flash_attn_func(t["q"], t["k"], t["v"])
+    assert msg in str(err.value)
+
+
+def test_bad_dtypes_and_options(device):
+    q = rand(1, 8, 4, 16, dtype=torch.bfloat16, device=device)
+    k = rand(1, 8, 2, 16, dtype=torch.bfloat16, device=device)
+    with pytest.raises(TypeError, match="argument 'k/v'"):
+        turbo.ops.flash_attn_func(q, k.half(), k)
+    with pytest.raises(TypeError, match="argument 'q' expected dtype"):
+        turbo.ops.flash_attn_func(q.int(), k, k)
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        turbo.ops.flash_attn_func(q, k, k, dropout_p=0.1)
+    with pytest.raises(ValueError, match="window_size"):
+        turbo.ops.flash_attn_func(q, k, k, window_size=(-2, 0))
+    GlobalBackendManager.set_attn_backend(BackendType.TRITON)
+    with pytest.raises(ValueError, match="pinned backend TRITON cannot handle"):
+        turbo.ops.flash_attn_func(q.float(), k.float(), k.float())
+
+
+def test_aiter_backend_says_why(device):
+    from primus_turbo.pytorch.kernels.attention.attention_impl import AttnDispatcher
+
+    q = rand(1, 8, 4, 16, dtype=torch.bfloat16, device=device)
+    k = rand(1, 8, 2, 16, dtype=torch.bfloat16, device=device)
+    args = dict(cu_q=None, cu_k=None, max_sq=8, max_sk=8, scale=0.25, causal=False)
+    verdicts = AttnDispatcher.verdicts(q=q, k=k, v=k, window=NO_WIN, return_lse=False, **args)
+    assert verdicts[BackendType.TORCH].ok
+    try:
+        import aiter  # noqa: F401
+    except Exception:
+        assert not verdicts[BackendType.AITER].ok and "aiter" in verdicts[BackendType.AITER].reason
