@@ -138,10 +138,12 @@ bench: setup ## run the benchmark suite (GPU or CPU profile chosen by the suite)
 env-check: setup ## print python/torch/triton/numpy/GPU facts and whether primus_turbo imports
 	$(PY) scripts/env_check.py
 
-lint: deps ## ruff check + ruff format --check
+lint: deps ## ruff check + ruff format --check; hadolint, shellcheck, recipe render check
 	@$(call ensure_tools,ruff:ruff)
 	$(PY) -m ruff check $(LINT_PATHS)
 	$(PY) -m ruff format --check $(LINT_PATHS)
+	@$(call ensure_tools,yaml:PyYAML jinja2:jinja2)
+	PY=$(PY) bash scripts/lint_delivery.sh
 
 format: deps ## apply ruff fixes and formatting
 	@$(call ensure_tools,ruff:ruff)
@@ -157,3 +159,36 @@ clean: ## remove build artefacts, caches, egg-info and _version.py (keeps .venv)
 
 distclean: clean ## clean, and remove .venv too
 	rm -rf $(VENV)
+
+# ---- delivery: Docker images and conda packages (docker/README.md, README "Install") --------
+IMAGE         ?= primus-turbo
+DOCKER_TARGET ?= runtime
+# empty: the Dockerfile's pinned rocm/pytorch base; `make docker-test` makes a local one
+BASE_IMAGE    ?=
+DOCKER_GPU_ARCHS ?= gfx942;gfx950
+CONDA_OUT     ?= build/conda
+# empty: every variant of recipe/conda_build_config.yaml (conda-build) / gfx942;gfx950 (fallback)
+CONDA_GPU_ARCHS ?=
+CONDA_CHANNEL ?= build/conda-channel
+DOCKER_ENV     = IMAGE='$(IMAGE)' DOCKER_TARGET='$(DOCKER_TARGET)' BASE_IMAGE='$(BASE_IMAGE)' \
+                 DOCKER_GPU_ARCHS='$(DOCKER_GPU_ARCHS)'
+
+.PHONY: docker-build docker-test docker-run conda-build conda-channel
+
+docker-build: ## build docker/Dockerfile (DOCKER_TARGET=runtime|dev|builder, BASE_IMAGE, DOCKER_GPU_ARCHS)
+	$(DOCKER_ENV) bash scripts/docker.sh build
+
+docker-test: ## local base image + dev image here, then `make test` in the container (CPU tier)
+	$(DOCKER_ENV) START_DOCKERD=1 bash scripts/docker.sh test
+
+docker-run: ## interactive container of $(IMAGE):$(DOCKER_TARGET) with this node's GPU flags
+	$(DOCKER_ENV) bash scripts/docker.sh run
+
+conda-build: deps ## conda packages into $(CONDA_OUT) (conda-build; else wheel + scripts/conda_pack.py)
+	@$(call ensure_tools,yaml:PyYAML jinja2:jinja2 conda_package_handling:conda-package-handling)
+	PY=$(PY) CONDA_OUT=$(CONDA_OUT) CONDA_GPU_ARCHS='$(CONDA_GPU_ARCHS)' bash scripts/conda_build.sh
+
+conda-channel: deps ## publish $(CONDA_OUT) packages into $(CONDA_CHANNEL) and index it
+	@$(call ensure_tools,conda_package_streaming:conda-package-streaming)
+	$(PY) scripts/conda_channel.py --channel $(CONDA_CHANNEL) --force \
+	  $$(find $(CONDA_OUT) -name '*.conda' -o -name '*.tar.bz2' | grep -v '/pkgs/' || true)
