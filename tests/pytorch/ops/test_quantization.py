@@ -1,0 +1,231 @@
+"""FP8/FP4 quantization: Triton kernels vs the torch reference, round trips, special values,
+config validation. CPU runs the kernels under TRITON_INTERPRET=1 at tiny shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from primus_turbo.pytorch.core.low_precision import (
+    Float4QuantConfig,
+    Float8QuantConfig,
+    Format,
+    ScaleDtype,
+    ScalingGranularity,
+    ScalingRecipe,
+    check_fp8_support,
+    check_mxfp4_support,
+    check_mxfp8_support,
+    fp8_max,
+)
+from primus_turbo.pytorch.core.platform import fp8_dtypes_for
+from primus_turbo.pytorch.kernels.quantization.quant_impl import QuantizeDispatcher
+from primus_turbo.pytorch.ops.quantization import (
+    dequantize_fp4,
+    dequantize_fp8,
+    quantize_fp4,
+    quantize_fp8,
+    quantize_fp8_with_trans,
+)
+from primus_turbo.pytorch.reference import quantization as ref
+from tests.conftest import HAS_GPU
+from tests.pytorch.test_utils import snr_db
+
+pytestmark = pytest.mark.quantization
+
+DEV = "cuda" if HAS_GPU else "cpu"
+G = ScalingGranularity
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+FP8 = [E4M3, E5M2, torch.float8_e4m3fnuz] if HAS_GPU else [E4M3, E5M2]
+SHAPES = [(37, 200)] if not HAS_GPU else [(37, 200), (1000, 1000), (4096, 7168)]
+CASES = [  # (id, granularity, kwargs)
+    ("tensor", G.TENSORWISE, {}),
+    ("row-1", G.ROWWISE, {"axis": -1}),
+    ("row0", G.ROWWISE, {"axis": 0}),
+    ("block1", G.BLOCKWISE, {"block_size": 128, "axis": 1}),
+    ("block0", G.BLOCKWISE, {"block_size": 32, "axis": 0}),
+    ("block2d", G.BLOCKWISE, {"block_size": 128, "scaling_recipe": ScalingRecipe(True)}),
+]
+
+
+def _x(m, n, dtype=torch.bfloat16, scale=3.0):
+    return (torch.randn(m, n, device=DEV) * scale).to(dtype)
+
+
+def _ref(x, dtype, g, kw):
+    if g == G.TENSORWISE:
+        return ref.quantize_tensorwise_ref(x, dtype)
+    if g == G.ROWWISE:
+        return ref.quantize_rowwise_ref(x, dtype, kw["axis"])
+    if g == G.MX_BLOCKWISE:
+        return ref.quantize_mx_ref(x, dtype)
+    recipe = kw.get("scaling_recipe")
+    axis = None if recipe is not None and recipe.use_2d_block else kw["axis"]
+    return ref.quantize_blockwise_ref(x, dtype, kw["block_size"], axis)
+
+
+def _assert_q_close(q, q_ref, s, s_ref):
+    """Scales to 1e-6 (kernel and torch may round the division differently); values within one
+    fp8 step: when amax is a round number many products sit on rounding midpoints, and a one-ulp
+    scale difference moves them to the neighbouring value."""
+    assert q.shape == q_ref.shape and q.dtype == q_ref.dtype
+    assert s.shape == s_ref.shape, (s.shape, s_ref.shape)
+    if s.dtype == torch.uint8:
+        assert torch.equal(s.cpu(), s_ref.cpu())
+    else:
+        torch.testing.assert_close(s.float().cpu(), s_ref.float().cpu(), rtol=1e-6, atol=0)
+    a, b = q.float().cpu(), q_ref.float().cpu()
+    assert torch.equal(torch.isnan(a), torch.isnan(b))
+    a, b = a.nan_to_num(0), b.nan_to_num(0)
+    assert ((a - b).abs() <= b.abs() * 0.26 + 2.0**-9).all()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+@pytest.mark.parametrize("m,n", SHAPES)
+def test_quantize_matches_reference(case, dtype, m, n):
+    _, g, kw = case
+    x = _x(m, n)
+    q, s = quantize_fp8(x, dtype, g, **kw)
+    q_ref, s_ref = _ref(x, dtype, g, kw)
+    _assert_q_close(q, q_ref, s, s_ref)
+    back = dequantize_fp8(q, torch.float32, g, scale_inv=s, **kw)
+    gate = 25 if dtype != E5M2 else 20
+    assert snr_db(x.float(), back) >= gate
+
+
+@pytest.mark.parametrize("g,block", [(G.TENSORWISE, None), (G.ROWWISE, None),
+                                     (G.BLOCKWISE, 128), (G.BLOCKWISE, 32)])  # fmt: skip
+@pytest.mark.parametrize("two_d", [False, True])
+def test_with_trans_is_x_and_xt(g, block, two_d):
+    if two_d and g != G.BLOCKWISE:
+        pytest.skip("2-D tiles are a BLOCKWISE recipe")
+    x = _x(70, 150)
+    recipe = ScalingRecipe(use_2d_block=two_d)
+    q, s, qt, st = quantize_fp8_with_trans(x, E4M3, g, block_size=block, scaling_recipe=recipe)
+    kw = {"axis": -1} if g != G.BLOCKWISE else {"block_size": block, "axis": -1}
+    if two_d:
+        kw = {"block_size": block, "scaling_recipe": recipe}
+    q1, s1 = _ref(x, E4M3, g, kw)
+    q2, s2 = _ref(x.t().contiguous(), E4M3, g, kw)
+    _assert_q_close(q, q1, s, s1)
+    _assert_q_close(qt, q2, st, s2)
+    assert qt.is_contiguous() and qt.shape == (150, 70)
+
+
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=str)
+@pytest.mark.parametrize("dual", [False, True])
+def test_mx_matches_reference(dtype, dual):
+    x = _x(64, 96)
+    if dual:
+        q, s, qt, st = quantize_fp8_with_trans(x, dtype, G.MX_BLOCKWISE, block_size=32)
+        q2, s2 = ref.quantize_mx_ref(x.t().contiguous(), dtype)
+        _assert_q_close(qt, q2, st, s2)
+    else:
+        q, s = quantize_fp8(x, dtype, G.MX_BLOCKWISE, block_size=32)
+    q1, s1 = ref.quantize_mx_ref(x, dtype)
+    _assert_q_close(q, q1, s, s1)
+    back = dequantize_fp8(q, torch.float32, G.MX_BLOCKWISE, scale_inv=s)
+    assert snr_db(x.float(), back) >= (25 if dtype == E4M3 else 20)
+
+
+def test_mx_needs_multiple_of_32():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_fp8(_x(4, 40), E4M3, G.MX_BLOCKWISE, block_size=32)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_fp4(_x(4, 40))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_special_values(case):
+    """Zeros -> 0 with a finite scale; all-equal -> +-fmax exactly; inf -> +-fmax (excluded from
+    amax); NaN stays NaN and does not disturb its block."""
+    _, g, kw = case
+    fmax = fp8_max(E4M3)
+    x = torch.zeros(8, 256, device=DEV, dtype=torch.bfloat16)
+    q, s = quantize_fp8(x, E4M3, g, **kw)
+    assert (q.float() == 0).all() and torch.isfinite(s).all()
+    x = torch.full((8, 256), -1.5, device=DEV, dtype=torch.bfloat16)
+    q, s = quantize_fp8(x, E4M3, g, **kw)
+    assert (q.float() == -fmax).all()
+    back = dequantize_fp8(q, torch.float32, g, scale_inv=s, **kw)
+    torch.testing.assert_close(back.cpu(), x.float().cpu(), rtol=1e-6, atol=0)
+    x = _x(8, 256)
+    x[1, 3], x[2, 4], x[3, 5] = float("inf"), float("-inf"), float("nan")
+    q, s = quantize_fp8(x, E4M3, g, **kw)
+    qf = q.float().cpu()
+    assert qf[1, 3] == fmax and qf[2, 4] == -fmax and torch.isnan(qf[3, 5])
+    assert torch.isfinite(s).all()
+    q_ref, s_ref = _ref(x, E4M3, g, kw)
+    _assert_q_close(q, q_ref, s, s_ref)
+
+
+def test_fnuz_uses_its_range():
+    q, _ = quantize_fp8(_x(16, 64), torch.float8_e4m3fnuz, G.TENSORWISE)
+    assert q.float().abs().max() == 240.0
+    assert fp8_dtypes_for("gfx942") == (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+    assert fp8_dtypes_for("gfx950")[0] == torch.float8_e4m3fn
+
+
+def test_fp4_round_trip_and_packing():
+    x = _x(16, 64)
+    packed, s = quantize_fp4(x)
+    assert packed.shape == (16, 32) and packed.dtype == torch.uint8 and s.shape == (16, 2)
+    assert snr_db(x.float(), dequantize_fp4(packed, s, torch.float32)) >= 10
+    # every E2M1 value survives encode/decode; ties round to even codes
+    vals = torch.tensor([0.0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.5, -6, 0.25, 2.5, 5.0])
+    expect = torch.tensor([0.0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.5, -6, 0.0, 2.0, 4.0])
+    assert torch.equal(ref.e2m1_decode(ref.e2m1_encode(vals)), expect)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the CPU tier's backend choice")
+def test_cpu_tier_runs_triton_in_interpreter():
+    x = _x(8, 32)
+    kw = dict(x=x, dtype=E4M3, kind="tensor", block=0, axis=None, dual=False)
+    assert QuantizeDispatcher.resolve(**kw).name == "TRITON"
+
+
+def test_bad_arguments():
+    x = _x(8, 32)
+    with pytest.raises(TypeError, match="out_dtype"):
+        quantize_fp8(x, torch.bfloat16, G.TENSORWISE)
+    with pytest.raises(ValueError, match="axis"):
+        quantize_fp8(x, E4M3, G.ROWWISE)
+    with pytest.raises(ValueError, match="block_size"):
+        quantize_fp8(x, E4M3, G.BLOCKWISE, axis=1)
+    with pytest.raises(ValueError, match="scaling_recipe"):
+        quantize_fp8(x, E4M3, G.TENSORWISE, scaling_recipe=ScalingRecipe(use_sr=True))
+    with pytest.raises(ValueError, match="2-D"):
+        quantize_fp8(x[0], E4M3, G.TENSORWISE)
+    with pytest.raises(TypeError, match="granularity"):
+        quantize_fp8(x, E4M3, "tensorwise")
+
+
+def test_config_validation():
+    assert Float8QuantConfig().granularity == G.TENSORWISE
+    Float8QuantConfig(granularity=G.BLOCKWISE, block_size=128)
+    Float8QuantConfig(granularity=G.MX_BLOCKWISE, block_size=32, scale_dtype=ScaleDtype.E8M0)
+    with pytest.raises(ValueError, match="block_size"):
+        Float8QuantConfig(granularity=G.BLOCKWISE)
+    with pytest.raises(ValueError, match="block_size"):
+        Float8QuantConfig(granularity=G.MX_BLOCKWISE, block_size=64, scale_dtype=ScaleDtype.E8M0)
+    with pytest.raises(ValueError, match="scale_dtype"):
+        Float8QuantConfig(granularity=G.MX_BLOCKWISE, block_size=32)
+    with pytest.raises(ValueError, match="block_size"):
+        Float8QuantConfig(block_size=128)
+    with pytest.raises(ValueError, match="format"):
+        Float8QuantConfig(format=Format.E2M1_X2)
+    with pytest.raises(TypeError, match="granularity"):
+        Float8QuantConfig(granularity="rowwise")
+    Float4QuantConfig()
+    with pytest.raises(ValueError, match="block_size"):
+        Float4QuantConfig(block_size=16)
+    with pytest.raises(ValueError, match="use_gradient_sr"):
+        Float4QuantConfig(use_gradient_sr=True)
+    assert [f.value for f in Format] == [1, 2, 3, 4]
+
+
+def test_support_probes_return_reasons():
+    for probe in (check_fp8_support, check_mxfp8_support, check_mxfp4_support):
+        ok, reason = probe()
+        assert isinstance(ok, bool) and (ok or reason)
