@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from primus_turbo.pytorch.core.platform import triton_interpret
-from primus_turbo.pytorch.reference.activation import glu_ref
+from primus_turbo.pytorch.reference.activation import glu_bwd_ref, glu_ref
 
 ACTS = ("silu", "gelu")
 
@@ -46,13 +46,7 @@ def glu_bwd_impl(
 
         dx, dp = glu_bwd_triton(x, probs, row_mask, dy, act)
     else:
-        with torch.enable_grad():
-            xg = x.detach().float().requires_grad_(True)
-            pg = probs.detach().float().requires_grad_(True) if probs is not None else None
-            y = glu_ref(xg, pg, row_mask, ACTS[act]).float()
-            grads = torch.autograd.grad(y, [xg] + ([pg] if pg is not None else []), dy.float())
-        dx = grads[0].to(x.dtype)
-        dp = grads[1] if probs is not None else None
+        dx, dp = glu_bwd_ref(x, probs, row_mask, dy, ACTS[act])
     if dp is None:
         dp = x.new_empty((0,), dtype=torch.float32)
     return dx, dp
