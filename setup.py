@@ -166,7 +166,7 @@ def _source_arch(path: Path) -> str | None:
 
 
 def _framework(torch) -> str:
-    """"rocm", "cuda" or "cpu": the extension flavour the installed torch can build."""
+    """ "rocm", "cuda" or "cpu": the extension flavour the installed torch can build."""
     if os.environ.get(CPU_ONLY_ENV, "").strip() in ("1", "true", "yes"):
         return "cpu"
     from torch.utils import cpp_extension

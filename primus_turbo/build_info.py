@@ -8,7 +8,6 @@ backends need them, and their ``can_handle`` reports ``native_status()``'s reaso
 
 from __future__ import annotations
 
-import functools
 import importlib
 
 __all__ = ["build_info", "native_status", "native_ops"]
@@ -29,9 +28,19 @@ def build_info() -> dict[str, object]:
     }
 
 
-@functools.lru_cache(maxsize=1)
+_STATUS: list[tuple[bool, str]] = []  # filled once; a plain global so torch.compile traces a read
+
+
 def native_status() -> tuple[bool, str]:
-    """``(True, "")`` when ``primus_turbo.pytorch._C`` loaded; else ``(False, reason)``."""
+    """``(True, "")`` when ``primus_turbo.pytorch._C`` loaded with GPU kernels, ``(True,
+    "cpu-only build")`` without them; else ``(False, reason)``."""
+    if _STATUS:
+        return _STATUS[0]
+    _STATUS.append(_load())
+    return _STATUS[0]
+
+
+def _load() -> tuple[bool, str]:
     try:
         mod = importlib.import_module("primus_turbo.pytorch._C")
     except ImportError as e:

@@ -2,7 +2,8 @@
 
 Math (``x [M, N]``, ``w [N]``; ``w`` is ``1 + gamma`` when zero-centered):
 ``rstd = 1 / sqrt(mean(x^2) + eps)``, ``y = x * rstd * w``;
-``dx = rstd * (w * dy - xhat * mean(xhat * w * dy))``, ``dw = sum_rows(dy * xhat)``, ``xhat = x * rstd``.
+``xhat = x * rstd``, ``dx = rstd * (w * dy - xhat * mean(xhat * w * dy))``,
+``dw = sum_rows(dy * xhat)``.
 
 Dtypes: x/y/dy/dx fp16/bf16/fp32 (one dtype); w/dw any float dtype; rstd fp32. Rows are addressed
 by a row stride (last dim contiguous); row offsets are int64.
@@ -203,8 +204,14 @@ def aot_specs(target: str) -> list[AotSpec]:
                 name=f"rmsnorm_fwd_{t}_n{n}",
                 fn=rmsnorm_fwd_kernel,
                 signature={
-                    "x_ptr": f"*{t}", "w_ptr": f"*{t}", "y_ptr": f"*{t}", "rstd_ptr": "*fp32",
-                    "M": "i32", "N": "i32:16", "stride_x": "i32:16", "stride_y": "i32:16",
+                    "x_ptr": f"*{t}",
+                    "w_ptr": f"*{t}",
+                    "y_ptr": f"*{t}",
+                    "rstd_ptr": "*fp32",
+                    "M": "i32",
+                    "N": "i32:16",
+                    "stride_x": "i32:16",
+                    "stride_y": "i32:16",
                     "eps": "fp32",
                 },  # fmt: skip
                 constexprs={"BLOCK_N": fcfg.block_n, "ROWS": fcfg.rows, "ZERO_CENTERED": False},
@@ -217,9 +224,17 @@ def aot_specs(target: str) -> list[AotSpec]:
                 name=f"rmsnorm_bwd_{t}_n{n}",
                 fn=rmsnorm_bwd_kernel,
                 signature={
-                    "dy_ptr": f"*{t}", "x_ptr": f"*{t}", "w_ptr": f"*{t}", "rstd_ptr": "*fp32",
-                    "dx_ptr": f"*{t}", "part_ptr": "*fp32", "M": "i32", "N": "i32:16",
-                    "stride_dy": "i32:16", "stride_x": "i32:16", "stride_dx": "i32:16",
+                    "dy_ptr": f"*{t}",
+                    "x_ptr": f"*{t}",
+                    "w_ptr": f"*{t}",
+                    "rstd_ptr": "*fp32",
+                    "dx_ptr": f"*{t}",
+                    "part_ptr": "*fp32",
+                    "M": "i32",
+                    "N": "i32:16",
+                    "stride_dy": "i32:16",
+                    "stride_x": "i32:16",
+                    "stride_dx": "i32:16",
                 },  # fmt: skip
                 constexprs={"BLOCK_N": bcfg.block_n, "ROWS": bcfg.rows, "ZERO_CENTERED": False},
                 options={"num_warps": bcfg.num_warps, "num_stages": 1},

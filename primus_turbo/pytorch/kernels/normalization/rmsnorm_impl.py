@@ -25,6 +25,8 @@ from primus_turbo.pytorch.core.platform import triton_interpret
 from primus_turbo.pytorch.reference.normalization import rmsnorm_bwd_ref, rmsnorm_fwd_ref
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+native_status()  # load the extension now (never first inside a torch.compile trace)
+
 # C++ GPU kernels: register-cached 16-byte vector path up to this many elements per row.
 TURBO_GPU_MAX_VEC_HIDDEN = 16384
 
@@ -77,7 +79,9 @@ class RMSNormTurboBackend(KernelBackend):
         if x.device.type not in ("cpu", "cuda"):
             return no(f"needs a CPU or GPU tensor, got device {x.device}")
         if x.dtype not in FLOAT_DTYPES or gamma.dtype != x.dtype:
-            return no(f"needs x and gamma of one dtype in fp16/bf16/fp32, got {x.dtype}/{gamma.dtype}")
+            return no(
+                f"needs x and gamma of one dtype in fp16/bf16/fp32, got {x.dtype}/{gamma.dtype}"
+            )
         if zero_centered:
             return no("zero_centered is not supported by the C++ kernels")
         return YES
