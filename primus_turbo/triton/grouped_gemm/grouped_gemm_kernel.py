@@ -32,12 +32,13 @@ import triton.language as tl
 from primus_turbo.pytorch.core.platform import (
     ArchFamily,
     arch_family,
+    is_graph_capturing,
     num_compute_units,
     triton_interpret,
 )
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec, triton_dtype_name
 from primus_turbo.triton.gemm.gemm_configs import GemmConfig
-from primus_turbo.triton.gemm.gemm_kernel import _tile_coords
+from primus_turbo.triton.gemm.gemm_kernel import _config_tuning_enabled, _tile_coords
 from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import (
     grouped_gemm_configs,
     select_grouped_config,
@@ -200,6 +201,35 @@ def _interpreting() -> bool:
     return triton_interpret()
 
 
+_tuned: dict[tuple, GemmConfig] = {}
+
+
+def _bucket(x: int) -> int:
+    """Nearby row counts share a tuning result (the group sizes themselves are not known)."""
+    return 1 << max(x - 1, 0).bit_length()
+
+
+def _choose(key: tuple, default: GemmConfig, launch, family: ArchFamily) -> GemmConfig:
+    """The heuristic's config, or (on a GPU, first call per key, not while capturing a graph)
+    the fastest of the family's configs timed on this call's inputs. Timing synchronises once
+    per key; ``PRIMUS_TURBO_TRITON_TUNE=0`` keeps the heuristic (no synchronisation at all)."""
+    if family == ArchFamily.CPU or is_graph_capturing() or not _config_tuning_enabled():
+        return default
+    choice = _tuned.get(key)
+    if choice is None:
+        timings = {}
+        for cand in grouped_gemm_configs(family):
+            try:
+                timings[cand] = triton.testing.do_bench(
+                    lambda cand=cand: launch(cand), warmup=5, rep=20, return_mode="median"
+                )
+            except Exception:  # e.g. out of shared memory for this tile on this chip
+                continue
+        choice = min(timings, key=timings.get) if timings else default
+        _tuned[key] = choice
+    return choice
+
+
 def _programs(work_bound: int, cfg: GemmConfig, device: torch.device, family: ArchFamily) -> int:
     if family == ArchFamily.CPU:
         return max(1, min(work_bound, _INTERPRETER_PROGRAMS))
@@ -235,35 +265,41 @@ def grouped_gemm_triton(
         return c.zero_()
     sbk, sbn = (b.stride(2), b.stride(1)) if trans_b else (b.stride(1), b.stride(2))
     family = arch_family(a.device)
-    cus = num_compute_units(a.device)
-    cfg = config or select_grouped_config(m, n, k, g, family, cus)
-    bound = (-(-m // cfg.block_m) + g + 1) * -(-n // cfg.block_n)
-    programs = _programs(bound, cfg, a.device, family)
-    grouped_gemm_kernel[(programs,)](
-        a,
-        b,
-        c,
-        group_offs,
-        m,
-        n,
-        k,
-        g,
-        a.stride(0),
-        a.stride(1),
-        b.stride(0),
-        sbk,
-        sbn,
-        c.stride(0),
-        c.stride(1),
-        programs,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m,
-        EVEN_K=k % cfg.block_k == 0,
-        UPCAST=_interpreting() and a.dtype == torch.bfloat16,
-        **cfg.options,
-    )
+
+    def launch(cfg: GemmConfig) -> None:
+        bound = (-(-m // cfg.block_m) + g + 1) * -(-n // cfg.block_n)
+        programs = _programs(bound, cfg, a.device, family)
+        grouped_gemm_kernel[(programs,)](
+            a,
+            b,
+            c,
+            group_offs,
+            m,
+            n,
+            k,
+            g,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            sbk,
+            sbn,
+            c.stride(0),
+            c.stride(1),
+            programs,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
+            EVEN_K=k % cfg.block_k == 0,
+            UPCAST=_interpreting() and a.dtype == torch.bfloat16,
+            **cfg.options,
+        )
+
+    if config is None:
+        default = select_grouped_config(m, n, k, g, family, num_compute_units(a.device))
+        key = ("fwd", _bucket(m), n, k, g, a.dtype, c.dtype, sbk == 1, a.stride(1) == 1, a.device)
+        config = _choose(key, default, launch, family)
+    launch(config)
     return c
 
 
@@ -291,34 +327,42 @@ def variable_k_triton(
     if m == 0:
         return c.zero_()
     family = arch_family(x.device)
-    cus = num_compute_units(x.device)
-    cfg = config or select_variable_k_config(p, q, m, num_groups, family, cus)
-    tiles = num_groups * -(-p // cfg.block_m) * -(-q // cfg.block_n)
-    programs = _programs(tiles, cfg, x.device, family)
-    variable_k_kernel[(programs,)](
-        x,
-        y,
-        c,
-        group_offs,
-        m,
-        p,
-        q,
-        num_groups,
-        x.stride(0),
-        x.stride(1),
-        y.stride(0),
-        y.stride(1),
-        c.stride(0),
-        c.stride(1),
-        c.stride(2),
-        programs,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m,
-        UPCAST=_interpreting() and x.dtype == torch.bfloat16,
-        **cfg.options,
-    )
+
+    def launch(cfg: GemmConfig) -> None:
+        tiles = num_groups * -(-p // cfg.block_m) * -(-q // cfg.block_n)
+        programs = _programs(tiles, cfg, x.device, family)
+        variable_k_kernel[(programs,)](
+            x,
+            y,
+            c,
+            group_offs,
+            m,
+            p,
+            q,
+            num_groups,
+            x.stride(0),
+            x.stride(1),
+            y.stride(0),
+            y.stride(1),
+            c.stride(0),
+            c.stride(1),
+            c.stride(2),
+            programs,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
+            UPCAST=_interpreting() and x.dtype == torch.bfloat16,
+            **cfg.options,
+        )
+
+    if config is None:
+        cus = num_compute_units(x.device)
+        default = select_variable_k_config(p, q, m, num_groups, family, cus)
+        key = ("vk", _bucket(m), p, q, num_groups, x.dtype, c.dtype, x.stride(1) == 1,
+               y.stride(1) == 1, x.device)  # fmt: skip
+        config = _choose(key, default, launch, family)
+    launch(config)
     return c
 
 
