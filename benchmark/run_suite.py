@@ -80,7 +80,25 @@ TASKS: list[dict[str, Any]] = [
         "output": "quick_gemm_bf16_TRITON_{date}_{gpu}.csv",
         "output_flag": "--summary-csv",
     },
+    {
+        "label": "rmsnorm_bf16",
+        "group": "rmsnorm",
+        "profile": "gpu",
+        "script": "ops/training/bench_rmsnorm_turbo.py",
+        "args": ["--dtype", "bf16", "--backends", "auto,TURBO,TRITON,TORCH"],
+        "env": {},
+        "output": "rmsnorm_turbo_bf16_{date}_{gpu}.csv",
+    },
     # ---- cpu profile (code-path smoke; not performance) --------------------------------------
+    {
+        "label": "cpu_rmsnorm_bf16",
+        "group": "rmsnorm",
+        "profile": "cpu",
+        "script": "ops/training/bench_rmsnorm_turbo.py",
+        "args": ["--profile", "cpu", "--dtype", "bf16", "--backends", "auto,TURBO,TORCH"],
+        "env": {},
+        "output": "rmsnorm_turbo_bf16_{date}_{gpu}.csv",
+    },
     {
         "label": "cpu_gemm_bf16_auto",
         "group": "gemm_bf16",

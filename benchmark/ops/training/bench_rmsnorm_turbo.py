@@ -1,0 +1,171 @@
+"""RMSNorm benchmark: ``turbo.ops.rmsnorm`` on each backend (TURBO = C++ kernels, TRITON, TORCH)
+vs ``torch.compile`` of the fp32 reference and vs device copy bandwidth, in GB/s.
+
+Shapes: the issue's 16384x8192 and 8192x2880 bf16, plus model hidden sizes at 8192 tokens. Bytes
+(read + written): forward reads x and writes y (``2MN`` elements, plus w and the fp32 rstd);
+backward reads x and dy and writes dx (``3MN``, plus w, rstd, dw). The copy figure is
+``Tensor.copy_`` of an ``[M, N]`` tensor (``2MN`` elements moved), timed in the same run; the
+targets are >= 0.9x copy and >= torch.compile, forward and backward. Check: y/dx/dw SNR vs the
+fp32 reference.
+
+    python benchmark/ops/training/bench_rmsnorm_turbo.py [--backends TURBO,TRITON,TORCH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(_HERE), str(_HERE.parents[1])]
+if str(_HERE.parents[2]) not in sys.path:
+    sys.path.append(str(_HERE.parents[2]))
+
+import torch  # noqa: E402
+from harness import (  # noqa: E402
+    Mode,
+    Results,
+    add_common_args,
+    bench_pair,
+    compute_snr,
+    cpu_notice,
+    gbps,
+    geomean,
+    output_path,
+    ratio,
+    resolve_profile,
+    shard,
+    time_ms,
+)
+
+import primus_turbo.pytorch as turbo  # noqa: E402
+from primus_turbo.pytorch.core import BackendType, GlobalBackendManager  # noqa: E402
+from primus_turbo.pytorch.reference import rmsnorm_ref  # noqa: E402
+
+# (label, rows M, hidden N)
+GPU_CASES = [
+    ("issue 16384x8192", 16384, 8192),
+    ("gpt-oss (2880)", 8192, 2880),
+    ("Llama-3-8B (4096)", 8192, 4096),
+    ("DeepSeek-V3 (7168)", 8192, 7168),
+    ("Llama-3-70B (8192)", 8192, 8192),
+    ("wide 4096x16384", 4096, 16384),
+]
+CPU_CASES = [("tiny", 64, 256), ("tiny-odd", 33, 127)]
+SNR_MIN = 35.0
+COLUMNS = ["Case", "Backend", "M", "N", "Check", "Forward GB/s", "Backward GB/s", "copy GB/s",
+           "Forward vs copy", "Backward vs copy", "Forward vs compile", "Backward vs compile",
+           "out_snr", "dx_snr", "dw_snr"]  # fmt: skip
+KEYS = ("Forward vs copy", "Backward vs copy", "Forward vs compile", "Backward vs compile")
+
+
+def run_case(tid, label, m, n, backend, dtype, args, info) -> dict:
+    dev = info.device
+    row = {"TestID": tid, "Case": label, "Backend": backend, "M": m, "N": n, "Check": "ERROR"}
+    GlobalBackendManager.set_backend("rmsnorm", None if backend == "auto" else backend)
+    torch.manual_seed(tid)
+    x = torch.randn(m, n, device=dev, dtype=dtype, requires_grad=True)
+    w = (1 + 0.1 * torch.randn(n, device=dev)).to(dtype).requires_grad_()
+    dy = torch.randn(m, n, device=dev, dtype=dtype)
+    out = turbo.ops.rmsnorm(x, w)
+    out.backward(dy)
+    xr, wr = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+    ref = rmsnorm_ref(xr, wr)
+    ref.backward(dy.float())
+    snr = {"out_snr": compute_snr(ref, out), "dx_snr": compute_snr(xr.grad, x.grad),
+           "dw_snr": compute_snr(wr.grad, w.grad)}  # fmt: skip
+    row.update(snr)
+    row["Check"] = "PASS" if all(v > SNR_MIN for v in snr.values()) else "FAIL"
+    x.grad = w.grad = None
+    peer = torch.compile(rmsnorm_ref) if dev.type == "cuda" else rmsnorm_ref
+    xp, wp = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    t_ours, t_peer = bench_pair(
+        (lambda: turbo.ops.rmsnorm(x, w), (x, w)), (lambda: peer(xp, wp), (xp, wp)), dy,
+        warmup=args.warmup_ms, rep=args.rep_ms, device=dev,
+    )  # fmt: skip
+    elt = x.element_size()
+    fwd_b = 2 * m * n * elt + n * elt + 4 * m
+    bwd_b = 3 * m * n * elt + 2 * n * elt + 4 * m
+    src = torch.empty(m, n, device=dev, dtype=dtype)
+    dst = torch.empty_like(src)
+    copy_ms = time_ms(lambda: dst.copy_(src), args.warmup_ms, args.rep_ms, device=dev).median_ms
+    row["copy GB/s"] = gbps(2 * src.numel() * elt, copy_ms)
+    for mode, key, nbytes in ((Mode.FWD, "Forward", fwd_b), (Mode.BWD, "Backward", bwd_b)):
+        row[f"{key} Time (ms)"] = t_ours[mode].median_ms
+        row[f"{key} GB/s"] = gbps(nbytes, t_ours[mode].median_ms)
+        row[f"compile {key} GB/s"] = gbps(nbytes, t_peer[mode].median_ms)
+        row[f"{key} vs copy"] = ratio(row[f"{key} GB/s"], row["copy GB/s"])
+        row[f"{key} vs compile"] = ratio(row[f"{key} GB/s"], row[f"compile {key} GB/s"])
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--backends",
+        default="auto,TURBO,TRITON,TORCH",
+        help="comma-separated: auto (dispatcher default), TURBO, TRITON, TORCH",
+    )
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    add_common_args(p)
+    args = p.parse_args(argv)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    for b in backends:
+        if b != "auto":
+            BackendType.parse(b)
+    profile, info = resolve_profile(args.profile)
+    print(info.banner())
+    notice = cpu_notice(info)
+    results = Results(info)
+    cases = GPU_CASES if profile == "gpu" else CPU_CASES
+    if info.device.type != "cuda":
+        backends = [b for b in backends if b != "TRITON"]  # the interpreter is not a benchmark
+    for tid, (label, m, n) in shard(cases, args.num_shards, args.shard_id):
+        for backend in backends:
+            try:
+                row = results.add(run_case(tid, label, m, n, backend, dtype, args, info))
+            except Exception as e:  # keep going; the row says ERROR
+                print(f"  ERROR {label} {backend}: {type(e).__name__}: {e}")
+                results.add({"TestID": tid, "Case": label, "Backend": backend, "M": m, "N": n,
+                             "Check": "ERROR"})  # fmt: skip
+                continue
+            print(f"[{tid}] {label} {backend} M={m} N={n} {row['Check']}: "
+                  f"fwd {row['Forward GB/s']:.0f} GB/s (x{row['Forward vs copy']:.2f} copy, "
+                  f"x{row['Forward vs compile']:.2f} compile), bwd {row['Backward GB/s']:.0f} "
+                  f"GB/s (x{row['Backward vs copy']:.2f} copy, "
+                  f"x{row['Backward vs compile']:.2f} compile)")  # fmt: skip
+    GlobalBackendManager.reset()
+    print()
+    print(results.markdown(COLUMNS))
+    print()
+    for backend in backends:
+        sel = lambda r, b=backend: r["Check"] == "PASS" and r["Backend"] == b  # noqa: E731
+        print(f"Geomean {backend}: "
+              + ", ".join(f"{k} {geomean(results.column(k, sel)):.3f}" for k in KEYS))  # fmt: skip
+    # best backend per shape and direction (the issue's gate: >= 0.9x copy and >= compile)
+    for key in ("Forward", "Backward"):
+        best = []
+        for _, (label, _, _) in shard(cases, args.num_shards, args.shard_id):
+            rows = [r for r in results.rows if r["Case"] == label and r["Check"] == "PASS"]
+            if rows:
+                top = max(rows, key=lambda r: r[f"{key} GB/s"])
+                best.append(top)
+                print(f"best {key:8s} {label:22s} {top['Backend']:6s} "
+                      f"{top[f'{key} GB/s']:.0f} GB/s  x{top[f'{key} vs copy']:.3f} copy  "
+                      f"x{top[f'{key} vs compile']:.3f} compile")  # fmt: skip
+        if best:
+            print(f"Geomean best {key}: vs copy "
+                  f"{geomean(r[f'{key} vs copy'] for r in best):.3f}, vs compile "
+                  f"{geomean(r[f'{key} vs compile'] for r in best):.3f}")  # fmt: skip
+    if notice:
+        print(notice)
+    name = f"rmsnorm_turbo_{args.dtype}_{info.date_compact}_{info.gpu}.csv"
+    path = results.write_csv(output_path(args.output, name, args.num_shards, args.shard_id))
+    print(f"Results saved to {path}")
+    return 0 if all(r["Check"] == "PASS" for r in results.rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
