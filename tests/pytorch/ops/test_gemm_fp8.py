@@ -1,0 +1,153 @@
+"""FP8 GEMM: output and both gradients vs the fp32 reference by SNR, per granularity, format,
+backend and layout. CPU: TORCH backend and the Triton kernel under the interpreter, tiny shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from primus_turbo.pytorch.core import BackendType, GlobalBackendManager
+from primus_turbo.pytorch.core.backend import BackendChoice
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
+from primus_turbo.pytorch.core.platform import fp8_dtypes
+from primus_turbo.pytorch.kernels.gemm.gemm_fp8_impl import GemmFp8Dispatcher
+from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8
+from primus_turbo.pytorch.reference import gemm_ref
+from tests.conftest import HAS_GPU
+from tests.pytorch.test_utils import snr_db
+
+pytestmark = pytest.mark.gemm_fp8
+
+DEV = "cuda" if HAS_GPU else "cpu"
+G = ScalingGranularity
+GRANS = [G.TENSORWISE, G.ROWWISE, G.BLOCKWISE]
+E4M3_DEV = fp8_dtypes(DEV)[0]
+GATE = {Format.E4M3: (25, 25), Format.E5M2: (20, 20), Format.HYBRID: (25, 20)}  # (out, grads)
+
+if HAS_GPU:
+    CASES = [
+        (m, n, k, ta, tb, be)
+        for (m, n, k) in [(256, 512, 384), (1000, 1000, 1000), (4096, 4096, 4096), (300, 4096, 576)]
+        for (ta, tb) in [(False, True), (False, False), (True, False), (True, True)]
+        for be in [None, BackendType.HIPBLASLT, BackendType.TRITON, BackendType.TORCH]
+    ]
+else:  # the interpreter runs about 2 s per fwd+bwd at these sizes
+    CASES = [
+        (40, 48, 160, False, True, BackendType.TRITON),
+        (33, 20, 144, True, False, BackendType.TORCH),
+        (17, 24, 130, False, False, BackendType.TORCH),
+    ]
+
+
+def _cfg(g, fmt=Format.E4M3):
+    return Float8QuantConfig(
+        format=fmt, granularity=g, block_size=128 if g == G.BLOCKWISE else None
+    )
+
+
+def _run(m, n, k, ta, tb, g, fmt, backend, dtype=torch.bfloat16):
+    a = torch.randn(*((k, m) if ta else (m, k)), device=DEV).to(dtype).requires_grad_()
+    b = torch.randn(*((n, k) if tb else (k, n)), device=DEV).to(dtype).requires_grad_()
+    cfg = _cfg(g, fmt)
+    choice = BackendChoice(backend) if backend is not None else None
+    if backend is not None:
+        from primus_turbo.pytorch.ops.gemm_fp8 import _quant_dual
+
+        qa, _ = _quant_dual((a.t() if ta else a).detach(), E4M3_DEV, g)
+        qb, _ = _quant_dual((b if tb else b.t()).detach(), E4M3_DEV, g, g == G.BLOCKWISE)
+        verdict = GemmFp8Dispatcher.backend_class(backend).can_handle(
+            a=qa[0], b=qb[0], sa=qa[1], sb=qb[1], granularity=g.value, sa_group=qa[2],
+            sb_group=qb[2], out_dtype=dtype,
+        )  # fmt: skip
+        if not verdict:
+            pytest.skip(f"{backend.name} cannot handle this case: {verdict.reason}")
+    out = gemm_fp8(a, b, ta, tb, config=cfg, backend=choice)
+    assert out.shape == (m, n) and out.dtype == dtype
+    a_ref = a.detach().double().requires_grad_()
+    b_ref = b.detach().double().requires_grad_()
+    ref = gemm_ref(a_ref, b_ref, ta, tb, torch.float64, acc_dtype=torch.float64)
+    grad = torch.randn(m, n, device=DEV).to(dtype)
+    out.backward(grad)
+    ref.backward(grad.double())
+    assert a.grad.shape == a.shape and b.grad.shape == b.shape
+    gate_out, gate_grad = GATE[fmt]
+    assert snr_db(ref, out) >= gate_out
+    assert snr_db(a_ref.grad, a.grad) >= gate_grad
+    assert snr_db(b_ref.grad, b.grad) >= gate_grad
+
+
+@pytest.mark.parametrize("g", GRANS, ids=lambda g: g.name)
+@pytest.mark.parametrize("m,n,k,ta,tb,backend", CASES, ids=lambda v: getattr(v, "name", str(v)))
+def test_gemm_fp8_snr(m, n, k, ta, tb, backend, g):
+    _run(m, n, k, ta, tb, g, Format.E4M3, backend)
+
+
+@pytest.mark.parametrize("fmt", [Format.E5M2, Format.HYBRID], ids=lambda f: f.name)
+@pytest.mark.parametrize("g", GRANS, ids=lambda g: g.name)
+def test_gemm_fp8_formats(fmt, g):
+    if not HAS_GPU and g != G.TENSORWISE:
+        pytest.skip("CPU tier checks one granularity per format (interpreter time budget)")
+    shape = (512, 768, 1024) if HAS_GPU else (32, 16, 128)
+    _run(*shape, False, True, g, fmt, None if HAS_GPU else BackendType.TORCH)
+
+
+@pytest.mark.parametrize("g", GRANS, ids=lambda g: g.name)
+def test_gemm_fp8_zero_size(g):
+    for m, n, k in [(0, 16, 128), (16, 0, 128), (16, 16, 0)]:
+        a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+        b = torch.randn(n, k, device=DEV, dtype=torch.bfloat16)
+        out = gemm_fp8(a, b, trans_b=True, config=_cfg(g), backend=BackendChoice(BackendType.TORCH))
+        assert out.shape == (m, n) and (out == 0).all()
+
+
+def test_gemm_fp8_default_backends():
+    a = torch.randn(256, 256, device=DEV, dtype=torch.bfloat16)
+    kw = dict(a=a, b=a, sa=a.new_ones(()), sb=a.new_ones(()), sa_group=1, sb_group=1,
+              out_dtype=torch.bfloat16)  # fmt: skip
+    want_tw = BackendType.HIPBLASLT if HAS_GPU else BackendType.TRITON
+    assert GemmFp8Dispatcher.default_backend(granularity=G.TENSORWISE.value, **kw) == want_tw
+    want_bw = BackendType.TRITON
+    assert GemmFp8Dispatcher.default_backend(granularity=G.BLOCKWISE.value, **kw) == want_bw
+
+
+def test_gemm_fp8_bad_inputs():
+    a = torch.randn(16, 128, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="reduction size"):
+        gemm_fp8(a, torch.randn(64, 16, device=DEV, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="config"):
+        gemm_fp8(a, a, trans_b=True, config="tensorwise")
+    with pytest.raises(ValueError, match="block_size"):
+        gemm_fp8(a, a, trans_b=True, config=Float8QuantConfig(granularity=G.BLOCKWISE,
+                                                               block_size=64))  # fmt: skip
+    with pytest.raises(TypeError, match="dtype"):
+        gemm_fp8(a, a.half(), trans_b=True)
+    with pytest.raises(ValueError, match="2-D"):
+        gemm_fp8(a[0], a, trans_b=True)
+    from primus_turbo.pytorch.core.low_precision import ScaleDtype
+
+    mx = Float8QuantConfig(granularity=G.MX_BLOCKWISE, block_size=32, scale_dtype=ScaleDtype.E8M0)
+    with pytest.raises(NotImplementedError, match="MX"):
+        gemm_fp8(a, a, trans_b=True, config=mx)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="HIPBLASLT needs a GPU")
+def test_pinned_hipblaslt_refuses_with_reason():
+    a = torch.randn(16, 100, device=DEV, dtype=torch.bfloat16)  # K=100: not a multiple of 16
+    with pytest.raises(ValueError, match="cannot handle"):
+        gemm_fp8(a, a, trans_b=True, backend=BackendChoice(BackendType.HIPBLASLT))
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="determinism is a GPU property (the CPU tier is exact)")
+@pytest.mark.deterministic
+@pytest.mark.parametrize("g", GRANS, ids=lambda g: g.name)
+def test_gemm_fp8_triton_deterministic(g):
+    GlobalBackendManager.set_gemm_backend(BackendType.TRITON)
+    try:
+        a = torch.randn(1000, 1000, device=DEV, dtype=torch.bfloat16)
+        b = torch.randn(1000, 1000, device=DEV, dtype=torch.bfloat16)
+        first = gemm_fp8(a, b, trans_b=True, config=_cfg(g))
+        for _ in range(5):
+            torch.testing.assert_close(gemm_fp8(a, b, trans_b=True, config=_cfg(g)), first,
+                                       rtol=0, atol=0)  # fmt: skip
+    finally:
+        GlobalBackendManager.reset()
