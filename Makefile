@@ -107,12 +107,13 @@ deps: ## install the dev/test tools (and, in .venv mode, the pinned CPU stack)
 setup: deps ## deps + editable install of primus_turbo (skipped when up to date)
 	@stamp=$(INSTALL_STAMP); \
 	if [ ! -f $$stamp ] || [ setup.py -nt $$stamp ] || [ pyproject.toml -nt $$stamp ] \
-	   || [ ! -f primus_turbo/_version.py ]; then \
+	   || [ ! -f primus_turbo/_version.py ] \
+	   || [ -n "$$(find csrc -newer $$stamp -type f -print -quit 2>/dev/null)" ]; then \
 	  echo "$(INSTALL_CMD)"; $(INSTALL_CMD); \
 	  mkdir -p $(STAMPS); touch $$stamp; \
 	fi
 
-build: deps ## (re)install primus_turbo in editable mode: pip install --no-build-isolation -e .
+build: deps ## (re)install in editable mode, building the C++ extension (MAX_JOBS, GPU_ARCHS honoured)
 	$(INSTALL_CMD)
 	@mkdir -p $(STAMPS) && touch $(INSTALL_STAMP)
 
@@ -151,7 +152,7 @@ format: deps ## apply ruff fixes and formatting
 	$(PY) -m ruff format $(LINT_PATHS)
 
 clean: ## remove build artefacts, caches, egg-info and _version.py (keeps .venv)
-	rm -rf build dist .eggs *.egg-info primus_turbo/_version.py \
+	rm -rf build dist .eggs *.egg-info primus_turbo/_version.py primus_turbo/_build_info.py \
 	  .pytest_cache .ruff_cache .autotune_cache
 	find . \( -path ./.venv -o -path ./.git \) -prune -o \
 	  -type d -name __pycache__ -prune -exec rm -rf {} +
