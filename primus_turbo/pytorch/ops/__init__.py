@@ -9,6 +9,7 @@ from primus_turbo.pytorch.ops.activation import (
 )
 from primus_turbo.pytorch.ops.attention import flash_attn_func, flash_attn_varlen_func
 from primus_turbo.pytorch.ops.gemm import gemm
+from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8
 from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm
 from primus_turbo.pytorch.ops.moe import (
     fused_group_topk_routing_with_aux_score,
@@ -17,6 +18,13 @@ from primus_turbo.pytorch.ops.moe import (
     moe_unpermute,
 )
 from primus_turbo.pytorch.ops.normalization import rmsnorm
+from primus_turbo.pytorch.ops.quantization import (
+    dequantize_fp4,
+    dequantize_fp8,
+    quantize_fp4,
+    quantize_fp8,
+    quantize_fp8_with_trans,
+)
 
 __all__ = ["gemm", "grouped_gemm"]
 __all__ += [
@@ -32,3 +40,5 @@ __all__ += [
 ]
 __all__ += ["flash_attn_func", "flash_attn_varlen_func"]
 __all__ += ["rmsnorm"]
+__all__ += ["gemm_fp8", "quantize_fp8", "quantize_fp8_with_trans", "dequantize_fp8"]
+__all__ += ["quantize_fp4", "dequantize_fp4"]
