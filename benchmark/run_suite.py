@@ -155,6 +155,43 @@ TASKS: list[dict[str, Any]] = [
         "env": {},
         "output": "grouped_gemm_turbo_bf16_TORCH_{date}_{gpu}.csv",
     },
+    # ---- MoE routing ops, MoE layer, gated activations (issue 5 part B) ---------------------
+    {
+        "label": "moe_permute_layer_bf16",
+        "group": "moe",
+        "profile": "gpu",
+        "script": "ops/training/bench_moe_turbo.py",
+        "args": ["--part", "all"],
+        "env": {},
+        "output": "moe_turbo_{date}_{gpu}.csv",
+    },
+    {
+        "label": "activation_swiglu_bf16",
+        "group": "activation",
+        "profile": "gpu",
+        "script": "ops/training/bench_activation_turbo.py",
+        "args": ["--act", "swiglu"],
+        "env": {},
+        "output": "activation_turbo_swiglu_{date}_{gpu}.csv",
+    },
+    {
+        "label": "cpu_moe_permute_layer_bf16",
+        "group": "moe",
+        "profile": "cpu",
+        "script": "ops/training/bench_moe_turbo.py",
+        "args": ["--profile", "cpu", "--part", "all"],
+        "env": {},
+        "output": "moe_turbo_{date}_{gpu}.csv",
+    },
+    {
+        "label": "cpu_activation_swiglu_bf16",
+        "group": "activation",
+        "profile": "cpu",
+        "script": "ops/training/bench_activation_turbo.py",
+        "args": ["--profile", "cpu", "--act", "swiglu"],
+        "env": {},
+        "output": "activation_turbo_swiglu_{date}_{gpu}.csv",
+    },
 ]
 
 CPU_NOTICE = (

@@ -1,0 +1,256 @@
+"""MoE benchmark: ``moe_permute`` / ``moe_unpermute`` (GB/s vs copy bandwidth and vs
+``torch.compile`` of a plain torch permute) and ``modules.MoELayer`` forward+backward vs the
+same layer in plain PyTorch (loop over experts, ``reference.moe.moe_layer_ref``).
+
+Routing is realistic and non-uniform: router logits get a per-expert bias drawn from a Gamma
+distribution (shape 3, as ``config.moe_group_lens``), so expert loads vary by ~2x and some
+experts are nearly idle. Shapes: one rank of DeepSeek-V3 (EP8: 32 of 256 experts, group-limited
+sigmoid routing), Qwen3-30B-A3B, gpt-oss-20b, Mixtral-8x7B; 4096 tokens per rank.
+
+Bytes (bf16 rows of hidden size H, N = T*topk permuted rows): permute forward reads and writes
+N rows (``2NH``), backward reads N rows and writes T (``(N+T)H``); unpermute the reverse. The
+copy figure is ``copy_`` of an N-row buffer in the same run (read + write).
+
+    python benchmark/ops/training/bench_moe_turbo.py --part all
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(_HERE), str(_HERE.parents[1])]
+if str(_HERE.parents[2]) not in sys.path:
+    sys.path.append(str(_HERE.parents[2]))
+
+import torch  # noqa: E402
+from harness import (  # noqa: E402
+    Mode,
+    Results,
+    add_common_args,
+    bench_pair,
+    compute_snr,
+    cpu_notice,
+    gbps,
+    geomean,
+    output_path,
+    ratio,
+    resolve_profile,
+    time_ms,
+)
+
+import primus_turbo.pytorch as turbo  # noqa: E402
+from primus_turbo.pytorch.reference.moe import moe_layer_ref  # noqa: E402
+
+# (label, tokens T, hidden D, expert ffn F, local experts E, topk, score fn, groups, selected)
+GPU_CASES = [
+    ("DeepSeek-V3 (EP8)", 4096, 7168, 2048, 32, 8, "sigmoid", 8, 4),
+    ("Qwen3-30B-A3B", 4096, 2048, 768, 128, 8, "softmax", 1, 1),
+    ("gpt-oss-20b", 4096, 2880, 2880, 32, 4, "softmax", 1, 1),
+    ("Mixtral-8x7B", 4096, 4096, 14336, 8, 2, "softmax", 1, 1),
+]
+CPU_CASES = [("tiny", 24, 32, 16, 4, 2, "softmax", 1, 1), ("tiny-grouped", 16, 24, 8, 8, 4,
+                                                          "sigmoid", 4, 2)]  # fmt: skip
+SNR_MIN = 30.0
+
+
+def routed_logits(t: int, e: int, seed: int, device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    load = torch.distributions.Gamma(3.0, 1.0).sample((e,))  # per-expert popularity
+    logits = torch.randn(t, e, generator=g) + 2.0 * torch.log(load / load.mean())
+    return logits.to(device)
+
+
+def torch_permute(x, idx):
+    k = idx.shape[1]
+    order = torch.argsort(idx.reshape(-1), stable=True)
+    return x.index_select(0, order // k)
+
+
+def torch_unpermute(y, idx, probs):
+    t, k = idx.shape
+    order = torch.argsort(idx.reshape(-1), stable=True)
+    flat = torch.zeros(t * k, y.shape[1], dtype=torch.float32, device=y.device)
+    flat = flat.index_copy(0, order, y.float()).view(t, k, -1)
+    return (flat * probs.unsqueeze(-1)).sum(1).to(y.dtype)
+
+
+def bench_permute(tid, case, args, info) -> list[dict]:
+    label, t, d, _, e, k, fn, groups, sel = case
+    dev = info.device
+    logits = routed_logits(t, e, tid, dev)
+    _, probs, idx = turbo.ops.moe_router_topk(logits, k, groups, sel, fn)
+    x = torch.randn(t, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    n, elt = t * k, x.element_size()
+    compile_ = (lambda f: torch.compile(f)) if dev.type == "cuda" else (lambda f: f)
+    src = torch.empty(n, d, device=dev, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    copy_gbs = gbps(2 * n * d * elt, time_ms(lambda: dst.copy_(src), device=dev).median_ms)
+    rows = []
+
+    # permute
+    ours = turbo.ops.moe_permute(x, idx, num_local_experts=e)[0]
+    ok = torch.equal(ours, torch_permute(x.detach(), idx))
+    g_perm = torch.randn(n, d, device=dev, dtype=torch.bfloat16)
+    xp = x.detach().clone().requires_grad_()
+    peer = compile_(torch_permute)
+    t_o, t_p = bench_pair(
+        (lambda: turbo.ops.moe_permute(x, idx, num_local_experts=e)[0], (x,)),
+        (lambda: peer(xp, idx), (xp,)), g_perm, warmup=args.warmup_ms, rep=args.rep_ms, device=dev,
+    )  # fmt: skip
+    rows.append(_row(tid, label, "permute", t, d, e, k, ok, t_o, t_p, copy_gbs,
+                     2 * n * d * elt, (n + t) * d * elt))  # fmt: skip
+
+    # unpermute (weighted by probs)
+    y = torch.randn(n, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    _, row_map, _, _, _, _, pprobs = turbo.ops.moe_permute(x.detach(), idx, num_local_experts=e,
+                                                           probs=probs)  # fmt: skip
+    pprobs = pprobs.detach()
+    ref = torch_unpermute(y.detach().float(), idx, probs.float())
+    got = turbo.ops.moe_unpermute(y, row_map, permuted_probs=pprobs)[0]
+    ok = compute_snr(ref, got) > SNR_MIN
+    g_un = torch.randn(t, d, device=dev, dtype=torch.bfloat16)
+    yp = y.detach().clone().requires_grad_()
+    peer_u = compile_(torch_unpermute)
+    t_o, t_p = bench_pair(
+        (lambda: turbo.ops.moe_unpermute(y, row_map, permuted_probs=pprobs)[0], (y,)),
+        (lambda: peer_u(yp, idx, probs), (yp,)), g_un,
+        warmup=args.warmup_ms, rep=args.rep_ms, device=dev,
+    )  # fmt: skip
+    rows.append(_row(tid, label, "unpermute", t, d, e, k, ok, t_o, t_p, copy_gbs,
+                     (n + t) * d * elt, 2 * n * d * elt))  # fmt: skip
+    return rows
+
+
+def _row(tid, label, op, t, d, e, k, ok, t_o, t_p, copy_gbs, fwd_b, bwd_b) -> dict:
+    row = {"TestID": tid, "Case": label, "Op": op, "T": t, "H": d, "E": e, "topk": k,
+           "Check": "PASS" if ok else "FAIL", "copy GB/s": copy_gbs}  # fmt: skip
+    for mode, key, nbytes in ((Mode.FWD, "Forward", fwd_b), (Mode.BWD, "Backward", bwd_b)):
+        row[f"{key} Time (ms)"] = t_o[mode].median_ms
+        row[f"{key} GB/s"] = gbps(nbytes, t_o[mode].median_ms)
+        row[f"compile {key} GB/s"] = gbps(nbytes, t_p[mode].median_ms)
+        row[f"{key} vs copy"] = ratio(row[f"{key} GB/s"], copy_gbs)
+        row[f"{key} vs compile"] = ratio(row[f"{key} GB/s"], row[f"compile {key} GB/s"])
+    return row
+
+
+class LoopMoE(torch.nn.Module):
+    """The peer: the same parameters run through the plain-PyTorch loop-of-experts layer."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        m = self.layer
+        return moe_layer_ref(x, m.router_weight, m.w1, m.w2, m.topk, m.score_function, m.groups,
+                             m.selected_groups, m.scaling_factor, m.activation)  # fmt: skip
+
+
+def bench_layer(tid, case, args, info) -> dict:
+    label, t, d, f, e, k, fn, groups, sel = case
+    dev = info.device
+    torch.manual_seed(tid)
+    layer = turbo.modules.MoELayer(
+        d, f, e, k, score_function=fn, groups=groups, selected_groups=sel, device=dev,
+        dtype=torch.bfloat16,
+    )  # fmt: skip
+    # Non-uniform loads: every token shares a direction u, and expert e's router row gets
+    # b_e * u with b_e = log(Gamma(3) load / mean), so popular experts win more often.
+    gen = torch.Generator().manual_seed(tid)
+    u = torch.randn(d, generator=gen)
+    u = (u / u.norm()).to(dev)
+    load = torch.distributions.Gamma(3.0, 1.0).sample((e,)).to(dev)
+    with torch.no_grad():
+        layer.router_weight.add_(torch.log(load / load.mean()).unsqueeze(1) * u)
+    x0 = torch.randn(t, d, device=dev) + u
+    x = x0.to(torch.bfloat16).requires_grad_()
+    x_b = x.detach().clone().requires_grad_()
+    peer = LoopMoE(layer)
+    out, ref = layer(x), peer(x_b)
+    g = torch.randn_like(out)
+    out.backward(g)
+    ref.backward(g)
+    snr = {"out_snr": compute_snr(ref.float(), out.float()),
+           "dx_snr": compute_snr(x_b.grad.float(), x.grad.float())}  # fmt: skip
+    _, _, idx = turbo.ops.moe_router_topk(
+        torch.nn.functional.linear(x.detach().float(), layer.router_weight.float()), k, groups,
+        sel, fn)  # fmt: skip
+    loads = torch.bincount(idx.reshape(-1), minlength=e).tolist()
+    params = list(layer.parameters())
+    t_o, t_p = bench_pair((lambda: layer(x), (x, *params)), (lambda: peer(x_b), (x_b, *params)),
+                          g, warmup=args.warmup_ms, rep=args.rep_ms, device=dev)  # fmt: skip
+    row = {"TestID": tid, "Case": label, "Op": "MoELayer", "T": t, "H": d, "F": f, "E": e,
+           "topk": k, "Min Load": min(loads), "Max Load": max(loads), **snr,
+           "Check": "PASS" if all(v > SNR_MIN for v in snr.values()) else "FAIL"}  # fmt: skip
+    flops = 2.0 * t * k * d * 3 * f  # gate|up (2F) + down (F)
+    step_o = t_o[Mode.FWD].median_ms + t_o[Mode.BWD].median_ms
+    step_p = t_p[Mode.FWD].median_ms + t_p[Mode.BWD].median_ms
+    row.update({"Forward Time (ms)": t_o[Mode.FWD].median_ms,
+                "Backward Time (ms)": t_o[Mode.BWD].median_ms, "Step Time (ms)": step_o,
+                "loop Step Time (ms)": step_p,
+                "Step TFLOPS": 3 * flops / (step_o * 1e-3) / 1e12,
+                "Forward vs loop": ratio(t_p[Mode.FWD].median_ms, t_o[Mode.FWD].median_ms),
+                "Step vs loop": ratio(step_p, step_o)})  # fmt: skip
+    return row
+
+
+COLUMNS = {
+    "ops": ["Case", "Op", "T", "H", "E", "topk", "Check", "Forward GB/s", "Backward GB/s",
+            "copy GB/s", "Forward vs copy", "Backward vs copy", "Forward vs compile",
+            "Backward vs compile"],
+    "layer": ["Case", "T", "H", "F", "E", "topk", "Min Load", "Max Load", "Check",
+              "Step Time (ms)", "loop Step Time (ms)", "Step TFLOPS", "Forward vs loop",
+              "Step vs loop", "out_snr", "dx_snr"],
+}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--part", choices=("ops", "layer", "all"), default="all")
+    add_common_args(p)
+    args = p.parse_args(argv)
+    profile, info = resolve_profile(args.profile)
+    print(info.banner())
+    notice = cpu_notice(info)
+    cases = GPU_CASES if profile == "gpu" else CPU_CASES
+    all_rows = []
+    for part in ("ops", "layer") if args.part == "all" else (args.part,):
+        results = Results(info)
+        for tid, case in enumerate(cases, 1):
+            try:
+                rows = bench_permute(tid, case, args, info) if part == "ops" else [
+                    bench_layer(tid, case, args, info)]  # fmt: skip
+            except Exception as ex:
+                print(f"  ERROR {case[0]} {part}: {type(ex).__name__}: {str(ex)[:300]}")
+                rows = [{"TestID": tid, "Case": case[0], "Op": part, "Check": "ERROR"}]
+            for r in rows:
+                results.add(r)
+            if info.device.type == "cuda":
+                torch.cuda.empty_cache()
+        print()
+        print(results.markdown(COLUMNS[part]))
+        ok = lambda r: r["Check"] == "PASS"  # noqa: E731
+        keys = [c for c in COLUMNS[part] if " vs " in c]
+        if part == "ops":
+            for op in ("permute", "unpermute"):
+                sel = lambda r, op=op: r["Check"] == "PASS" and r["Op"] == op  # noqa: E731
+                print(f"Geomean {op}: " + ", ".join(
+                    f"{c} {geomean(results.column(c, sel)):.3f}" for c in keys))  # fmt: skip
+        else:
+            print("Geomean MoELayer: " + ", ".join(
+                f"{c} {geomean(results.column(c, ok)):.3f}" for c in keys))  # fmt: skip
+        all_rows += results.rows
+    combined = Results(info)
+    combined.rows = all_rows  # one tidy CSV: the Op column tells permute/unpermute/MoELayer
+    name = f"moe_turbo_{args.part}_{info.date_compact}_{info.gpu}.csv"
+    print(f"Results saved to {combined.write_csv(output_path(args.output, name))}")
+    if notice:
+        print(notice)
+    return 0 if all(r["Check"] == "PASS" for r in all_rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
