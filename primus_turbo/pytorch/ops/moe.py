@@ -193,7 +193,7 @@ class _Unpermute(torch.autograd.Function):
         if w is None:
             k = row_map.shape[1]
             return moe_gather_rows(g, src_map, k), None, None, None
-        dy, dw = moe_reduce_rows_bwd(g, y, row_map, w)
+        dy, dw = moe_reduce_rows_bwd(g, y, row_map, w, src_map)
         return dy, None, None, (dw if ctx.needs_input_grad[3] else None)
 
 

@@ -12,7 +12,8 @@ bitwise deterministic):
 - ``reduce_rows_kernel``: ``out[t] = sum_k w[t, k] * y[row_map[t, k]]`` in fp32 with
   ``w = probs[row_map[t, k]]`` (or 1). Unpermute forward, and permute's backward.
 - ``reduce_rows_bwd_kernel``: for each copy, ``dy[row] = w * dout[t]`` and
-  ``dw = <dout[t], y[row]>``: unpermute's backward with probs.
+  ``dw = <dout[t], y[row]>``: unpermute's backward with probs (programs ``T..T+N`` zero the
+  rows no copy maps to, instead of a memset pass).
 """
 
 from __future__ import annotations
@@ -78,8 +79,10 @@ def reduce_rows_bwd_kernel(
     y_ptr,
     map_ptr,
     w_ptr,
+    src_ptr,
     dy_ptr,
     dw_ptr,
+    T,
     H,
     stride_dout,
     stride_y,
@@ -87,7 +90,19 @@ def reduce_rows_bwd_kernel(
     K: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    tok = tl.program_id(0).to(tl.int64)
+    pid = tl.program_id(0).to(tl.int64)
+    if pid >= T:
+        # programs T.. cover the permuted rows: zero those no token copy maps to (padding,
+        # dropped copies), so dy/dw need no separate memset pass
+        r = pid - T
+        if tl.load(src_ptr + r) < 0:
+            for h0 in range(0, H, BLOCK_H):
+                cols = h0 + tl.arange(0, BLOCK_H)
+                zero = tl.zeros([BLOCK_H], dtype=dy_ptr.dtype.element_ty)
+                tl.store(dy_ptr + r * stride_dy + cols, zero, mask=cols < H)
+            tl.store(dw_ptr + r, 0.0)
+        return
+    tok = pid
     g_row = dout_ptr + tok * stride_dout
     for k in tl.static_range(K):
         r = tl.load(map_ptr + tok * K + k)
@@ -143,18 +158,23 @@ def reduce_rows_triton(
 
 
 def reduce_rows_bwd_triton(
-    dout: torch.Tensor, y: torch.Tensor, row_map: torch.Tensor, w: torch.Tensor
+    dout: torch.Tensor,
+    y: torch.Tensor,
+    row_map: torch.Tensor,
+    w: torch.Tensor,
+    src_map: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns ``(dy [N, H] in y's dtype, dw [N] fp32)``; rows no token maps to are zero."""
+    """Returns ``(dy [N, H] in y's dtype, dw [N] fp32)``; rows no token maps to
+    (``src_map < 0``) are zero."""
     n, h = y.shape
     t, k = row_map.shape
-    dy = torch.zeros((n, h), dtype=y.dtype, device=y.device)
-    dw = torch.zeros((n,), dtype=torch.float32, device=y.device)
-    if t == 0 or k == 0 or h == 0:
-        return dy, dw
+    if t == 0 or k == 0 or h == 0 or n == 0:
+        return torch.zeros_like(y), torch.zeros((n,), dtype=torch.float32, device=y.device)
+    dy = torch.empty((n, h), dtype=y.dtype, device=y.device)
+    dw = torch.empty((n,), dtype=torch.float32, device=y.device)
     block, warps = _block_h(h)
-    reduce_rows_bwd_kernel[(t,)](
-        dout, y, row_map, w, dy, dw, h, dout.stride(0), y.stride(0), dy.stride(0),
+    reduce_rows_bwd_kernel[(t + n,)](
+        dout, y, row_map, w, src_map, dy, dw, t, h, dout.stride(0), y.stride(0), dy.stride(0),
         K=k, BLOCK_H=block, num_warps=warps,
     )  # fmt: skip
     return dy, dw
@@ -185,7 +205,8 @@ def aot_specs(target: str) -> list[AotSpec]:
             name="moe_reduce_rows_bwd_bf16",
             fn=reduce_rows_bwd_kernel,
             signature={"dout_ptr": f"*{dt}", "y_ptr": f"*{dt}", "map_ptr": "*i64",
-                       "w_ptr": "*fp32", "dy_ptr": f"*{dt}", "dw_ptr": "*fp32", "H": "i32",
+                       "w_ptr": "*fp32", "src_ptr": "*i64", "dy_ptr": f"*{dt}",
+                       "dw_ptr": "*fp32", "T": "i32", "H": "i32",
                        "stride_dout": "i64", "stride_y": "i64", "stride_dy": "i64"},
             constexprs={"K": 8, "BLOCK_H": 4096},
             options={"num_warps": 8},

@@ -55,13 +55,18 @@ def _reduce_fake(y, row_map, w, out_dtype):
 
 @torch.library.custom_op("primus_turbo::moe_reduce_rows_bwd", mutates_args=())
 def moe_reduce_rows_bwd(
-    dout: torch.Tensor, y: torch.Tensor, row_map: torch.Tensor, w: torch.Tensor
+    dout: torch.Tensor,
+    y: torch.Tensor,
+    row_map: torch.Tensor,
+    w: torch.Tensor,
+    src_map: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(dy, dw)`` of ``moe_reduce_rows`` with weights."""
+    """``(dy, dw)`` of ``moe_reduce_rows`` with weights; ``src_map`` (the inverse of
+    ``row_map``, -1 for unmapped rows) marks the rows that get zeros."""
     if _use_triton(y):
         from primus_turbo.triton.moe.permute_kernel import reduce_rows_bwd_triton
 
-        return reduce_rows_bwd_triton(dout, y, row_map, w)
+        return reduce_rows_bwd_triton(dout, y, row_map, w, src_map)
     n = y.shape[0]
     valid = row_map >= 0
     rows = row_map[valid]
@@ -75,5 +80,5 @@ def moe_reduce_rows_bwd(
 
 
 @moe_reduce_rows_bwd.register_fake
-def _reduce_bwd_fake(dout, y, row_map, w):
+def _reduce_bwd_fake(dout, y, row_map, w, src_map):
     return torch.empty_like(y), y.new_empty((y.shape[0],), dtype=torch.float32)
