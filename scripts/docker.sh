@@ -72,8 +72,12 @@ pick_cli() {
 }
 
 build_version() {
-    python3 -c 'import sys; sys.path.insert(0, "."); import setup; print(setup.get_version()[0])' \
-        2>/dev/null || echo 0.1.0
+    local v
+    v=$(python3 -c 'import sys; sys.path.insert(0, "."); import setup; print(setup.get_version()[0])' \
+        2>/dev/null || echo 0.1.0)
+    # a HEAD context is clean whatever the work tree holds
+    if [ "$BUILD_FROM" = head ]; then v=${v%.dirty}; fi
+    echo "$v"
 }
 
 # build TARGET TAG [extra docker build args...]
