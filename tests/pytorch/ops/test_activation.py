@@ -132,3 +132,23 @@ def test_tokens_per_expert_to_mask(device):
     mask = turbo.ops.tokens_per_expert_to_mask(tpe, 8)
     assert mask.dtype == torch.int64
     assert mask.tolist() == [1, 1, 1, 1, 1, 0, 0, 0]
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+def test_glu_torch_fallback_matches_triton(act, device, monkeypatch):
+    """The non-Triton path (CPU without the interpreter) gives the same result as the kernel."""
+    from primus_turbo.pytorch.kernels.activation import glu_impl
+
+    x = rand(6, 40, dtype=torch.float32, device=device, requires_grad=True)
+    p = rand(6, dtype=torch.float32, device=device, requires_grad=True)
+    fn = turbo.ops.swiglu_with_probs if act == "silu" else turbo.ops.geglu_with_probs
+    out = fn(x, p)
+    out.backward(torch.ones_like(out))
+    grads = (x.grad.clone(), p.grad.clone())
+    x.grad = p.grad = None
+    monkeypatch.setattr(glu_impl, "_use_triton", lambda t: False)
+    out2 = fn(x, p)
+    out2.backward(torch.ones_like(out2))
+    assert_close(out2, out, torch.float32)
+    assert_close(x.grad, grads[0], torch.float32)
+    assert_close(p.grad, grads[1], torch.float32)

@@ -192,3 +192,27 @@ def test_permute_bad_inputs(device):
         turbo.ops.moe_unpermute(x, idx, restore_shape=(5, 8))
     with pytest.raises(ValueError, match="moe_unpermute.*'permuted_probs'"):
         turbo.ops.moe_unpermute(x, idx, permuted_probs=torch.rand(3, device=device))
+
+
+def test_permute_torch_fallback_matches_triton(device, monkeypatch):
+    """The non-Triton row ops (CPU without the interpreter) match the kernels, padding included."""
+    from primus_turbo.pytorch.kernels.moe import permute_impl
+
+    t, h, e, k = 7, 12, 4, 2
+    x = rand(t, h, dtype=torch.float32, device=device, requires_grad=True)
+    idx = skewed_topk(t, e, k, device)
+    probs = torch.rand(t, k, device=device, requires_grad=True)
+
+    def run():
+        x.grad = probs.grad = None
+        perm, row_map, *_, pprobs = turbo.ops.moe_permute(
+            x, idx, num_local_experts=e, pad_multiple=4, probs=probs
+        )
+        u, _ = turbo.ops.moe_unpermute(perm * 1.5, row_map, permuted_probs=pprobs)
+        u.backward(torch.ones_like(u))
+        return perm.detach(), u.detach(), x.grad.clone(), probs.grad.clone()
+
+    first = run()
+    monkeypatch.setattr(permute_impl, "_use_triton", lambda t: False)
+    for a, b in zip(first, run(), strict=True):
+        assert_close(b, a, torch.float32)
