@@ -16,6 +16,7 @@ each missing (file, arch).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -27,10 +28,20 @@ from pathlib import Path
 EXTENSION_NAMES = ("_C", "libprimus_turbo_kernels")
 
 
+def _tool(name: str) -> str | None:
+    """``name`` on PATH, else in the ROCm install ($ROCM_PATH or /opt/rocm: bin/, llvm/bin/)."""
+    rocm = os.environ.get("ROCM_PATH", "/opt/rocm")
+    extra = os.pathsep.join([os.path.join(rocm, "bin"), os.path.join(rocm, "llvm", "bin")])
+    return shutil.which(name) or shutil.which(name, path=extra)
+
+
 def target_ids_from_tools(path: Path) -> str:
-    """Text listing the offload targets of ``path`` from a ROCm/LLVM tool, or "" if none ran."""
-    for cmd in (["roc-obj-ls", str(path)], ["llvm-objdump", "--offloading", str(path)]):
-        if shutil.which(cmd[0]):
+    """Text listing the offload targets of ``path`` from a ROCm/LLVM tool, or "" if none ran.
+    (Compressed offload bundles hide the target ids from a plain byte search; the tools don't.)"""
+    for name, *args in (("roc-obj-ls",), ("llvm-objdump", "--offloading")):
+        exe = _tool(name)
+        if exe:
+            cmd = [exe, *args, str(path)]
             try:
                 out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             except (OSError, subprocess.SubprocessError):

@@ -18,20 +18,20 @@ def _so(tmp_path, name, archs):
 
 
 def test_all_archs_present(tmp_path, monkeypatch):
-    monkeypatch.setattr(check_code_objects.shutil, "which", lambda _: None)
+    monkeypatch.setattr(check_code_objects, "_tool", lambda _: None)
     _so(tmp_path, "_C.cpython-312-x86_64-linux-gnu.so", ["gfx942", "gfx950"])
     assert check_code_objects.main(["--dir", str(tmp_path), "--archs", "gfx942;gfx950"]) == 0
 
 
 def test_missing_arch_fails(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(check_code_objects.shutil, "which", lambda _: None)
+    monkeypatch.setattr(check_code_objects, "_tool", lambda _: None)
     _so(tmp_path, "libprimus_turbo_kernels.so", ["gfx942"])
     assert check_code_objects.main(["--dir", str(tmp_path), "--archs", "gfx942;gfx950"]) == 1
     assert "missing code object for gfx950" in capsys.readouterr().err
 
 
 def test_cpu_build_reported_not_failed(tmp_path, monkeypatch):
-    monkeypatch.setattr(check_code_objects.shutil, "which", lambda _: None)
+    monkeypatch.setattr(check_code_objects, "_tool", lambda _: None)
     _so(tmp_path, "_C.so", [])
     assert check_code_objects.main(["--dir", str(tmp_path)]) == 0
     assert check_code_objects.main(["--dir", str(tmp_path), "--require-gpu"]) == 1
