@@ -11,6 +11,7 @@ from primus_turbo.pytorch.ops.attention import flash_attn_func, flash_attn_varle
 from primus_turbo.pytorch.ops.gemm import gemm
 from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8
 from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm
+from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_gemm_fp8
 from primus_turbo.pytorch.ops.moe import (
     fused_group_topk_routing_with_aux_score,
     moe_permute,
@@ -42,3 +43,4 @@ __all__ += ["flash_attn_func", "flash_attn_varlen_func"]
 __all__ += ["rmsnorm"]
 __all__ += ["gemm_fp8", "quantize_fp8", "quantize_fp8_with_trans", "dequantize_fp8"]
 __all__ += ["quantize_fp4", "dequantize_fp4"]
+__all__ += ["grouped_gemm_fp8"]

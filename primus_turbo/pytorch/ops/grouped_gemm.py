@@ -67,17 +67,17 @@ def _validate_env() -> bool:
     return os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_VALIDATE", "0").strip() == "1"
 
 
-def _check_group_values(group_lens: torch.Tensor, m: int) -> None:
+def _check_group_values(group_lens: torch.Tensor, m: int, op: str = _OP) -> None:
     """The value checks that need the sizes on the host (see the module docstring)."""
     if group_lens.device.type != "cpu" and not _validate_env():
         return
     if torch.compiler.is_compiling():
         return
     if bool((group_lens < 0).any()):
-        fail(_OP, "group_lens", "non-negative sizes", group_lens.tolist())
+        fail(op, "group_lens", "non-negative sizes", group_lens.tolist())
     total = int(group_lens.sum())
     if total != m:
-        fail(_OP, "group_lens", f"sizes summing to a.shape[0] = {m}", f"sum {total}")
+        fail(op, "group_lens", f"sizes summing to a.shape[0] = {m}", f"sum {total}")
 
 
 def grouped_gemm(

@@ -75,12 +75,18 @@ def grouped_gemm_kernel(
     stride_cm,
     stride_cn,
     num_programs,
+    as_ptr,
+    bs_ptr,
+    stride_as,
+    stride_bsg,
+    stride_bsn,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
+    SCALED: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -123,6 +129,11 @@ def grouped_gemm_kernel(
                 acc = tl.dot(a, b, acc)
                 a_ptrs += BLOCK_K * stride_ak
                 b_ptrs += BLOCK_K * stride_bk
+            if SCALED:  # fp8: per-row scale of A, per-(group, column) scale of B
+                sa = tl.load(as_ptr + rows * stride_as, mask=rm < m_g, other=0.0)
+                bs_base = bs_ptr + tl.cast(g, tl.int64) * stride_bsg
+                sb = tl.load(bs_base + rn64 * stride_bsn, mask=rn < N, other=0.0)
+                acc = acc * sa[:, None] * sb[None, :]
             c_ptrs = c_ptr + rows[:, None] * stride_cm + rn64[None, :] * stride_cn
             tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
         rot = (rot + tiles_g) % num_programs
@@ -146,11 +157,16 @@ def variable_k_kernel(
     stride_cp,
     stride_cq,
     num_programs,
+    xs_ptr,
+    ys_ptr,
+    stride_xs,
+    stride_ys,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     UPCAST: tl.constexpr,
+    SCALED: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     num_pid_p = tl.cdiv(P, BLOCK_M)
@@ -181,6 +197,10 @@ def variable_k_kernel(
             acc = tl.dot(x, y, acc)
             x_ptrs += BLOCK_K * stride_xm
             y_ptrs += BLOCK_K * stride_ym
+        if SCALED:  # fp8: per-column scales of X and Y (shared by every group)
+            sx = tl.load(xs_ptr + rp64 * stride_xs, mask=rp < P, other=0.0)
+            sy = tl.load(ys_ptr + rq64 * stride_ys, mask=rq < Q, other=0.0)
+            acc = acc * sx[:, None] * sy[None, :]
         c_ptrs = (
             c_ptr
             + tl.cast(g, tl.int64) * stride_cg
@@ -243,6 +263,7 @@ def grouped_gemm_triton(
     trans_b: bool,
     out_dtype: torch.dtype | None = None,
     config: GemmConfig | None = None,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``C[rows of g] = a[rows of g] @ op(b[g])`` with the persistent Triton kernel.
 
@@ -252,6 +273,8 @@ def grouped_gemm_triton(
         group_offs: int64 ``[G + 1]`` exclusive prefix sum of the group sizes, on a's device.
         out_dtype: default ``a.dtype``.
         config: tile config (default: the heuristic's choice).
+        scales: fp8 operands only: ``(a_scale [M] or [M, 1], b_scale [G, N])`` fp32
+            dequantisation factors (a 0-stride expand gives tensorwise scaling).
     Returns:
         ``[M, N]``; rows past ``group_offs[G]`` are zero.
     """
@@ -265,6 +288,9 @@ def grouped_gemm_triton(
         return c.zero_()
     sbk, sbn = (b.stride(2), b.stride(1)) if trans_b else (b.stride(1), b.stride(2))
     family = arch_family(a.device)
+    sa, sb = scales if scales is not None else (c, c)
+    sa_stride = sa.stride(0) if scales is not None else 0
+    sb_strides = (sb.stride(0), sb.stride(1)) if scales is not None else (0, 0)
 
     def launch(cfg: GemmConfig) -> None:
         bound = (-(-m // cfg.block_m) + g + 1) * -(-n // cfg.block_n)
@@ -286,12 +312,17 @@ def grouped_gemm_triton(
             c.stride(0),
             c.stride(1),
             programs,
+            sa,
+            sb,
+            sa_stride,
+            *sb_strides,
             BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k,
             GROUP_M=cfg.group_m,
             EVEN_K=k % cfg.block_k == 0,
             UPCAST=_interpreting() and a.dtype == torch.bfloat16,
+            SCALED=scales is not None,
             **cfg.options,
         )
 
@@ -310,12 +341,14 @@ def variable_k_triton(
     num_groups: int,
     out_dtype: torch.dtype,
     config: GemmConfig | None = None,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``C[g] = x[rows of g]^T @ y[rows of g]`` for every group (the grouped-GEMM wgrad).
 
     Args:
         x: ``[M, P]``; y: ``[M, Q]`` (same dtype, fp16/bf16, any strides).
         group_offs: int64 ``[G + 1]`` on x's device.
+        scales: fp8 operands only: ``(x_scale [P], y_scale [Q])`` fp32 per-column factors.
     Returns:
         ``[G, P, Q]`` of ``out_dtype``; groups with no rows give zeros.
     """
@@ -327,6 +360,8 @@ def variable_k_triton(
     if m == 0:
         return c.zero_()
     family = arch_family(x.device)
+    sx, sy = scales if scales is not None else (c, c)
+    s_strides = (sx.stride(-1), sy.stride(-1)) if scales is not None else (0, 0)
 
     def launch(cfg: GemmConfig) -> None:
         tiles = num_groups * -(-p // cfg.block_m) * -(-q // cfg.block_n)
@@ -348,11 +383,15 @@ def variable_k_triton(
             c.stride(1),
             c.stride(2),
             programs,
+            sx,
+            sy,
+            *s_strides,
             BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k,
             GROUP_M=cfg.group_m,
             UPCAST=_interpreting() and x.dtype == torch.bfloat16,
+            SCALED=scales is not None,
             **cfg.options,
         )
 
@@ -399,6 +438,11 @@ def aot_specs(target: str) -> list[AotSpec]:
                 "stride_cm": "i32:16",
                 "stride_cn": "i32:1",
                 "num_programs": "i32",
+                "as_ptr": "*fp32",
+                "bs_ptr": "*fp32",
+                "stride_as": "i32",
+                "stride_bsg": "i32",
+                "stride_bsn": "i32",
             }
             specs.append(
                 AotSpec(
@@ -434,6 +478,10 @@ def aot_specs(target: str) -> list[AotSpec]:
             "stride_cp": "i32:16",
             "stride_cq": "i32:1",
             "num_programs": "i32",
+            "xs_ptr": "*fp32",
+            "ys_ptr": "*fp32",
+            "stride_xs": "i32",
+            "stride_ys": "i32",
         }
         specs.append(
             AotSpec(
@@ -450,4 +498,17 @@ def aot_specs(target: str) -> list[AotSpec]:
                 options=cfg.options,
             )
         )
+    # fp8 (grouped_gemm_fp8): the scaled epilogue on the default tile, e4m3 operands (FNUZ on
+    # gfx942), bf16 output.
+    f8 = "fp8e4b8" if target == "gfx942" else "fp8e4nv"
+    for spec in [s for s in specs if s.default] + [
+        s for s in specs if s.name.startswith("grouped_gemm_variable_k") and default.name in s.name
+    ]:
+        sig = {**spec.signature}
+        for ptr in ("a_ptr", "b_ptr", "x_ptr", "y_ptr"):
+            if ptr in sig:
+                sig[ptr] = f"*{f8}"
+        name = spec.name.replace(f"_{t}_", "_fp8_", 1)
+        constexprs = {**spec.constexprs, "SCALED": True}
+        specs.append(AotSpec(name, spec.fn, sig, constexprs, spec.options))
     return specs

@@ -1,0 +1,158 @@
+"""FP8 grouped GEMM with autograd: ``grouped_gemm_fp8(a, b, group_lens, ..., config)``.
+
+Quantization reuses :func:`primus_turbo.pytorch.ops.quantization.quantize_fp8`. Every GEMM has
+its scales applied in the kernel epilogue, so each scale must be constant along that GEMM's
+reduction:
+* forward ``a @ b_g^T``: a per row along K (ROWWISE) or one scale (TENSORWISE); b per expert
+  and output column along K.
+* dgrad ``grad @ b_g``: grad per row along N; b per expert and K-index along N.
+* wgrad (reduction over each group's rows): a and grad per column, over all rows.
+Both operands of a backward GEMM use the gradient fp8 dtype (E5M2 for ``Format.HYBRID``), so
+no kernel multiplies mixed fp8 formats. BLOCKWISE / MX_BLOCKWISE are not implemented here
+(NotImplementedError). Not traceable by torch.compile (graph break), as upstream.
+Group sizes are never read on the host by the TRITON backend; checks as in ``grouped_gemm``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from primus_turbo.pytorch.core.backend import BackendType
+from primus_turbo.pytorch.core.checks import check, check_dtype_arg, check_tensor, fail
+from primus_turbo.pytorch.core.low_precision import (
+    Float8QuantConfig,
+    ScalingGranularity,
+    fp8_dtype_for_format,
+)
+from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_fp8_impl import (
+    GroupedGemmFp8Dispatcher,
+)
+from primus_turbo.pytorch.ops.grouped_gemm import _check_group_values
+from primus_turbo.pytorch.ops.quantization import quantize_fp8
+from primus_turbo.pytorch.reference.grouped_gemm import group_offsets
+
+__all__ = ["grouped_gemm_fp8"]
+
+_OP = "grouped_gemm_fp8"
+_FLOAT = (torch.float16, torch.bfloat16, torch.float32)
+_OUT = (torch.float16, torch.bfloat16, torch.float32)
+_ROW, _TENSOR = ScalingGranularity.ROWWISE, ScalingGranularity.TENSORWISE
+
+
+def _quant_rows(x: torch.Tensor, dtype: torch.dtype, gran: ScalingGranularity):
+    """``(q, scale [rows])``: x quantized along its last dim (one scale per row, or per tensor
+    expanded over the rows)."""
+    if gran == _TENSOR:
+        q, s = quantize_fp8(x, dtype, _TENSOR)
+        return q, s.reshape(1).expand(x.shape[0])
+    q, s = quantize_fp8(x, dtype, _ROW, axis=-1)
+    return q, s.reshape(-1)
+
+
+def _quant_cols(x: torch.Tensor, dtype: torch.dtype, gran: ScalingGranularity):
+    """``(q, scale [cols])``: x quantized along its first dim (one scale per column)."""
+    if gran == _TENSOR:
+        q, s = quantize_fp8(x, dtype, _TENSOR)
+        return q, s.reshape(1).expand(x.shape[1])
+    q, s = quantize_fp8(x, dtype, _ROW, axis=0)
+    return q, s.reshape(-1)
+
+
+def _quant_experts(w: torch.Tensor, dtype: torch.dtype, gran: ScalingGranularity):
+    """``w [G, R, C]`` -> ``(q [G, R, C], scale [G, R])``, each row quantized along C."""
+    g, r, c = w.shape
+    q, s = _quant_rows(w.reshape(g * r, c), dtype, gran)
+    return q.reshape(g, r, c), s.reshape(g, r)
+
+
+class GroupedGemmFp8Function(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, config, backend_value):
+        gran = config.granularity
+        fwd_dtype = fp8_dtype_for_format(config.format, a.device)
+        impl = GroupedGemmFp8Dispatcher.backend_class(BackendType(backend_value))
+        b_nk = (b if trans_b else b.transpose(1, 2)).contiguous()  # [G, N, K]
+        qa, sa = _quant_rows(a.contiguous(), fwd_dtype, gran)
+        qb, sb = _quant_experts(b_nk, fwd_dtype, gran)
+        ctx.save_for_backward(a, b, group_lens, group_offs)
+        ctx.trans_b, ctx.config, ctx.backend_value = trans_b, config, backend_value
+        return impl.execute(qa, sa, qb, sb, group_offs, group_lens, out_dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a, b, group_lens, group_offs = ctx.saved_tensors
+        trans_b, config = ctx.trans_b, ctx.config
+        gran = config.granularity
+        dtype = fp8_dtype_for_format(config.format, a.device, grad=True)
+        impl = GroupedGemmFp8Dispatcher.backend_class(BackendType(ctx.backend_value))
+        g = grad_out.contiguous()
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:  # grad [M, N] @ b_g [N, K]: b as [G, K, N] rows along N
+            b_kn = (b.transpose(1, 2) if trans_b else b).contiguous()
+            qg, sg = _quant_rows(g, dtype, gran)
+            qb, sb = _quant_experts(b_kn, dtype, gran)
+            grad_a = impl.execute(qg, sg, qb, sb, group_offs, group_lens, a.dtype)
+        if ctx.needs_input_grad[1]:
+            qa, sa = _quant_cols(a, dtype, gran)
+            qg, sg = _quant_cols(g, dtype, gran)
+            if trans_b:  # [G, N, K] = grad_g^T @ a_g
+                grad_b = impl.variable_k(qg, sg, qa, sa, group_offs, group_lens, b.dtype)
+            else:  # [G, K, N] = a_g^T @ grad_g
+                grad_b = impl.variable_k(qa, sa, qg, sg, group_offs, group_lens, b.dtype)
+        return grad_a, grad_b, None, None, None, None, None, None
+
+
+@torch._dynamo.disable
+def grouped_gemm_fp8(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group_lens: torch.Tensor,
+    group_offs: torch.Tensor | None = None,
+    trans_b: bool = True,
+    out_dtype: torch.dtype | None = None,
+    config: Float8QuantConfig | None = None,
+) -> torch.Tensor:
+    """FP8 grouped GEMM ``out[rows of g] = a[rows of g] @ op(b[g])`` with autograd.
+
+    Args:
+        a: ``[M, K]`` fp16/bf16/fp32 (quantized here), rows packed by group.
+        b: ``[G, N, K]`` when ``trans_b`` (the default, as upstream), else ``[G, K, N]``.
+        group_lens: int64 ``[G]`` on a's device; group_offs: optional int64 ``[G + 1]``.
+        out_dtype: default ``a.dtype``.
+        config: ``Float8QuantConfig`` (default TENSORWISE E4M3); TENSORWISE and ROWWISE.
+    Returns:
+        ``[M, N]`` of ``out_dtype``.
+    """
+    config = config or Float8QuantConfig()
+    if not isinstance(config, Float8QuantConfig):
+        fail(_OP, "config", "a Float8QuantConfig", type(config).__name__, TypeError)
+    if config.granularity not in (_ROW, _TENSOR):
+        fail(
+            _OP,
+            "config.granularity",
+            "TENSORWISE or ROWWISE (BLOCKWISE/MX_BLOCKWISE not implemented)",
+            config.granularity.name,
+            NotImplementedError,
+        )
+    check_tensor(_OP, "a", a, ndim=2, dtypes=_FLOAT)
+    check_tensor(_OP, "b", b, ndim=3, dtypes=_FLOAT)
+    check_tensor(_OP, "group_lens", group_lens, ndim=1, dtypes=(torch.int64,))
+    if b.device != a.device or group_lens.device != a.device:
+        fail(_OP, "b/group_lens", f"tensors on {a.device}", f"{b.device}/{group_lens.device}")
+    m, k = a.shape
+    g = b.shape[0]
+    k_b = b.shape[2] if trans_b else b.shape[1]
+    check(k_b == k, _OP, "b", f"a reduction size K={k}", f"shape {tuple(b.shape)}")
+    check(group_lens.shape[0] == g, _OP, "group_lens", f"{g} sizes", group_lens.shape[0])
+    if group_offs is None:
+        group_offs = group_offsets(group_lens)
+    else:
+        check_tensor(_OP, "group_offs", group_offs, ndim=1, dtypes=(torch.int64,))
+        check(group_offs.shape[0] == g + 1, _OP, "group_offs", f"[{g + 1}]", group_offs.shape)
+    out_dtype = out_dtype or a.dtype
+    check_dtype_arg(_OP, "out_dtype", out_dtype, _OUT)
+    _check_group_values(group_lens, m, _OP)
+    backend = GroupedGemmFp8Dispatcher.resolve(a=a, b=b, out_dtype=out_dtype)
+    return GroupedGemmFp8Function.apply(
+        a, b, group_lens, group_offs, trans_b, out_dtype, config, backend.value
+    )
