@@ -147,6 +147,15 @@ TASKS: list[dict[str, Any]] = [
         "output": "grouped_gemm_turbo_bf16_TRITON_{date}_{gpu}.csv",
     },
     {
+        "label": "grouped_gemm_fp8_rowwise_triton",
+        "group": "grouped_gemm",
+        "profile": "gpu",
+        "script": "ops/training/bench_grouped_gemm_turbo.py",
+        "args": ["--dtype", "bf16", "--backend", "TRITON", "--fp8", "rowwise", "--skip-check"],
+        "env": {},
+        "output": "grouped_gemm_turbo_bf16_fp8rowwise_TRITON_{date}_{gpu}.csv",
+    },
+    {
         "label": "cpu_grouped_gemm_bf16_torch",
         "group": "grouped_gemm",
         "profile": "cpu",

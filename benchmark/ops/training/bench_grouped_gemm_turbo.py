@@ -13,6 +13,11 @@ ends; the loop peer gets the group sizes on the host for free (no sync counted) 
 ``torch.matmul`` per expert plus ``torch.cat`` (what a plain PyTorch MoE layer does).
 
     python benchmark/ops/training/bench_grouped_gemm_turbo.py --backend TRITON
+    python benchmark/ops/training/bench_grouped_gemm_turbo.py --fp8 rowwise   # vs our bf16 op
+
+With ``--fp8``, "ours" is ``turbo.ops.grouped_gemm_fp8`` (bf16 in and out, quantization timed)
+and the peers are our bf16 grouped GEMM and ``torch._grouped_mm``; the gate is SNR only
+(25 dB, E4M3).
 """
 
 from __future__ import annotations
@@ -55,7 +60,8 @@ from primus_turbo.pytorch.reference import grouped_gemm_ref  # noqa: E402
 
 BACKENDS = ("auto", "TRITON", "HIPBLASLT", "TORCH")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-PEERS = ("grouped_mm", "loop")
+PEERS = ("grouped_mm", "loop", "turbo_bf16")
+FP8 = ("none", "tensorwise", "rowwise")
 
 TABLE_COLUMNS = [
     "Case",
@@ -70,10 +76,12 @@ TABLE_COLUMNS = [
     "grouped_mm Forward TFLOPS",
     "grouped_mm Step TFLOPS",
     "loop Forward TFLOPS",
+    "turbo_bf16 Forward TFLOPS",
     "Forward Ratio grouped_mm",
     "Step Ratio grouped_mm",
     "Forward Ratio loop",
     "Step Ratio loop",
+    "Forward Ratio turbo_bf16",
     "out_snr",
     "da_snr",
     "db_snr",
@@ -104,8 +112,22 @@ def _loop_peer(a, b, lens):
     return torch.cat(outs)
 
 
-def check_case(a, b, gl, lens, grad, dtype) -> tuple[bool, dict[str, float]]:
-    out = turbo.ops.grouped_gemm(a, b, gl, trans_b=True)
+def _fp8_config(kind: str):
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, ScalingGranularity
+
+    gran = ScalingGranularity.ROWWISE if kind == "rowwise" else ScalingGranularity.TENSORWISE
+    return Float8QuantConfig(granularity=gran)
+
+
+def _ours(args: argparse.Namespace):
+    if args.fp8 == "none":
+        return lambda a, b, gl: turbo.ops.grouped_gemm(a, b, gl, trans_b=True)
+    config = _fp8_config(args.fp8)
+    return lambda a, b, gl: turbo.ops.grouped_gemm_fp8(a, b, gl, trans_b=True, config=config)
+
+
+def check_case(op, a, b, gl, lens, grad, dtype, fp8: bool) -> tuple[bool, dict[str, float]]:
+    out = op(a, b, gl)
     out.backward(grad)
     a32 = a.detach().float().requires_grad_()
     b32 = b.detach().float().requires_grad_()
@@ -113,8 +135,10 @@ def check_case(a, b, gl, lens, grad, dtype) -> tuple[bool, dict[str, float]]:
     ref.backward(grad.float())
     pairs = {"out": (out, ref), "da": (a.grad, a32.grad), "db": (b.grad, b32.grad)}
     snrs = {f"{k}_snr": compute_snr(r, o) for k, (o, r) in pairs.items()}
-    ok = all(s > SNR_THRESHOLD_DB["bf16"] for s in snrs.values())
-    ok = ok and all(check_allclose(o, r, dtype) for o, r in pairs.values())
+    gate = SNR_THRESHOLD_DB["fp8_e4m3" if fp8 else "bf16"]
+    ok = all(s > gate for s in snrs.values())
+    if not fp8:
+        ok = ok and all(check_allclose(o, r, dtype) for o, r in pairs.values())
     a.grad = b.grad = None
     return ok, snrs
 
@@ -163,20 +187,24 @@ def run_case(
         gl = torch.tensor(lens, dtype=torch.int64, device=device)
         grad = torch.randn((m, n), dtype=dtype, device=device)
         row["Resolved Backend"] = resolved_backend(a, b, gl)
+        op = _ours(args)
         if not args.skip_check:
-            ok, snrs = check_case(a, b, gl, lens, grad, dtype)
+            ok, snrs = check_case(op, a, b, gl, lens, grad, dtype, args.fp8 != "none")
             row.update(snrs)
             row["Check"] = "PASS" if ok else "FAIL"
         else:
             row["Check"] = "SKIPPED"
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        ours = (lambda: turbo.ops.grouped_gemm(a, b, gl, trans_b=True), (a, b))
+        ours = (lambda: op(a, b, gl), (a, b))
         ends = torch.cumsum(gl, 0).to(torch.int32)
         peers = {
             "grouped_mm": lambda ap, bp: _grouped_mm_peer(ap, bp, ends),
             "loop": lambda ap, bp: _loop_peer(ap, bp, lens),
         }
+        if args.fp8 != "none":
+            del peers["loop"]
+            peers["turbo_bf16"] = lambda ap, bp: turbo.ops.grouped_gemm(ap, bp, gl, trans_b=True)
         timings = {}
         for name, fn in peers.items():
             ap = a.detach().clone().requires_grad_()
@@ -228,6 +256,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--backend", choices=BACKENDS, default="auto")
+    p.add_argument("--fp8", choices=FP8, default="none", help="time grouped_gemm_fp8")
     p.add_argument("--models", nargs="+", default=None, help="config.RAGGED_GROUPED_GEMM_SPECS")
     p.add_argument("--max-cases", type=int, default=None)
     p.add_argument("--skip-check", action="store_true", help="time only (no fp32 reference)")
@@ -245,8 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     GlobalBackendManager.reset()
     if args.backend != "auto":
         GlobalBackendManager.set_grouped_gemm_backend(BackendType.parse(args.backend))
+        # one setting for both precisions: the fp8 op shares the grouped_gemm family
+    fp8_tag = "" if args.fp8 == "none" else f"_fp8{args.fp8}"
     print(info.banner())
-    print(f"profile: {profile} | dtype {args.dtype} | backend {args.backend} | NT (b [G, N, K])")
+    print(f"profile: {profile} | {args.dtype} fp8={args.fp8} | backend {args.backend} | NT")
     notice = cpu_notice(info)
     if notice:
         print(notice)
@@ -260,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             f"step {row['Step TFLOPS']:.1f} TFLOPS | vs grouped_mm x"
             f"{row['Forward Ratio grouped_mm']:.3f} / step x{row['Step Ratio grouped_mm']:.3f}"
             f" | vs loop x{row['Forward Ratio loop']:.3f} / step x{row['Step Ratio loop']:.3f}"
+            f" | vs turbo bf16 x{row['Forward Ratio turbo_bf16']:.3f}"
         )
     print()
     print(results.markdown(TABLE_COLUMNS))
@@ -273,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if notice:
         print(notice)
-    name = f"grouped_gemm_turbo_{args.dtype}_{args.backend}_{info.date_compact}_{info.gpu}.csv"
+    tag = f"{args.dtype}{fp8_tag}_{args.backend}"
+    name = f"grouped_gemm_turbo_{tag}_{info.date_compact}_{info.gpu}.csv"
     path = results.write_csv(output_path(args.output, name, args.num_shards, args.shard_id))
     print(f"Results saved to {path}")
     return 0 if all(r["Check"] in ("PASS", "SKIPPED") for r in results.rows) else 1
