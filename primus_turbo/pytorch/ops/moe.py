@@ -293,7 +293,7 @@ def moe_permute(
             probs = probs.gather(1, idx.clamp(0, num_local_experts - 1))
         check(probs.shape == (t, k), op, "probs", f"shape {(t, k)}", tuple(probs.shape))
         flat = probs.reshape(-1)
-        permuted_probs = flat[src_map.clamp(min=0)] * (src_map >= 0)
+        permuted_probs = flat.index_select(0, src_map.clamp(min=0)) * (src_map >= 0)
     return permuted, row_map, tpe, overflow, total.clamp(max=n), None, permuted_probs
 
 
@@ -334,7 +334,8 @@ def moe_unpermute(
             tuple(permuted_probs.shape),
         )
         valid = row_id_map >= 0
-        unpermuted_probs = permuted_probs[row_id_map.clamp(min=0)] * valid
+        rows = row_id_map.clamp(min=0).reshape(-1)
+        unpermuted_probs = permuted_probs.index_select(0, rows).view_as(row_id_map) * valid
     y = permuted_tokens if permuted_tokens.stride(-1) == 1 else permuted_tokens.contiguous()
     out = _Unpermute.apply(y, row_id_map, src_map, permuted_probs)
     return out, unpermuted_probs

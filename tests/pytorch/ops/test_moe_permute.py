@@ -216,3 +216,26 @@ def test_permute_torch_fallback_matches_triton(device, monkeypatch):
     monkeypatch.setattr(permute_impl, "_use_triton", lambda t: False)
     for a, b in zip(first, run(), strict=True):
         assert_close(b, a, torch.float32)
+
+
+@pytest.mark.gpu
+def test_permute_swiglu_unpermute_no_host_sync(device):
+    """Router -> permute -> swiglu_with_probs -> unpermute, forward and backward, with CUDA's
+    sync debug mode set to error: no step may synchronise with the host."""
+    t, h, e, k = 512, 256, 16, 4
+    logits = torch.randn(t, e, device=device, requires_grad=True)
+    x = rand(t, 2 * h, dtype=torch.bfloat16, device=device, requires_grad=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _, probs, idx = turbo.ops.moe_router_topk(logits, k, groups=4, selected_groups=2)
+        perm, row_map, tpe, *_, pprobs = turbo.ops.moe_permute(
+            x, idx, num_local_experts=e, probs=probs
+        )
+        a = turbo.ops.swiglu_with_probs(perm, pprobs)
+        out, _ = turbo.ops.moe_unpermute(a, row_map)
+        out.backward(torch.ones_like(out))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert logits.grad is not None and x.grad is not None
+    assert int(tpe.sum()) == t * k
