@@ -89,7 +89,25 @@ TASKS: list[dict[str, Any]] = [
         "env": {},
         "output": "rmsnorm_turbo_bf16_{date}_{gpu}.csv",
     },
+    {
+        "label": "attention_bf16",
+        "group": "attention",
+        "profile": "gpu",
+        "script": "ops/training/bench_attention_turbo.py",
+        "args": ["--profile", "gpu"],
+        "env": {},
+        "output": "attention_turbo_bf16_{date}_{gpu}.csv",
+    },
     # ---- cpu profile (code-path smoke; not performance) --------------------------------------
+    {
+        "label": "cpu_attention_bf16",
+        "group": "attention",
+        "profile": "cpu",
+        "script": "ops/training/bench_attention_turbo.py",
+        "args": ["--profile", "cpu"],
+        "env": {"TRITON_INTERPRET": "1"},
+        "output": "attention_turbo_bf16_{date}_{gpu}.csv",
+    },
     {
         "label": "cpu_rmsnorm_bf16",
         "group": "rmsnorm",

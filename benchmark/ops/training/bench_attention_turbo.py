@@ -1,0 +1,245 @@
+"""Flash attention benchmark: ``turbo.ops.flash_attn_func`` (TRITON and default dispatch) against
+SDPA cuDNN and SDPA flash on model shapes (bf16, bshd, causal and not).
+
+Shapes: Llama-3 8B (hq32 hkv8 d128), Llama-3 70B / Qwen2.5-72B (hq64 hkv8 d128), Qwen3-235B
+(hq64 hkv4 d128), DeepSeek-V3 (hq128 MHA, qk 192 / v 128); seqlen 2k-16k with batch chosen so that
+batch * seqlen = 16k tokens. FLOPs: forward ``2*B*Sq*Sk*Hq*(Dqk+Dv)``, halved when causal; backward
+``2.5x`` forward; fwd+bwd TFLOPS = total FLOPs over fwd + bwd time.
+
+Correctness first: TRITON's out/dq/dk/dv against SDPA (cuDNN, else flash, else math) by SNR
+(>= 40 dB bf16) -> Check PASS/FAIL. Ratios printed per shape and as geomeans:
+default fwd+bwd vs the best SDPA (target >= 0.97 on every shape), TRITON fwd / bwd vs cuDNN
+(targets: geomean >= 0.7 / >= 0.6). SDPA flash cannot do Dqk != Dv: those cells are NaN ("n/a").
+
+    python benchmark/ops/training/bench_attention_turbo.py            # gpu profile
+    TRITON_INTERPRET=1 python benchmark/ops/training/bench_attention_turbo.py --profile cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import traceback
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(_HERE), str(_HERE.parents[1])]
+if str(_HERE.parents[2]) not in sys.path:
+    sys.path.append(str(_HERE.parents[2]))
+
+import torch  # noqa: E402
+from harness import (  # noqa: E402
+    Mode,
+    Results,
+    add_common_args,
+    bench_modes,
+    compute_snr,
+    cpu_notice,
+    geomean,
+    output_path,
+    resolve_profile,
+    shard,
+    tflops,
+)
+
+import primus_turbo.pytorch as turbo  # noqa: E402
+from primus_turbo.pytorch.core import BackendType, GlobalBackendManager  # noqa: E402
+
+# name -> (hq, hkv, dqk, dv)
+MODELS = {
+    "Llama-3-8B": (32, 8, 128, 128),
+    "Llama-3-70B": (64, 8, 128, 128),
+    "Qwen2.5-72B": (64, 8, 128, 128),
+    "Qwen3-235B-A22B": (64, 4, 128, 128),
+    "DeepSeek-V3": (128, 128, 192, 128),
+}
+GPU_SEQLENS = (2048, 4096, 8192, 16384)
+TOKENS = 16384
+CPU_CASES = [("tiny-gqa", 1, 32, 4, 2, 16, 16)]  # the interpreter: ~1 s per kernel call
+SNR_GATE_DB = 40.0
+VARIANTS = ("TRITON", "default", "sdpa_cudnn", "sdpa_flash")
+
+
+def cases(profile: str, seqlens, models):
+    if profile == "cpu":
+        return [(*c, True) for c in CPU_CASES]
+    out = []
+    for name in models:
+        hq, hkv, dqk, dv = MODELS[name]
+        for s in seqlens:
+            for causal in (True, False):
+                out.append((name, max(1, TOKENS // s), s, hq, hkv, dqk, dv, causal))
+    return out
+
+
+def _sdpa(kind):
+    """SDPA on bshd tensors (transposed views), optionally pinned to one SDPA kernel."""
+
+    def fn(q, k, v, causal):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        gqa = q.shape[2] != k.shape[2]
+        args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        if kind is None:
+            out = torch.nn.functional.scaled_dot_product_attention(
+                *args, is_causal=causal, enable_gqa=gqa
+            )
+        else:
+            backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+            with sdpa_kernel([backend[kind]]):
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    *args, is_causal=causal, enable_gqa=gqa
+                )
+        return out.transpose(1, 2)
+
+    return fn
+
+
+def _turbo(backend):
+    def fn(q, k, v, causal):
+        GlobalBackendManager.set_attn_backend(backend)
+        return turbo.ops.flash_attn_func(q, k, v, causal=causal)
+
+    return fn
+
+
+def _fns(on_gpu: bool):
+    fns = {"TRITON": _turbo(BackendType.TRITON)}
+    if on_gpu:
+        fns["default"] = _turbo(None)
+        fns["sdpa_cudnn"] = _sdpa("cudnn")
+        fns["sdpa_flash"] = _sdpa("flash")
+    else:
+        fns["sdpa_math"] = _sdpa(None)
+        fns["default"] = fns["TRITON"]  # the CPU default under the interpreter (not timed twice)
+    return fns
+
+
+def _grads(fn, q, k, v, causal, grad):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v, causal)
+    out.backward(grad)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def run_case(idx, case, info, args):
+    name, b, s, hq, hkv, dqk, dv, causal = case
+    dev = info.device
+    torch.manual_seed(idx)
+    q = torch.randn(b, s, hq, dqk, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(b, s, hkv, dqk, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(b, s, hkv, dv, device=dev, dtype=torch.bfloat16)
+    grad = torch.randn(b, s, hq, dv, device=dev, dtype=torch.bfloat16)
+    fwd_flops = 2.0 * b * s * s * hq * (dqk + dv) * (0.5 if causal else 1.0)
+    row = {"Case": idx, "Model": name, "B": b, "S": s, "Hq": hq, "Hkv": hkv, "Dqk": dqk,
+           "Dv": dv, "causal": causal}  # fmt: skip
+    fns = _fns(info.is_gpu)
+    # correctness: TRITON vs the first SDPA variant that runs
+    try:
+        ours = _grads(fns["TRITON"], q, k, v, causal, grad)
+        ref = None
+        for peer in ("sdpa_cudnn", "sdpa_flash", "sdpa_math"):
+            if peer in fns:
+                try:
+                    ref = _grads(fns[peer], q, k, v, causal, grad)
+                    break
+                except Exception:  # noqa: BLE001 - that SDPA kernel cannot run this shape
+                    continue
+        if ref is None:
+            q32, k32, v32 = (t.float() for t in (q, k, v))
+            ref = _grads(_sdpa(None), q32, k32, v32, causal, grad.float())
+        snrs = [compute_snr(r.float(), o.float()) for r, o in zip(ref, ours, strict=True)]
+        for key, val in zip(("out_snr", "dq_snr", "dk_snr", "dv_snr"), snrs, strict=True):
+            row[key] = val
+        row["Check"] = "PASS" if min(snrs) >= SNR_GATE_DB else "FAIL"
+        del ours, ref
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        row["Check"] = f"ERROR: {type(e).__name__}"
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    for vname, fn in fns.items():
+        if not info.is_gpu and vname == "default":
+            for m in ("fwd", "bwd", "fwd+bwd"):
+                row[f"default {m} TFLOPS"] = row[f"TRITON {m} TFLOPS"]
+            continue
+        try:
+            t = bench_modes(lambda fn=fn: fn(*leaves, causal), grad, leaves,
+                            (Mode.FWD, Mode.BWD), device=dev)  # fmt: skip
+            f_ms, b_ms = t[Mode.FWD].median_ms, t[Mode.BWD].median_ms
+        except Exception as e:  # noqa: BLE001 - e.g. SDPA flash with Dqk != Dv
+            print(f"  {vname}: n/a ({type(e).__name__}: {str(e).splitlines()[0][:100]})")
+            f_ms = b_ms = math.nan
+        row[f"{vname} fwd TFLOPS"] = tflops(fwd_flops, f_ms)
+        row[f"{vname} bwd TFLOPS"] = tflops(2.5 * fwd_flops, b_ms)
+        row[f"{vname} fwd+bwd TFLOPS"] = tflops(3.5 * fwd_flops, f_ms + b_ms)
+    GlobalBackendManager.set_attn_backend(None)
+    if info.is_gpu:
+        best = max((row[f"{p} fwd+bwd TFLOPS"] for p in ("sdpa_cudnn", "sdpa_flash")
+                    if not math.isnan(row[f"{p} fwd+bwd TFLOPS"])), default=math.nan)  # fmt: skip
+        cud = "sdpa_cudnn"
+    else:
+        best = row["sdpa_math fwd+bwd TFLOPS"]
+        cud = "sdpa_math"
+    row["default/bestSDPA fwd+bwd"] = row["default fwd+bwd TFLOPS"] / best
+    row["TRITON/cuDNN fwd"] = row["TRITON fwd TFLOPS"] / row[f"{cud} fwd TFLOPS"]
+    row["TRITON/cuDNN bwd"] = row["TRITON bwd TFLOPS"] / row[f"{cud} bwd TFLOPS"]
+    return row
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add_common_args(p)
+    p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--seqlens", nargs="*", type=int, default=list(GPU_SEQLENS))
+    p.add_argument("--max-cases", type=int, default=None)
+    return p.parse_args(argv)
+
+
+COLUMNS = ["Model", "B", "S", "causal", "Check", "TRITON fwd TFLOPS", "TRITON bwd TFLOPS",
+           "default fwd+bwd TFLOPS", "sdpa_cudnn fwd TFLOPS", "sdpa_cudnn bwd TFLOPS",
+           "sdpa_flash fwd+bwd TFLOPS", "default/bestSDPA fwd+bwd", "TRITON/cuDNN fwd",
+           "TRITON/cuDNN bwd", "out_snr", "dq_snr"]  # fmt: skip
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    profile, info = resolve_profile(args.profile)
+    GlobalBackendManager.reset()
+    print(info.banner())
+    notice = cpu_notice(info)
+    if notice:
+        print(notice)
+    results = Results(info)
+    todo = cases(profile, args.seqlens, args.models)[: args.max_cases]
+    for idx, case in shard(todo, args.num_shards, args.shard_id):
+        print(f"[{idx}/{len(todo)}] {case}")
+        row = results.add(run_case(idx, case, info, args))
+        print(
+            f"  {row['Check']} TRITON fwd {row['TRITON fwd TFLOPS']:.1f} bwd "
+            f"{row['TRITON bwd TFLOPS']:.1f} | default fwd+bwd {row['default fwd+bwd TFLOPS']:.1f}"
+            f" | default/bestSDPA {row['default/bestSDPA fwd+bwd']:.3f} | TRITON/cuDNN fwd "
+            f"{row['TRITON/cuDNN fwd']:.3f} bwd {row['TRITON/cuDNN bwd']:.3f}"
+        )
+    cols = [c for c in COLUMNS if any(c in r for r in results.rows)]
+    print()
+    print(results.markdown(cols))
+    ok = [r for r in results.rows if r["Check"] == "PASS"]
+    dflt = [r["default/bestSDPA fwd+bwd"] for r in ok]
+    print(
+        f"\nGeomean over {len(ok)}/{len(results.rows)} PASS rows: TRITON/cuDNN fwd "
+        f"{geomean(r['TRITON/cuDNN fwd'] for r in ok):.3f} (target >= 0.7), bwd "
+        f"{geomean(r['TRITON/cuDNN bwd'] for r in ok):.3f} (target >= 0.6); default/bestSDPA "
+        f"fwd+bwd geomean {geomean(dflt):.3f}, min {min(dflt, default=math.nan):.3f} "
+        "(target >= 0.97 on every shape)"
+    )
+    if notice:
+        print(notice)
+    name = f"attention_turbo_bf16_{info.date_compact}_{info.gpu}.csv"
+    path = results.write_csv(output_path(args.output, name, args.num_shards, args.shard_id))
+    print(f"Results saved to {path}")
+    return 0 if all(r["Check"] == "PASS" for r in results.rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
