@@ -137,15 +137,30 @@ _CONFIGS: dict[ArchFamily, tuple[GemmConfig, ...]] = {
 }
 _CONFIGS[ArchFamily.CDNA4] = _CONFIGS[ArchFamily.CDNA3]
 _CONFIGS[ArchFamily.OTHER_GPU] = _CONFIGS[ArchFamily.HOPPER]
+# BLOCK mode keeps a second fp32 tile (the K-block's partial product) live: smaller tiles per
+# thread, or it spills (AOT report: sm_90 128x256 w8 and 128x128 w4, gfx942 128x128 w4).
+_BLOCK_CONFIGS: dict[ArchFamily, tuple[GemmConfig, ...]] = {
+    ArchFamily.HOPPER: (_cfg(128, 128, 128, 8, 4), _cfg(64, 128, 128, 4, 4)),
+    ArchFamily.CDNA3: (
+        _cfg(256, 128, 128, 8, 2, matrix_instr_nonkdim=16, waves_per_eu=2),
+        _cfg(128, 128, 128, 8, 2, matrix_instr_nonkdim=16, waves_per_eu=2),
+        _cfg(64, 64, 128, 4, 2, matrix_instr_nonkdim=16, waves_per_eu=0),
+    ),
+    ArchFamily.CPU: _CONFIGS[ArchFamily.CPU],
+}
+_BLOCK_CONFIGS[ArchFamily.CDNA4] = _BLOCK_CONFIGS[ArchFamily.CDNA3]
+_BLOCK_CONFIGS[ArchFamily.OTHER_GPU] = _BLOCK_CONFIGS[ArchFamily.HOPPER]
 
 
-def fp8_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
-    return _CONFIGS[family]
+def fp8_configs(family: ArchFamily, mode: int = TENSOR) -> tuple[GemmConfig, ...]:
+    return (_BLOCK_CONFIGS if mode == BLOCK else _CONFIGS)[family]
 
 
-def select_fp8_config(m: int, n: int, k: int, family: ArchFamily, cus: int) -> GemmConfig:
+def select_fp8_config(
+    m: int, n: int, k: int, family: ArchFamily, cus: int, mode: int = TENSOR
+) -> GemmConfig:
     """The largest tile that still gives every CU a tile; else the smallest."""
-    configs = fp8_configs(family)
+    configs = fp8_configs(family, mode)
     for cfg in configs:
         if -(-m // cfg.block_m) * -(-n // cfg.block_n) >= cus:
             return cfg
@@ -216,13 +231,13 @@ def gemm_fp8_triton(
 def _pick(args, m, n, k, family) -> GemmConfig:
     cus = num_compute_units(args[0].device)
     if family == ArchFamily.CPU or not _tuning_enabled():
-        return select_fp8_config(m, n, k, family, cus)
+        return select_fp8_config(m, n, k, family, cus, args[5])
     a, b = args[0], args[1]
     key = (m, n, k, a.dtype, b.dtype, args[2].dtype, args[5], a.stride(1) == 1, a.device)
     cfg = _tuned.get(key)
     if cfg is None:
         timings = {}
-        for cand in fp8_configs(family):
+        for cand in fp8_configs(family, args[5]):
             try:
                 timings[cand] = triton.testing.do_bench(
                     lambda cand=cand: _launch(*args, cand, family), warmup=5, rep=20
@@ -265,9 +280,9 @@ def aot_specs(target: str) -> list[AotSpec]:
     }  # fmt: skip
     default = select_fp8_config(8192, 8192, 8192, family, 132 if target == "sm_90" else 304)
     specs = []
-    for cfg in fp8_configs(family):
-        for mode, name, groups in ((TENSOR, "tensor", (1, 1)), (ROW, "row", (1, 1)),
-                                   (BLOCK, "block", (1, 128))):  # fmt: skip
+    modes = ((TENSOR, "tensor", (1, 1)), (ROW, "row", (1, 1)), (BLOCK, "block", (1, 128)))
+    for mode, name, groups in modes:
+        for cfg in fp8_configs(family, mode):
             specs.append(
                 AotSpec(
                     f"gemm_fp8_{name}_{fp8}_{cfg.name}",

@@ -68,7 +68,7 @@ def _cast(x, scale, FMAX: tl.constexpr, dtype, FMT: tl.constexpr = (0, 0, 0, 0))
 def _scale_of(amax, FMAX: tl.constexpr, IS_MX: tl.constexpr, EMAX: tl.constexpr):
     """(scale, scale_inv or biased exponent) from amax."""
     if IS_MX:
-        e = tl.floor(tl.log2(tl.maximum(amax, 5.877471754111438e-39)))
+        e = tl.floor(tl.log2(tl.maximum(amax, 1.1754943508222875e-38)))  # fp32 min normal
         e = tl.minimum(tl.maximum(e - EMAX, -127.0), 127.0)
         return tl.exp2(-e), e + 127.0
     scale = FMAX / tl.maximum(amax, 1e-12)
@@ -233,11 +233,12 @@ def aot_specs(target: str) -> list[AotSpec]:
         "stride_stn": "i32",
     }
     specs = []
-    modes = [("rows", ROWS, 32, 128, True), ("tile", TILE, 128, 128, True)]
-    modes += [("given", GIVEN, 64, 128, True)]
+    # (name, mode, BM, BN, dual, warps) as the launchers use them
+    modes = [("rows", ROWS, 32, 128, False, 4), ("rows_dual", ROWS, 128, 128, True, 8)]
+    modes += [("tile", TILE, 128, 128, True, 8), ("given", GIVEN, 64, 128, True, 4)]
     if target in ("gfx950", "sm_90"):
-        modes.append(("mx", MX, 32, 32, True))
-    for name, mode, bm, bn, dual in modes:
+        modes.append(("mx", MX, 32, 32, True, 4))
+    for name, mode, bm, bn, dual, warps in modes:
         sig = dict(tile_sig)
         if mode == MX:
             sig.update({"s_ptr": "*u8", "st_ptr": "*u8"})
@@ -246,9 +247,17 @@ def aot_specs(target: str) -> list[AotSpec]:
                 f"quant_{name}_{fp8}",
                 quant_tile_kernel,
                 sig,
-                {"BM": bm, "BN": bn, "MODE": mode, "DUAL": dual, "FMAX": fmax, "EMAX": 8},
-                opts,
-                default=mode == ROWS,
+                {
+                    "BM": bm,
+                    "BN": bn,
+                    "MODE": mode,
+                    "DUAL": dual,
+                    "FMAX": fmax,
+                    "EMAX": 8,
+                    "FMT": (0, 0, 0, 0),
+                },
+                {"num_warps": warps},
+                default=name == "rows",
             )
         )
     amax_sig = {"x_ptr": "*bf16", "amax_ptr": "*fp32", "M": "i32", "N": "i32:16",
@@ -259,6 +268,6 @@ def aot_specs(target: str) -> list[AotSpec]:
                 "stride_qm": "i32:16", "stride_qn": "i32:1", "stride_s": "i32:1"}  # fmt: skip
     specs.append(
         AotSpec(f"quant_rowwise_{fp8}", quant_rows_kernel, rows_sig,
-                {"BM": 4, "BN": 1024, "FMAX": fmax}, opts)
+                {"BM": 4, "BN": 1024, "FMAX": fmax, "FMT": (0, 0, 0, 0)}, opts)
     )  # fmt: skip
     return specs
