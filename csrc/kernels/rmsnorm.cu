@@ -259,7 +259,9 @@ int64_t resident_blocks(Kernel k, int threads) {
 #else
   PT_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, 0), "occupancy");
 #endif
-  return static_cast<int64_t>(std::max(per_sm, 1)) * device_sm_count();
+  // At most 4 per SM: enough loads in flight, while the dw partial rows (one per block, fp32)
+  // stay a few percent of the traffic.
+  return static_cast<int64_t>(std::min(std::max(per_sm, 1), 4)) * device_sm_count();
 }
 
 // Grid of the backward (= number of dw partial rows): every SM filled with resident blocks.

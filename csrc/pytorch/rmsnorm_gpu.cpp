@@ -1,6 +1,15 @@
 // CUDA (HIP after hipify) registrations of primus_turbo_cpp::rmsnorm_*: allocate with torch's
 // caching allocator, launch on torch's current stream, run the kernels library.
+#if defined(USE_ROCM)
+// hipify maps this header and at::cuda::getCurrentCUDAStream to their HIP (masquerading) forms.
 #include <ATen/cuda/CUDAContext.h>
+#define PT_CURRENT_STREAM() at::cuda::getCurrentCUDAStream().stream()
+#else
+// c10's stream header needs none of the cuBLAS/cuSPARSE headers that ATen/cuda/CUDAContext.h
+// pulls in (a minimal CUDA toolkit may lack them).
+#include <c10/cuda/CUDAStream.h>
+#define PT_CURRENT_STREAM() c10::cuda::getCurrentCUDAStream().stream()
+#endif
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -20,7 +29,7 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_gpu_impl(const at::Tensor& x, con
   at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
   rmsnorm_fwd_gpu(x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr<float>(), rows, hidden,
                   static_cast<float>(eps), to_dtype(x, "x"),
-                  at::cuda::getCurrentCUDAStream().stream());
+                  PT_CURRENT_STREAM());
   return {y, rstd};
 }
 
@@ -37,7 +46,7 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_gpu_impl(const at::Tensor& dy, co
                               x.options().dtype(at::kFloat));
   rmsnorm_bwd_gpu(dy.data_ptr(), x.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
                   dx.data_ptr(), dw.data_ptr(), part.data_ptr<float>(), rows, hidden, dt,
-                  at::cuda::getCurrentCUDAStream().stream());
+                  PT_CURRENT_STREAM());
   return {dx, dw};
 }
 

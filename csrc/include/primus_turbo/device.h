@@ -89,7 +89,13 @@ __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ pt_half from_float<pt_half>(float v) { return __float2half_rn(v); }
 template <>
-__device__ __forceinline__ pt_bf16 from_float<pt_bf16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ pt_bf16 from_float<pt_bf16>(float v) {
+#if PT_HIP
+  return __float2bfloat16(v);  // round to nearest even on HIP
+#else
+  return __float2bfloat16_rn(v);
+#endif
+}
 
 // ---- 16-byte vectors ---------------------------------------------------------------------------
 // N elements of T packed into 16 bytes, loaded/stored with one 128-bit access (callers guarantee
