@@ -119,9 +119,11 @@ def reduce_rows_bwd_kernel(
             tl.store(dw_ptr + r, tl.sum(acc, axis=0))
 
 
-def _block_h(h: int) -> tuple[int, int]:
-    block = min(max(triton.next_power_of_2(h), 64), 4096)
-    return block, (4 if block <= 1024 else 8)
+def _block_h(h: int, cap: int = 8192) -> tuple[int, int]:
+    """A whole row (up to ``cap``) per iteration, ~8-16 elements per thread; at most 16 warps
+    (an AMD "warp" is a 64-wide wavefront; a workgroup holds at most 1024 threads)."""
+    block = min(max(triton.next_power_of_2(h), 64), cap)
+    return block, min(max(block // 256, 4), 16)
 
 
 def gather_rows_triton(x: torch.Tensor, src_map: torch.Tensor, k: int) -> torch.Tensor:
@@ -148,11 +150,10 @@ def reduce_rows_triton(
         return out
     if k == 0:
         return out.zero_()
-    block, warps = _block_h(h)
-    block = min(block, 1024)  # K loads in flight per chunk: keep the register tile moderate
+    block, warps = _block_h(h, cap=2048)  # K rows in flight per chunk: moderate tile
     reduce_rows_kernel[(t,)](
         y, row_map, w if w is not None else y, out, h, y.stride(0), out.stride(0),
-        K=k, HAS_W=w is not None, BLOCK_H=block, num_warps=4,
+        K=k, HAS_W=w is not None, BLOCK_H=block, num_warps=warps,
     )  # fmt: skip
     return out
 
@@ -189,8 +190,8 @@ def aot_specs(target: str) -> list[AotSpec]:
             fn=gather_rows_kernel,
             signature={"x_ptr": f"*{dt}", "src_ptr": "*i64", "out_ptr": f"*{dt}", "H": "i32",
                        "stride_x": "i64", "stride_out": "i64"},
-            constexprs={"K": 8, "BLOCK_H": 4096},
-            options={"num_warps": 8},
+            constexprs={"K": 8, "BLOCK_H": 8192},
+            options={"num_warps": 16},
             default=True,
         ),
         AotSpec(
@@ -198,8 +199,8 @@ def aot_specs(target: str) -> list[AotSpec]:
             fn=reduce_rows_kernel,
             signature={"y_ptr": f"*{dt}", "map_ptr": "*i64", "w_ptr": "*fp32",
                        "out_ptr": f"*{dt}", "H": "i32", "stride_y": "i64", "stride_out": "i64"},
-            constexprs={"K": 8, "HAS_W": True, "BLOCK_H": 1024},
-            options={"num_warps": 4},
+            constexprs={"K": 8, "HAS_W": True, "BLOCK_H": 2048},
+            options={"num_warps": 8},
         ),
         AotSpec(
             name="moe_reduce_rows_bwd_bf16",
@@ -208,7 +209,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                        "w_ptr": "*fp32", "src_ptr": "*i64", "dy_ptr": f"*{dt}",
                        "dw_ptr": "*fp32", "T": "i32", "H": "i32",
                        "stride_dout": "i64", "stride_y": "i64", "stride_dy": "i64"},
-            constexprs={"K": 8, "BLOCK_H": 4096},
-            options={"num_warps": 8},
+            constexprs={"K": 8, "BLOCK_H": 8192},
+            options={"num_warps": 16},
         ),
     ]  # fmt: skip
