@@ -1,0 +1,144 @@
+"""FP8 quantization benchmark: fused kernels vs copy bandwidth and torch.compile of the reference.
+
+Per shape (activations ``[M, K]`` and weights ``[N, K]`` of ``config.dense_gemm_cases``, deduped)
+and recipe, the effective bandwidth counts the bytes a perfect kernel must move: read the bf16
+input once, write every fp8 output (and the scales). Peers: ``x.clone()`` of the bf16 input
+(copy bandwidth: 2 bytes read + 2 written per element; the ratio compares GB/s) and the torch
+reference of the same recipe compiled with ``torch.compile`` (ratio = its time / ours).
+
+    python benchmark/ops/training/bench_quantization_turbo.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(_HERE), str(_HERE.parents[1])]
+if str(_HERE.parents[2]) not in sys.path:
+    sys.path.append(str(_HERE.parents[2]))
+
+import torch  # noqa: E402
+from config import dense_gemm_cases  # noqa: E402
+from harness import (  # noqa: E402
+    Results,
+    add_common_args,
+    cpu_notice,
+    gbps,
+    geomean,
+    output_path,
+    ratio,
+    resolve_profile,
+    time_ms,
+)
+
+from primus_turbo.pytorch.core.low_precision import ScalingGranularity, ScalingRecipe  # noqa: E402
+from primus_turbo.pytorch.core.platform import fp8_dtypes  # noqa: E402
+from primus_turbo.pytorch.ops.quantization import quantize_fp8, quantize_fp8_with_trans  # noqa: E402
+from primus_turbo.pytorch.reference import quantization as ref  # noqa: E402
+
+G = ScalingGranularity
+COLUMNS = ["M", "K", "Recipe", "Check", "Time (us)", "GB/s", "Copy GB/s", "vs Copy",
+           "Compiled ref (us)", "vs Compiled"]  # fmt: skip
+
+
+def recipes(dtype):
+    """name -> (ours, reference, fp8 bytes written per input element)."""
+    blk2d = ScalingRecipe(use_2d_block=True)
+    dual = quantize_fp8_with_trans
+    return {
+        "tensorwise": (lambda x: quantize_fp8(x, dtype, G.TENSORWISE),
+                       lambda x: ref.quantize_tensorwise_ref(x, dtype), 1),
+        "tensorwise_dual": (lambda x: quantize_fp8_with_trans(x, dtype, G.TENSORWISE),
+                            lambda x: (ref.quantize_tensorwise_ref(x, dtype),
+                                       ref.quantize_tensorwise_ref(x.t(), dtype)), 2),
+        "rowwise": (lambda x: quantize_fp8(x, dtype, G.ROWWISE, axis=-1),
+                    lambda x: ref.quantize_rowwise_ref(x, dtype, -1), 1),
+        "block1x128_dual": (lambda x: dual(x, dtype, G.BLOCKWISE, block_size=128),
+                            lambda x: (ref.quantize_blockwise_ref(x, dtype, 128, -1),
+                                       ref.quantize_blockwise_ref(x, dtype, 128, 0)), 2),
+        "block128x128": (lambda x: quantize_fp8(x, dtype, G.BLOCKWISE, block_size=128,
+                                                scaling_recipe=blk2d),
+                         lambda x: ref.quantize_blockwise_ref(x, dtype, 128, None), 1),
+        "mx_dual": (lambda x: quantize_fp8_with_trans(x, dtype, G.MX_BLOCKWISE, block_size=32),
+                    lambda x: (ref.quantize_mx_ref(x, dtype),
+                               ref.quantize_mx_ref(x.t(), dtype)), 2),
+    }  # fmt: skip
+
+
+def _first(out):
+    while isinstance(out, tuple):
+        out = out[0]
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--recipes", nargs="+", default=None)
+    p.add_argument("--max-shapes", type=int, default=8)
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    add_common_args(p)
+    args = p.parse_args(argv)
+    profile, info = resolve_profile(args.profile)
+    dev = info.device
+    print(info.banner())
+    notice = cpu_notice(info)
+    shapes = []
+    for c in dense_gemm_cases(None, 1, profile):
+        for s in ((c.m, c.k), (c.n, c.k)):
+            if s not in shapes and s[1] % 32 == 0 and s[0] % 32 == 0:
+                shapes.append(s)
+    shapes = shapes[: args.max_shapes]
+    dtype = fp8_dtypes(dev)[0]
+    table = recipes(dtype)
+    names = args.recipes or list(table)
+    results = Results(info)
+    for m, k in shapes:
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        copy_t = time_ms(lambda x=x: x.clone(), args.warmup_ms, args.rep_ms, device=dev)
+        copy_gbps = gbps(4.0 * m * k, copy_t.median_ms)
+        for name in names:
+            ours, reference, out_bytes = table[name]
+            row = {"M": m, "K": k, "Recipe": name, "Check": "ERROR"}
+            try:
+                q = _first(ours(x))
+                q_ref = _first(reference(x))
+                diff = (q.float() - q_ref.float()).abs() <= q_ref.float().abs() * 0.26 + 2.0**-9
+                row["Check"] = "PASS" if bool(diff.all()) else "FAIL"
+                t = time_ms(lambda f=ours, x=x: f(x), args.warmup_ms, args.rep_ms, device=dev)
+                row["Time (us)"] = t.median_ms * 1e3
+                row["GB/s"] = gbps(m * k * (2.0 + out_bytes), t.median_ms)
+                row["Copy GB/s"] = copy_gbps
+                row["vs Copy"] = ratio(row["GB/s"], copy_gbps)
+                row["Compiled ref (us)"] = math.nan
+                if not args.no_compile and info.is_gpu:
+                    compiled = torch.compile(reference)
+                    tc = time_ms(lambda f=compiled, x=x: f(x), args.warmup_ms, args.rep_ms,
+                                 device=dev)  # fmt: skip
+                    row["Compiled ref (us)"] = tc.median_ms * 1e3
+                row["vs Compiled"] = ratio(row["Compiled ref (us)"], row["Time (us)"])
+            except Exception as e:
+                print(f"  ERROR {name} {m}x{k}: {type(e).__name__}: {e}")
+            results.add(row)
+            print(f"{m}x{k} {name}: {row['Check']} {row.get('GB/s', math.nan):.0f} GB/s "
+                  f"(copy {copy_gbps:.0f}) x{row.get('vs Copy', math.nan):.3f} of copy, "
+                  f"x{row.get('vs Compiled', math.nan):.3f} vs compiled ref")  # fmt: skip
+    print(results.markdown(COLUMNS))
+    for name in names:
+        sel = lambda r, n=name: r["Recipe"] == n and r["Check"] == "PASS"  # noqa: E731
+        print(f"Geomean {name}: x{geomean(results.column('vs Copy', sel)):.3f} of copy, "
+              f"x{geomean(results.column('vs Compiled', sel)):.3f} vs compiled ref")  # fmt: skip
+    if notice:
+        print(notice)
+    path = results.write_csv(
+        output_path(args.output, f"quantization_turbo_{info.date_compact}_{info.gpu}.csv")
+    )
+    print(f"Results saved to {path}")
+    return 0 if all(r["Check"] == "PASS" for r in results.rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
