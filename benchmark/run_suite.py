@@ -85,7 +85,7 @@ TASKS: list[dict[str, Any]] = [
         "group": "rmsnorm",
         "profile": "gpu",
         "script": "ops/training/bench_rmsnorm_turbo.py",
-        "args": ["--dtype", "bf16", "--backends", "auto,TURBO,TRITON,TORCH"],
+        "args": ["--dtype", "bf16", "--backends", "TURBO,TRITON,TORCH"],
         "env": {},
         "output": "rmsnorm_turbo_bf16_{date}_{gpu}.csv",
     },
