@@ -229,6 +229,15 @@ TASKS: list[dict[str, Any]] = [
         "output": "moe_turbo_{date}_{gpu}.csv",
     },
     {
+        "label": "moe_layer_fp8_rowwise",
+        "group": "moe",
+        "profile": "gpu",
+        "script": "ops/training/bench_moe_turbo.py",
+        "args": ["--part", "layer", "--fp8", "rowwise"],
+        "env": {},
+        "output": "moe_turbo_layer_fp8_rowwise_{date}_{gpu}.csv",
+    },
+    {
         "label": "activation_swiglu_bf16",
         "group": "activation",
         "profile": "gpu",

@@ -136,6 +136,14 @@ def _row(tid, label, op, t, d, e, k, ok, t_o, t_p, copy_gbs, fwd_b, bwd_b) -> di
     return row
 
 
+def _fp8_config(name: str):
+    if name == "off":
+        return None
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, ScalingGranularity
+
+    return Float8QuantConfig(granularity=ScalingGranularity[name.upper()])
+
+
 class LoopMoE(torch.nn.Module):
     """The peer: the same parameters run through the plain-PyTorch loop-of-experts layer."""
 
@@ -152,10 +160,11 @@ class LoopMoE(torch.nn.Module):
 def bench_layer(tid, case, args, info) -> dict:
     label, t, d, f, e, k, fn, groups, sel = case
     dev = info.device
+    snr_min = SNR_MIN if args.fp8 == "off" else 20.0  # E4M3 expert GEMMs vs the bf16 loop
     torch.manual_seed(tid)
     layer = turbo.modules.MoELayer(
         d, f, e, k, score_function=fn, groups=groups, selected_groups=sel, device=dev,
-        dtype=torch.bfloat16,
+        dtype=torch.bfloat16, fp8_config=_fp8_config(args.fp8),
     )  # fmt: skip
     # Non-uniform loads: every token shares a direction u, and expert e's router row gets
     # b_e * u with b_e = log(Gamma(3) load / mean), so popular experts win more often.
@@ -182,9 +191,9 @@ def bench_layer(tid, case, args, info) -> dict:
     params = list(layer.parameters())
     t_o, t_p = bench_pair((lambda: layer(x), (x, *params)), (lambda: peer(x_b), (x_b, *params)),
                           g, warmup=args.warmup_ms, rep=args.rep_ms, device=dev)  # fmt: skip
-    row = {"TestID": tid, "Case": label, "Op": "MoELayer", "T": t, "H": d, "F": f, "E": e,
-           "topk": k, "Min Load": min(loads), "Max Load": max(loads), **snr,
-           "Check": "PASS" if all(v > SNR_MIN for v in snr.values()) else "FAIL"}  # fmt: skip
+    row = {"TestID": tid, "Case": label, "Op": "MoELayer", "FP8": args.fp8, "T": t, "H": d,
+           "F": f, "E": e, "topk": k, "Min Load": min(loads), "Max Load": max(loads), **snr,
+           "Check": "PASS" if all(v > snr_min for v in snr.values()) else "FAIL"}  # fmt: skip
     flops = 2.0 * t * k * d * 3 * f  # gate|up (2F) + down (F)
     step_o = t_o[Mode.FWD].median_ms + t_o[Mode.BWD].median_ms
     step_p = t_p[Mode.FWD].median_ms + t_p[Mode.BWD].median_ms
@@ -210,6 +219,8 @@ COLUMNS = {
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--part", choices=("ops", "layer", "all"), default="all")
+    p.add_argument("--fp8", choices=("off", "tensorwise", "rowwise"), default="off",
+                   help="MoELayer expert GEMMs in FP8 (the loop peer stays bf16)")  # fmt: skip
     add_common_args(p)
     args = p.parse_args(argv)
     profile, info = resolve_profile(args.profile)
@@ -245,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         all_rows += results.rows
     combined = Results(info)
     combined.rows = all_rows  # one tidy CSV: the Op column tells permute/unpermute/MoELayer
-    name = f"moe_turbo_{args.part}_{info.date_compact}_{info.gpu}.csv"
+    name = f"moe_turbo_{args.part}_fp8-{args.fp8}_{info.date_compact}_{info.gpu}.csv"
     print(f"Results saved to {combined.write_csv(output_path(args.output, name))}")
     if notice:
         print(notice)
