@@ -82,8 +82,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// minBlocks = 1: without it ptxas aims for more resident blocks and spills the dw sums.
 template <typename T, int VPT>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(kMaxThreads, 1)
     bwd_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
                    const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ part,
                    int64_t rows, int64_t hidden) {
