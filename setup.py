@@ -251,8 +251,8 @@ def _sources(folder: Path, gpu: bool, archs: list[str]) -> list[str]:
     when their arch is built."""
     out = []
     for path in sorted(folder.glob("*")):
-        if path.suffix not in (".cpp", ".cu"):
-            continue
+        if path.suffix not in (".cpp", ".cu") or path.stem.endswith("_hip"):
+            continue  # *_hip.cpp / *.hip: hipify's outputs from an earlier ROCm build
         is_gpu = path.suffix == ".cu" or path.stem.endswith("_gpu")
         arch = _source_arch(path)
         if is_gpu and not gpu:
