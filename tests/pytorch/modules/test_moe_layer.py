@@ -7,7 +7,7 @@ import torch
 
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.reference.moe import moe_layer_ref
-from tests.pytorch.test_utils import snr_db
+from tests.pytorch.test_utils import assert_close, snr_db
 
 pytestmark = pytest.mark.moe
 
@@ -107,3 +107,21 @@ def test_moe_layer_fp8(granularity, device):
     assert snr_db(ref.detach(), out.detach().float()) > 20
     assert snr_db(x_ref.grad, x.grad.float()) > 20
     assert snr_db(ref_params[1].grad, layer.w1.grad.float()) > 20
+
+
+def test_moe_layer_torch_compile(device):
+    torch._dynamo.reset()
+    layer = turbo.modules.MoELayer(16, 8, 4, 2, device=device, dtype=torch.bfloat16)
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    compiled = torch.compile(layer, fullgraph=True, backend=backend)
+    x = torch.randn(5, 16, device=device, dtype=torch.bfloat16, requires_grad=True)
+    out = compiled(x)
+    out.float().sum().backward()
+    grads = [x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
+    x.grad = None
+    layer.zero_grad()
+    eager = layer(x)
+    eager.float().sum().backward()
+    assert_close(out, eager, torch.bfloat16)
+    for got, want in zip(grads, [x.grad] + [p.grad for p in layer.parameters()], strict=True):
+        assert_close(got, want, torch.bfloat16)
