@@ -13,7 +13,9 @@ Recipes (``config.granularity``):
 * BLOCKWISE (block 128): a in 1x128 blocks both ways, b in 128x128 tiles (shared by forward and
   dgrad), grad_out in 1x128 blocks both ways. Shapes need not be multiples of 128 (edge blocks
   use their valid part).
-* MX_BLOCKWISE: not implemented for GEMM yet (raises NotImplementedError).
+* MX_BLOCKWISE (MXFP8): E8M0 scales per 32 along K, every operand quantized both ways (1x32);
+  M, N, K multiples of 32 (else ValueError). TRITON (tl.dot_scaled) needs gfx950 or sm_90+ and
+  K % 128 == 0; elsewhere the TORCH reference runs.
 ``Format.HYBRID`` quantizes grad_out to E5M2 and the inputs to E4M3.
 """
 
@@ -24,6 +26,7 @@ import torch
 from primus_turbo.pytorch.core.checks import check, check_dtype_arg, check_tensor, fail
 from primus_turbo.pytorch.core.low_precision import (
     DEFAULT_BLOCK_SIZE,
+    MX_BLOCK_SIZE,
     Float8QuantConfig,
     ScalingGranularity,
     fp8_dtype_for_format,
@@ -46,6 +49,9 @@ def _quant_dual(x: torch.Tensor, dtype, granularity: ScalingGranularity, two_d: 
         return (q, s, 1), (qt, st, 1)
     if g == ScalingGranularity.ROWWISE:
         q, s, qt, st = quantize_impl(x, dtype, "row", 0, -1, True)
+        return (q, s, 1), (qt, st, 1)
+    if g == ScalingGranularity.MX_BLOCKWISE:
+        q, s, qt, st = quantize_impl(x, dtype, "mx", MX_BLOCK_SIZE, -1, True)
         return (q, s, 1), (qt, st, 1)
     axis = None if two_d else -1
     q, s, qt, st = quantize_impl(x, dtype, "block", DEFAULT_BLOCK_SIZE, axis, True)
@@ -138,8 +144,10 @@ def gemm_fp8(
         fail(_OP, "config", "a Float8QuantConfig or None", type(config).__name__, TypeError)
     g = config.granularity
     if g == ScalingGranularity.MX_BLOCKWISE:
-        fail(_OP, "config", "TENSORWISE/ROWWISE/BLOCKWISE (MX GEMM is not implemented)",
-             "MX_BLOCKWISE", NotImplementedError)  # fmt: skip
+        m = a.shape[1] if trans_a else a.shape[0]
+        n = b.shape[0] if trans_b else b.shape[1]
+        check(m % 32 == 0 and n % 32 == 0 and k_a % 32 == 0, _OP, "a/b",
+              "M, N, K multiples of 32 for MX_BLOCKWISE", f"M={m} N={n} K={k_a}")  # fmt: skip
     if g == ScalingGranularity.BLOCKWISE:
         check(config.block_size == DEFAULT_BLOCK_SIZE, _OP, "config.block_size",
               f"{DEFAULT_BLOCK_SIZE} for BLOCKWISE GEMM", config.block_size)  # fmt: skip

@@ -6,6 +6,9 @@ keywords ``a, b, sa, sb, granularity (int value), sa_group, sb_group, out_dtype`
 * TENSORWISE: 0-d scales. ROWWISE: ``sa [M, 1]``, ``sb [N, 1]``.
 * BLOCKWISE: ``sa [M / sa_group, K / 128]``, ``sb [N / sb_group, K / 128]`` (group 1 = 1x128
   blocks, 128 = 128x128 tiles), any strides.
+* MX_BLOCKWISE: E8M0 byte scales ``[rows, K / 32]``; operands fp8 (MXFP8) or uint8 holding two
+  E2M1 values per byte (MXFP4, then ``b.shape[1] == K / 2``). The same dispatcher serves
+  ``gemm_fp4`` (precision FP4 when the operands are packed bytes).
 """
 
 from __future__ import annotations
@@ -25,13 +28,16 @@ from primus_turbo.pytorch.core.backend import (
 )
 from primus_turbo.pytorch.core.low_precision import (
     ScalingGranularity,
+    check_mxfp8_support,
     check_scaled_mm_blockwise_support,
 )
 from primus_turbo.pytorch.core.platform import triton_interpret
 
-_T, _R, _B = (ScalingGranularity.TENSORWISE.value, ScalingGranularity.ROWWISE.value,
-              ScalingGranularity.BLOCKWISE.value)  # fmt: skip
+_T, _R, _B, _MX = (ScalingGranularity.TENSORWISE.value, ScalingGranularity.ROWWISE.value,
+                   ScalingGranularity.BLOCKWISE.value,
+                   ScalingGranularity.MX_BLOCKWISE.value)  # fmt: skip
 _E5M2 = (torch.float8_e5m2, torch.float8_e5m2fnuz)
+MX_OK = (torch.float8_e4m3fn, torch.float8_e5m2, torch.uint8)
 
 
 class GemmFp8Dispatcher(AutoKernelDispatcher):
@@ -39,8 +45,8 @@ class GemmFp8Dispatcher(AutoKernelDispatcher):
     memoize_resolution = False  # can_handle looks at scale layouts too
 
     @classmethod
-    def precision(cls, **kwargs) -> PrecisionType:
-        return PrecisionType.FP8
+    def precision(cls, a, **kwargs) -> PrecisionType:
+        return PrecisionType.FP4 if a.dtype == torch.uint8 else PrecisionType.FP8
 
     @classmethod
     def default_backend(cls, a, granularity, **kwargs) -> BackendType:
@@ -110,10 +116,12 @@ class GemmFp8HipblasltBackend(KernelBackend):
             return no(f"needs a GPU tensor, got device {a.device}")
         if a.dtype in _E5M2 and b.dtype in _E5M2:
             return no("e5m2 x e5m2 is not supported by torch._scaled_mm")
+        if granularity == _MX:
+            return no("MX scaling is not supported through torch._scaled_mm here")
         m, k = a.shape
         n = b.shape[0]
-        if k % 16 or n % 16 or a.stride(1) != 1 or b.stride(1) != 1:
-            return no(f"needs K and N multiples of 16 and K-contiguous operands (K={k} N={n})")
+        if m % 16 or k % 16 or n % 16 or a.stride(1) != 1 or b.stride(1) != 1:
+            return no(f"needs M, N, K multiples of 16, K-contiguous operands (M={m} N={n} K={k})")
         if granularity == _R and out_dtype != torch.bfloat16:
             return no(f"rowwise torch._scaled_mm needs bf16 output, got {out_dtype}")
         if granularity == _B:
@@ -145,6 +153,18 @@ class GemmFp8TritonBackend(KernelBackend):
     def can_handle(a, b, granularity, **kw) -> Verdict:
         if a.device.type != "cuda" and not triton_interpret():
             return no(f"needs a GPU tensor (or TRITON_INTERPRET=1 on CPU), got device {a.device}")
+        if granularity == _MX:
+            if a.device.type != "cuda":
+                return no("tl.dot_scaled is not available in the Triton interpreter")
+            ok, reason = check_mxfp8_support()
+            if not ok:
+                return no(reason)
+            if a.dtype not in MX_OK or b.dtype not in MX_OK:
+                return no(f"MX operands must be OCP fp8 or packed fp4, got {a.dtype}/{b.dtype}")
+            k = a.shape[1] * (2 if a.dtype == torch.uint8 else 1)
+            if k % 128 or a.stride(1) != 1 or b.stride(1) != 1:
+                return no(f"MX needs K % 128 == 0 and K-contiguous operands, got K={k}")
+            return YES
         if granularity not in (_T, _R, _B):
             return no(f"granularity {ScalingGranularity(granularity).name} not supported")
         return YES
@@ -153,12 +173,24 @@ class GemmFp8TritonBackend(KernelBackend):
     def execute(a, b, sa, sb, granularity, sa_group, sb_group, out_dtype, **kw) -> torch.Tensor:
         from primus_turbo.triton.gemm.gemm_fp8_kernel import gemm_fp8_triton
 
+        if granularity == _MX:
+            from primus_turbo.triton.gemm.gemm_mx_kernel import gemm_mx_triton
+
+            k = a.shape[1] * (2 if a.dtype == torch.uint8 else 1)
+            return gemm_mx_triton(a, b, sa, sb, out_dtype, k)
+
         mode = {_T: 0, _R: 1, _B: 2}[granularity]
         return gemm_fp8_triton(a, b, sa, sb, mode, out_dtype, sa_group, sb_group)
 
 
 def dequant_operand(q, s, granularity, group) -> torch.Tensor:
     """fp32 values of a quantized NT operand ``[R, K]``."""
+    if granularity == _MX:
+        from primus_turbo.pytorch.reference import quantization as ref
+
+        if q.dtype == torch.uint8:
+            return ref.dequantize_mxfp4_ref(q, s, torch.float32)
+        return ref.dequantize_mx_ref(q, s, torch.float32)
     x = q.float()
     if granularity in (_T, _R):
         return x * s.float().reshape(-1, 1) if s.dim() else x * s.float()
