@@ -9,6 +9,7 @@ from primus_turbo.pytorch.ops.activation import (
 )
 from primus_turbo.pytorch.ops.attention import flash_attn_func, flash_attn_varlen_func
 from primus_turbo.pytorch.ops.gemm import gemm
+from primus_turbo.pytorch.ops.gemm_fp4 import gemm_fp4
 from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8
 from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm
 from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_gemm_fp8
@@ -42,5 +43,5 @@ __all__ += [
 __all__ += ["flash_attn_func", "flash_attn_varlen_func"]
 __all__ += ["rmsnorm"]
 __all__ += ["gemm_fp8", "quantize_fp8", "quantize_fp8_with_trans", "dequantize_fp8"]
-__all__ += ["quantize_fp4", "dequantize_fp4"]
+__all__ += ["quantize_fp4", "dequantize_fp4", "gemm_fp4"]
 __all__ += ["grouped_gemm_fp8"]
