@@ -201,6 +201,15 @@ TASKS: list[dict[str, Any]] = [
         "output": "grouped_gemm_turbo_bf16_TRITON_{date}_{gpu}.csv",
     },
     {
+        "label": "grouped_gemm_bf16_triton_tma",
+        "group": "grouped_gemm_tma",
+        "profile": "gpu",
+        "script": "ops/training/bench_grouped_gemm_turbo.py",
+        "args": ["--dtype", "bf16", "--backend", "TRITON"],
+        "env": {"PRIMUS_TURBO_GROUPED_GEMM_TMA": "1"},
+        "output": "grouped_gemm_turbo_bf16_TRITON_tma_{date}_{gpu}.csv",
+    },
+    {
         "label": "grouped_gemm_fp8_rowwise_triton",
         "group": "grouped_gemm",
         "profile": "gpu",

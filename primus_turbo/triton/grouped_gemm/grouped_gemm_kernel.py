@@ -250,6 +250,12 @@ def _choose(key: tuple, default: GemmConfig, launch, family: ArchFamily) -> Gemm
     return choice
 
 
+def _tma_usable(a: torch.Tensor, b: torch.Tensor, trans_b: bool) -> bool:
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import tma_usable
+
+    return tma_usable(a, b, trans_b)
+
+
 def _programs(work_bound: int, cfg: GemmConfig, device: torch.device, family: ArchFamily) -> int:
     if family == ArchFamily.CPU:
         return max(1, min(work_bound, _INTERPRETER_PROGRAMS))
@@ -292,9 +298,15 @@ def grouped_gemm_triton(
     sa_stride = sa.stride(0) if scales is not None else 0
     sb_strides = (sb.stride(0), sb.stride(1)) if scales is not None else (0, 0)
 
+    use_tma = scales is None and family == ArchFamily.HOPPER and _tma_usable(a, b, trans_b)
+
     def launch(cfg: GemmConfig) -> None:
         bound = (-(-m // cfg.block_m) + g + 1) * -(-n // cfg.block_n)
         programs = _programs(bound, cfg, a.device, family)
+        if use_tma:
+            from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import launch_tma
+
+            return launch_tma(a, b, c, group_offs, trans_b, cfg, programs)
         grouped_gemm_kernel[(programs,)](
             a,
             b,
@@ -328,7 +340,8 @@ def grouped_gemm_triton(
 
     if config is None:
         default = select_grouped_config(m, n, k, g, family, num_compute_units(a.device))
-        key = ("fwd", _bucket(m), n, k, g, a.dtype, c.dtype, sbk == 1, a.stride(1) == 1, a.device)
+        key = ("fwd", _bucket(m), n, k, g, a.dtype, c.dtype, sbk == 1, a.stride(1) == 1, a.device,
+               use_tma)  # fmt: skip
         config = _choose(key, default, launch, family)
     launch(config)
     return c
@@ -456,6 +469,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                         "GROUP_M": cfg.group_m,
                         "EVEN_K": True,
                         "UPCAST": False,
+                        "SCALED": False,
                     },
                     options=cfg.options,
                     default=cfg == default and lay == "nt",
@@ -494,6 +508,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                     "BLOCK_K": cfg.block_k,
                     "GROUP_M": cfg.group_m,
                     "UPCAST": False,
+                    "SCALED": False,
                 },
                 options=cfg.options,
             )

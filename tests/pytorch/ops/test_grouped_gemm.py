@@ -325,3 +325,18 @@ def test_pinned_backend_refuses_with_reasons():
     with pytest.raises(ValueError, match=r"pinned backend HIPBLASLT cannot handle") as info:
         turbo.ops.grouped_gemm(a, b, gl)
     assert "TORCH: can handle" in str(info.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("trans_b", [False, True], ids=["NN", "NT"])
+@pytest.mark.parametrize("lens,k,n", GPU_CASES[:3], ids=lambda x: str(x)[:40])
+def test_grouped_gemm_tma_opt_in(lens, k, n, trans_b, monkeypatch, device):
+    """The opt-in TMA forward (PRIMUS_TURBO_GROUPED_GEMM_TMA=1, Hopper) gives the same result."""
+    from primus_turbo.pytorch.core.platform import cuda_capability
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_tma
+
+    if cuda_capability() is None or cuda_capability() < (9, 0):
+        pytest.skip("TMA descriptors need CUDA sm_90+")
+    monkeypatch.setattr(grouped_gemm_tma, "tma_enabled", lambda: True)
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
+    _check_fwd_bwd(lens, k, n, trans_b, torch.bfloat16, device)
