@@ -8,6 +8,7 @@ from primus_turbo.pytorch.ops.activation import (
     tokens_per_expert_to_mask,
 )
 from primus_turbo.pytorch.ops.attention import flash_attn_func, flash_attn_varlen_func
+from primus_turbo.pytorch.ops.attention_fp8 import flash_attn_fp8_func
 from primus_turbo.pytorch.ops.gemm import gemm
 from primus_turbo.pytorch.ops.gemm_fp4 import gemm_fp4
 from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8
@@ -40,7 +41,7 @@ __all__ += [
     "moe_permute",
     "moe_unpermute",
 ]
-__all__ += ["flash_attn_func", "flash_attn_varlen_func"]
+__all__ += ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_fp8_func"]
 __all__ += ["rmsnorm"]
 __all__ += ["gemm_fp8", "quantize_fp8", "quantize_fp8_with_trans", "dequantize_fp8"]
 __all__ += ["quantize_fp4", "dequantize_fp4", "gemm_fp4"]

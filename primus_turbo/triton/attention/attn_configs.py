@@ -38,48 +38,46 @@ def _amd(bm, bn, warps, stages=1, waves=2):
     return AttnConfig(bm, bn, warps, stages, (("waves_per_eu", waves),))
 
 
-# kind -> head-dim class ("small" <= 128, "large" = 256 padded) -> configs
+# kind -> head-dim class ("small" <= 128, "large" = 256 padded, also 192/128) -> configs.
+# Register budget (AOT check, build/aot_report.md): per thread, the fp32 accumulators take
+# rows * BLOCK_D / threads; 4 warps with a 128x128 fp32 accumulator spill on sm_90, so every
+# d128 tile that holds two such accumulators (dK and dV) uses 8 warps.
 def _cdna(kind: str, large: bool) -> list[AttnConfig]:
-    """gfx942/gfx950: 64-wide wavefronts, 64 KiB (gfx942) / 160 KiB (gfx950) LDS."""
+    """gfx942/gfx950: 64-wide wavefronts (4 warps = 256 lanes), 64 KiB / 160 KiB LDS."""
     if kind == "fwd":
         if large:
-            return [_amd(64, 64, 4), _amd(128, 32, 8)]
-        return [_amd(128, 64, 4), _amd(128, 64, 8), _amd(128, 32, 4), _amd(64, 64, 4)]
+            return [_amd(64, 64, 8), _amd(64, 32, 4)]
+        return [_amd(128, 64, 8), _amd(128, 64, 4), _amd(128, 32, 4), _amd(64, 64, 4)]
     if kind == "dkdv":
         if large:
-            return [_amd(16, 64, 4), _amd(32, 64, 4)]
-        return [_amd(32, 128, 4), _amd(64, 64, 4), _amd(32, 64, 4)]
+            return [_amd(32, 32, 8), _amd(16, 64, 8)]
+        return [_amd(32, 64, 8), _amd(64, 64, 8), _amd(32, 128, 8)]
     if large:  # dq
-        return [_amd(64, 16, 4), _amd(64, 32, 4)]
-    return [_amd(128, 32, 4), _amd(64, 64, 4), _amd(64, 32, 4)]
+        return [_amd(64, 32, 8), _amd(32, 32, 4)]
+    return [_amd(64, 64, 8), _amd(128, 32, 8), _amd(64, 32, 4)]
 
 
 def _hopper(kind: str, large: bool) -> list[AttnConfig]:
     """sm_90: 228 KiB shared memory, wgmma needs BLOCK_M >= 64 per 4 warps."""
     if kind == "fwd":
         if large:
-            return [AttnConfig(64, 64, 4, 2), AttnConfig(128, 64, 8, 2), AttnConfig(64, 32, 4, 3)]
-        return [
-            AttnConfig(128, 64, 8, 3),
-            AttnConfig(128, 128, 8, 2),
-            AttnConfig(128, 64, 4, 3),
-            AttnConfig(64, 64, 4, 4),
-        ]
+            return [AttnConfig(64, 64, 8, 2), AttnConfig(128, 64, 8, 2), AttnConfig(64, 32, 4, 3)]
+        return [AttnConfig(128, 64, 8, 3), AttnConfig(128, 128, 8, 2), AttnConfig(64, 64, 4, 3)]
     if kind == "dkdv":
         if large:
-            return [AttnConfig(32, 64, 4, 2), AttnConfig(16, 64, 4, 2), AttnConfig(64, 64, 8, 1)]
+            return [AttnConfig(32, 32, 8, 2), AttnConfig(64, 32, 8, 2), AttnConfig(16, 64, 8, 2)]
         return [
-            AttnConfig(32, 128, 4, 3),
+            AttnConfig(32, 64, 8, 3),
+            AttnConfig(64, 64, 8, 2),
+            AttnConfig(32, 128, 8, 2),
             AttnConfig(64, 128, 8, 2),
-            AttnConfig(32, 64, 4, 3),
-            AttnConfig(64, 64, 4, 2),
         ]
     if large:  # dq
-        return [AttnConfig(64, 32, 4, 2), AttnConfig(64, 16, 4, 2), AttnConfig(64, 64, 8, 1)]
+        return [AttnConfig(64, 32, 8, 2), AttnConfig(64, 64, 8, 2), AttnConfig(32, 32, 4, 2)]
     return [
-        AttnConfig(128, 32, 4, 3),
+        AttnConfig(64, 64, 8, 3),
+        AttnConfig(128, 32, 8, 3),
         AttnConfig(128, 64, 8, 2),
-        AttnConfig(64, 64, 4, 3),
         AttnConfig(64, 32, 4, 3),
     ]
 

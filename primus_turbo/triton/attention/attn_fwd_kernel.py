@@ -51,6 +51,13 @@ def _fwd_steps(
     EVEN_DQK: tl.constexpr,
     EVEN_DV: tl.constexpr,
     UPCAST: tl.constexpr,
+    ks_base=None,
+    vs_base=None,
+    qs=None,
+    FP8: tl.constexpr = False,
+    SCALE_BLK: tl.constexpr = 64,
+    P_MAX: tl.constexpr = 448.0,
+    P_FP8: tl.constexpr = False,
 ):
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -67,6 +74,8 @@ def _fwd_steps(
         if UPCAST:
             kt = kt.to(tl.float32)
         s = tl.dot(q, kt) * qk_scale
+        if FP8:  # dequant: per-row Q scale x per-(head, key block) K scale
+            s = s * (qs[:, None] * tl.load(ks_base + n0 // SCALE_BLK))
         if MASK:
             ok = visible(offs_m, offs_n, seqlen_q, seqlen_k, win_l, win_r, HAS_L, HAS_R)
             s = tl.where(ok, s, float("-inf"))
@@ -82,7 +91,21 @@ def _fwd_steps(
             v = tl.load(v_ptrs)
         else:
             v = tl.load(v_ptrs, mask=vmask, other=0.0)
-        if UPCAST:
+        if FP8 and not P_FP8:  # V dequantised to bf16 in registers; P V in bf16
+            vdq = v.to(tl.float32) * tl.load(vs_base + n0 // SCALE_BLK)
+            if UPCAST:
+                acc = tl.dot(p.to(tl.bfloat16).to(tl.float32), vdq.to(tl.bfloat16).to(tl.float32),
+                             acc)  # fmt: skip
+            else:
+                acc = tl.dot(p.to(tl.bfloat16), vdq.to(tl.bfloat16), acc)
+        elif FP8:  # P quantised as p * P_MAX in V's fp8 format; V's block scale applied after
+            p8 = (p * P_MAX).to(v.dtype)
+            if UPCAST:
+                pv = tl.dot(p8.to(tl.float32), v.to(tl.float32))
+            else:
+                pv = tl.dot(p8, v)
+            acc += pv * (tl.load(vs_base + n0 // SCALE_BLK) / P_MAX)
+        elif UPCAST:
             acc = tl.dot(p, v.to(tl.float32), acc)
         else:
             acc = tl.dot(p.to(v.dtype), v, acc)
@@ -92,7 +115,8 @@ def _fwd_steps(
 
 @triton.jit
 def attn_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, qs_ptr, ks_ptr, vs_ptr,
+    n_sblk_q, n_sblk_k,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -103,6 +127,10 @@ def attn_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr,
     BLOCK_DV: tl.constexpr, VARLEN: tl.constexpr, HAS_L: tl.constexpr, HAS_R: tl.constexpr,
     UPCAST: tl.constexpr,
+    FP8: tl.constexpr = False,
+    SCALE_BLK: tl.constexpr = 64,
+    P_MAX: tl.constexpr = 448.0,
+    P_FP8: tl.constexpr = False,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -128,6 +156,15 @@ def attn_fwd_kernel(
     q = tl.load(q_ptrs, mask=(offs_m[:, None] < seqlen_q) & (offs_dk[None, :] < DQK), other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
+    ks_base = ks_ptr
+    vs_base = vs_ptr
+    qs = None
+    if FP8:  # per-row Q scales (a row block may span scale blocks); K/V scales per key block
+        q_row = (b64 * num_heads + h) * n_sblk_q
+        qs = tl.load(qs_ptr + q_row + offs_m // SCALE_BLK, mask=offs_m < seqlen_q, other=1.0)
+        kv_row = (b64 * (num_heads // group) + hk) * n_sblk_k
+        ks_base = ks_ptr + kv_row
+        vs_base = vs_ptr + kv_row
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -138,15 +175,18 @@ def attn_fwd_kernel(
     acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, offs_m,
                                offs_dk, offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, win_l,
                                win_r, qk_scale, DQK, DV, BLOCK_N, False, HAS_L, HAS_R, EVEN_DQK,
-                               EVEN_DV, UPCAST)  # fmt: skip
+                               EVEN_DV, UPCAST, ks_base, vs_base, qs, FP8, SCALE_BLK,
+                               P_MAX, P_FP8)  # fmt: skip
     acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, offs_m,
                                offs_dk, offs_dv, lo, full_lo, seqlen_q, seqlen_k, win_l,
                                win_r, qk_scale, DQK, DV, BLOCK_N, True, HAS_L, HAS_R, EVEN_DQK,
-                               EVEN_DV, UPCAST)  # fmt: skip
+                               EVEN_DV, UPCAST, ks_base, vs_base, qs, FP8, SCALE_BLK,
+                               P_MAX, P_FP8)  # fmt: skip
     acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, offs_m,
                                offs_dk, offs_dv, full_hi, hi, seqlen_q, seqlen_k, win_l,
                                win_r, qk_scale, DQK, DV, BLOCK_N, True, HAS_L, HAS_R, EVEN_DQK,
-                               EVEN_DV, UPCAST)  # fmt: skip
+                               EVEN_DV, UPCAST, ks_base, vs_base, qs, FP8, SCALE_BLK,
+                               P_MAX, P_FP8)  # fmt: skip
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]

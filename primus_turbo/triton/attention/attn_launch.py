@@ -7,6 +7,7 @@ lse is ``[B, Hq, Sq]`` (dense) or ``[Hq, Tq]`` (varlen), fp32, natural log.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -25,6 +26,7 @@ from primus_turbo.triton.attention.attn_configs import AttnConfig, attn_configs,
 from primus_turbo.triton.attention.attn_fwd_kernel import LOG2E, attn_fwd_kernel
 
 _tuned: dict[tuple, AttnConfig] = {}
+FP8_SCALE_BLOCK = 64  # tokens per fp8 scale block (per batch and head); FP8 needs BLOCK_N <= it
 
 
 @functools.cache
@@ -37,6 +39,15 @@ def _tuning_enabled() -> bool:
     import os
 
     return os.environ.get("PRIMUS_TURBO_TRITON_TUNE", "1").strip() != "0"
+
+
+@functools.cache
+def _p_fp8() -> bool:
+    """``PRIMUS_TURBO_ATTN_FP8_PV=1``: P V as an fp8 dot (P quantised); default bf16 P V with V
+    dequantised in registers (out SNR ~28 dB vs ~24-26 dB with fp8 P on random inputs)."""
+    import os
+
+    return os.environ.get("PRIMUS_TURBO_ATTN_FP8_PV", "0").strip() == "1"
 
 
 def _pow2(d: int) -> int:
@@ -55,15 +66,19 @@ def _window_flags(causal: bool, window: tuple[int, int]) -> tuple[int, int, bool
     return max(left, 0), max(right, 0), left >= 0, right >= 0
 
 
-def _pick(kind: str, family: ArchFamily, block_d: int, key: tuple, launch) -> AttnConfig:
+def _pick(kind: str, family: ArchFamily, block_d: int, key: tuple, launch,
+          max_block_n: int = 1 << 30) -> AttnConfig:  # fmt: skip
     """Heuristic config, or the fastest candidate for this shape (timed once, cached)."""
+    cands = [c for c in attn_configs(family, kind, block_d) if c.block_n <= max_block_n]
+    if not cands:
+        cands = [dataclasses.replace(select_config(family, kind, block_d), block_n=max_block_n)]
     if family == ArchFamily.CPU or is_graph_capturing() or not _tuning_enabled():
-        return select_config(family, kind, block_d)
+        return cands[0]
     full_key = (kind, block_d, *key)
     cfg = _tuned.get(full_key)
     if cfg is None:
         timings = {}
-        for cand in attn_configs(family, kind, block_d):
+        for cand in cands:
             try:
                 timings[cand] = triton.testing.do_bench(
                     lambda cand=cand: launch(cand), warmup=3, rep=15, return_mode="median"
@@ -79,8 +94,13 @@ def _bucket(x: int) -> int:
     return 1 << max(x - 1, 0).bit_length()
 
 
-def attn_fwd_triton(q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal, window):
-    """Forward; returns ``(out, lse)``. ``cu_q``/``cu_k`` None means dense bshd."""
+def attn_fwd_triton(q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal, window, fp8=None):
+    """Forward; returns ``(out, lse)``. ``cu_q``/``cu_k`` None means dense bshd.
+
+    ``fp8=(q_scale, k_scale, v_scale, p_max)``: q/k/v are fp8 (dense only) with fp32 dequant
+    scales ``[B, H, ceil(S / FP8_SCALE_BLOCK)]``; P is quantised as ``p * p_max``; the output
+    dtype is bf16.
+    """
     varlen = cu_q is not None
     if varlen:
         batch = cu_q.numel() - 1
@@ -92,7 +112,8 @@ def attn_fwd_triton(q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal, window):
     else:
         batch, max_sq, hq, dqk = q.shape
         max_sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
-        out = torch.empty((batch, max_sq, hq, dv), dtype=q.dtype, device=q.device)
+        out_dtype = torch.bfloat16 if fp8 is not None else q.dtype
+        out = torch.empty((batch, max_sq, hq, dv), dtype=out_dtype, device=q.device)
         lse = torch.empty((batch, hq, max_sq), dtype=torch.float32, device=q.device)
         ls = lse.stride()
     if out.numel() == 0 or max_sq == 0 or batch == 0:
@@ -102,22 +123,31 @@ def attn_fwd_triton(q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal, window):
     bdq, bdv = _pow2(dqk), _pow2(dv)
     family = arch_family(q.device)
     dummy = cu_q if varlen else q
+    if fp8 is None:
+        scale_ptrs, n_sblk, fp8_consts = (lse, lse, lse), (0, 0), {}
+    else:
+        scale_ptrs = fp8[:3]
+        n_sblk = (fp8[0].shape[-1], fp8[1].shape[-1])
+        fp8_consts = {"FP8": True, "SCALE_BLK": FP8_SCALE_BLOCK, "P_MAX": float(fp8[3]),
+                      "P_FP8": _p_fp8()}  # fmt: skip
 
     def launch(cfg: AttnConfig):
         grid = (triton.cdiv(max_sq, cfg.block_m), batch * hq)
         attn_fwd_kernel[grid](
-            q, k, v, out, lse, dummy, cu_k if varlen else dummy,
+            q, k, v, out, lse, dummy, cu_k if varlen else dummy, *scale_ptrs, *n_sblk,
             *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
             *_strides3(out, varlen), *ls,
             hq, hq // hkv, max_sq, max_sk, scale * LOG2E, wl, wr, dqk, dv,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_DQK=bdq, BLOCK_DV=bdv,
             VARLEN=varlen, HAS_L=has_l, HAS_R=has_r,
-            UPCAST=_interpreting() and q.dtype == torch.bfloat16, **cfg.options,
+            UPCAST=_interpreting() and (q.dtype == torch.bfloat16 or fp8 is not None),
+            **fp8_consts, **cfg.options,
         )  # fmt: skip
 
     key = (batch, _bucket(max_sq), _bucket(max_sk), hq, hkv, dqk, dv, q.dtype, varlen,
-           has_l, has_r, q.device)  # fmt: skip
-    cfg = _pick("fwd", family, max(bdq, bdv), key, launch)
+           has_l, has_r, q.device, fp8 is not None)  # fmt: skip
+    cfg = _pick("fwd", family, max(bdq, bdv), key, launch,
+                FP8_SCALE_BLOCK if fp8 is not None else 1 << 30)  # fmt: skip
     launch(cfg)
     return out, lse
 
@@ -215,7 +245,9 @@ def aot_specs(target: str) -> list[AotSpec]:
             "fwd": (
                 attn_fwd_kernel,
                 _sig({n: f"*{t}" for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")}
-                     | {"lse_ptr": "*fp32", "cu_q_ptr": "*i32", "cu_k_ptr": "*i32"},
+                     | {"lse_ptr": "*fp32", "cu_q_ptr": "*i32", "cu_k_ptr": "*i32",
+                        "qs_ptr": "*fp32", "ks_ptr": "*fp32", "vs_ptr": "*fp32",
+                        "n_sblk_q": "i32", "n_sblk_k": "i32"},
                      ("q", "k", "v", "o"),
                      ("num_heads", *head, "qk_scale", "win_l", "win_r")),
             ),
@@ -246,7 +278,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                         signature=sig,
                         constexprs={**const, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n},
                         options=cfg.options,
-                        default=i == 0 and dqk == 128,
+                        default=i == 0,
                     )
                 )
     return specs
