@@ -216,8 +216,8 @@ def moe_permute(
     Args:
         tokens: ``[T, H]`` fp16/bf16/fp32.
         expert_map: top-k expert ids ``[T, K]`` int32/int64 (ids outside
-            ``[0, num_local_experts)`` are dropped), or a bool routing map ``[T, E]`` with exactly
-            ``num_topk`` set entries per row.
+            ``[0, num_local_experts)`` are dropped), or a bool routing map ``[T, E]`` with at
+            most ``num_topk`` set entries per row (rows with fewer leave dropped slots).
         num_local_experts: ``E``.
         num_topk: ``K``; required with a routing map, checked against ``expert_map`` otherwise.
         pad_multiple: pad every expert's segment with zero rows to a multiple of this.
@@ -269,6 +269,8 @@ def moe_permute(
         check(num_topk >= 1, op, "num_topk", ">= 1 with a bool routing map", num_topk)
         idx = torch.sort(expert_map.to(torch.int8), dim=-1, descending=True, stable=True).indices
         idx = idx[:, :num_topk]
+        # rows with fewer than num_topk set entries: the extra picks are dropped, not routed
+        idx = torch.where(expert_map.gather(1, idx), idx, -1)
     else:
         idx = expert_map.to(torch.int64)
         check(num_topk in (0, idx.shape[1]), op, "num_topk", f"0 or {idx.shape[1]}", num_topk)

@@ -239,3 +239,13 @@ def test_permute_swiglu_unpermute_no_host_sync(device):
         torch.cuda.set_sync_debug_mode("default")
     assert logits.grad is not None and x.grad is not None
     assert int(tpe.sum()) == t * k
+
+
+def test_permute_routing_map_with_fewer_than_topk(device):
+    rmap = torch.tensor([[True, False, True], [False, True, False]], device=device)
+    x = rand(2, 8, dtype=torch.float32, device=device)
+    perm, row_map, tpe, *_ = turbo.ops.moe_permute(x, rmap, num_local_experts=3, num_topk=2)
+    assert tpe.tolist() == [1, 1, 1]
+    assert row_map.tolist() == [[0, 2], [1, -1]]
+    u, _ = turbo.ops.moe_unpermute(perm, row_map)
+    assert_close(u, x * torch.tensor([[2.0], [1.0]], device=device), torch.float32)
