@@ -42,7 +42,7 @@ MX_OK = (torch.float8_e4m3fn, torch.float8_e5m2, torch.uint8)
 
 class GemmFp8Dispatcher(AutoKernelDispatcher):
     family = "gemm"  # shares PRIMUS_TURBO_GEMM_BACKEND (fp8:...) with the dense GEMM
-    memoize_resolution = False  # can_handle looks at scale layouts too
+    memoize_resolution = True  # make_key covers shapes, dtypes, recipe, K-contiguity, device
 
     @classmethod
     def precision(cls, a, **kwargs) -> PrecisionType:
@@ -57,7 +57,8 @@ class GemmFp8Dispatcher(AutoKernelDispatcher):
     @classmethod
     def make_key(cls, a, b, granularity, out_dtype, sa_group, sb_group, **kwargs):
         return (a.shape[0], b.shape[0], a.shape[1], a.dtype, b.dtype, out_dtype, granularity,
-                sa_group, sb_group, a.device.type)  # fmt: skip
+                sa_group, sb_group, a.stride(1) == 1, b.stride(1) == 1, a.device.type,
+                a.device.index)  # fmt: skip
 
     @classmethod
     def describe(cls, a, b, granularity, out_dtype, **kwargs) -> str:
