@@ -229,6 +229,9 @@ def _sig(ptrs: dict[str, str], tensors: tuple[str, ...], scalars: tuple[str, ...
     return sig
 
 
+_FWD_CONST = {"FP8": False, "SCALE_BLK": FP8_SCALE_BLOCK, "P_MAX": 448.0, "P_FP8": False}
+
+
 def aot_specs(target: str) -> list[AotSpec]:
     """bf16 causal dense specs of every config per kernel, for head dims 128 and 192/128."""
     assert target in AOT_TARGETS, target
@@ -276,9 +279,24 @@ def aot_specs(target: str) -> list[AotSpec]:
                         name=f"attn_{kind}_{t}_d{dqk}x{dv}_{cfg.name}",
                         fn=fn,
                         signature=sig,
-                        constexprs={**const, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n},
+                        constexprs={
+                            **const,
+                            **(_FWD_CONST if kind == "fwd" else {}),
+                            "BLOCK_M": cfg.block_m,
+                            "BLOCK_N": cfg.block_n,
+                        },
                         options=cfg.options,
                         default=i == 0,
                     )
                 )
+    # the FP8 forward (d128, E4M3 q/k/v: FNUZ on gfx942), first config with BLOCK_N <= 64
+    f8 = triton_dtype_name(torch.float8_e4m3fnuz if target == "gfx942" else torch.float8_e4m3fn)
+    fwd = next(x for x in specs if x.name.startswith(f"attn_fwd_{t}_d128x128"))
+    cfg = next(c for c in attn_configs(family, "fwd", 128) if c.block_n <= FP8_SCALE_BLOCK)
+    sig = {**fwd.signature, "q_ptr": f"*{f8}", "k_ptr": f"*{f8}", "v_ptr": f"*{f8}"}
+    fmax = 240.0 if target == "gfx942" else 448.0
+    const = {**fwd.constexprs, "FP8": True, "P_MAX": fmax, "BLOCK_M": cfg.block_m,
+             "BLOCK_N": cfg.block_n}  # fmt: skip
+    specs.append(AotSpec(f"attn_fwd_fp8_d128x128_{cfg.name}", attn_fwd_kernel, sig, const,
+                         cfg.options, default=True))  # fmt: skip
     return specs
