@@ -4,7 +4,7 @@ Operands are quantized to E2M1 (two per byte) with E8M0 scales per 32 values alo
 directions (``x`` and ``x.T``), so forward, dgrad and wgrad all run NT on K-contiguous packed
 operands (same structure as :mod:`gemm_fp8`). Backends: TRITON (``tl.dot_scaled``, gfx950 or
 sm_90+, K % 128 == 0) and the TORCH reference (decode, fp32 matmul). M, N, K must be multiples
-of 32. Quantization runs the torch reference (no fused FP4 kernel yet). Stochastic rounding,
+of 32. Quantization: the fused MXFP4 Triton kernel (two launches: x and x.T). Stochastic rounding,
 Hadamard transforms and preshuffled layouts are not implemented (rejected by the config).
 """
 
@@ -15,7 +15,7 @@ import torch
 from primus_turbo.pytorch.core.checks import check, check_dtype_arg, check_tensor, fail
 from primus_turbo.pytorch.core.low_precision import Float4QuantConfig, ScalingGranularity
 from primus_turbo.pytorch.kernels.gemm.gemm_fp8_impl import gemm_fp8_impl
-from primus_turbo.pytorch.reference.quantization import quantize_mxfp4_ref
+from primus_turbo.pytorch.ops.quantization import quantize_fp4
 
 __all__ = ["gemm_fp4"]
 
@@ -25,8 +25,8 @@ _MX = ScalingGranularity.MX_BLOCKWISE.value
 
 
 def _quant_dual(x: torch.Tensor):
-    q, s = quantize_mxfp4_ref(x)
-    qt, st = quantize_mxfp4_ref(x.t().contiguous())
+    q, s = quantize_fp4(x)
+    qt, st = quantize_fp4(x, axis=0)  # x.T, K-contiguous
     return (q, s, 1), (qt, st, 1)
 
 

@@ -27,6 +27,7 @@ from primus_turbo.pytorch.core.low_precision import (
     ScalingRecipe,
     is_fp8_dtype,
 )
+from primus_turbo.pytorch.core.platform import triton_interpret
 from primus_turbo.pytorch.kernels.quantization.quant_impl import quantize_impl
 from primus_turbo.pytorch.reference import quantization as ref
 
@@ -163,6 +164,10 @@ def quantize_fp4(x: torch.Tensor, *, axis: int = -1):
     op = "quantize_fp4"
     check_tensor(op, "x", x, ndim=2, dtypes=_FLOAT)
     x = _mx_input(op, x, axis, False)
+    if x.device.type == "cuda" or triton_interpret():
+        from primus_turbo.triton.quantization.quant_launch import quant_mxfp4
+
+        return quant_mxfp4(x)
     return ref.quantize_mxfp4_ref(x)
 
 

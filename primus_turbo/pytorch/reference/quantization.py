@@ -121,9 +121,10 @@ def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
     """fp32 values (already clamped to +-6) -> 4-bit codes, round to nearest, ties to even code."""
     mag = v.abs()
     vals = _E2M1_VALUES.to(v.device)
-    # midpoints between neighbours; ties go to the even code (even mantissa bit)
-    idx = torch.bucketize(mag, (vals[1:] + vals[:-1]) / 2, right=False)
+    # midpoints between neighbours; a value on a midpoint lands on the upper code (right=True)
+    # and moves down when that code is odd: ties go to the even code (even mantissa bit)
     mids = (vals[1:] + vals[:-1]) / 2
+    idx = torch.bucketize(mag, mids, right=True)
     tie = (idx > 0) & (mag == mids[(idx - 1).clamp_min(0)]) & (idx % 2 == 1)
     idx = torch.where(tie, idx - 1, idx)
     sign = (v < 0) & (idx > 0)

@@ -203,6 +203,44 @@ def quant_rows_kernel(
         tl.store(q_ptr + rm64[:, None] * stride_qm + rn64 * stride_qn, q, mask=mask)
 
 
+@triton.jit
+def quant_mxfp4_kernel(
+    x_ptr, q_ptr, s_ptr, M, N, stride_xm, stride_xn, stride_qm, stride_sm, BM: tl.constexpr
+):
+    """MXFP4 along rows: one E8M0 scale per 32 values, E2M1 codes rounded to nearest even and
+    packed two per byte (element 2i in the low nibble). NaN -> 0, +-inf -> +-6 (E2M1 has
+    neither). Grid: (cdiv(M, BM), N / 32)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * 32 + tl.arange(0, 32)
+    rm64 = rm.to(tl.int64)
+    mask_m = rm < M
+    x = tl.load(
+        x_ptr + rm64[:, None] * stride_xm + rn[None, :].to(tl.int64) * stride_xn,
+        mask=mask_m[:, None], other=0.0,
+    ).to(tl.float32)  # fmt: skip
+    amax = tl.max(_finite_abs(x), axis=1)
+    e = tl.floor(tl.log2(tl.maximum(amax, 1.1754943508222875e-38)))
+    e = tl.minimum(tl.maximum(e - 2.0, -127.0), 127.0)
+    y = x * tl.exp2(-e)[:, None]
+    y = tl.where(y != y, 0.0, tl.minimum(tl.maximum(y, -6.0), 6.0))
+    mag = tl.abs(y)
+    ulp = tl.where(mag < 2.0, 0.5, tl.where(mag < 4.0, 1.0, 2.0))
+    t = mag / ulp
+    f = tl.floor(t)
+    r = t - f
+    odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
+    v = tl.where((r > 0.5) | ((r == 0.5) & odd), f + 1.0, f) * ulp
+    code = tl.where(v < 2.0, v * 2.0, tl.where(v < 4.0, v + 2.0, v * 0.5 + 4.0))
+    code = code + tl.where((y < 0.0) & (v != 0.0), 8.0, 0.0)
+    lo, hi = tl.split(tl.reshape(code.to(tl.int32), (BM, 16, 2)))
+    packed = (lo | (hi << 4)).to(tl.uint8)
+    rq = pid_n * 16 + tl.arange(0, 16)
+    tl.store(q_ptr + rm64[:, None] * stride_qm + rq[None, :], packed, mask=mask_m[:, None])
+    tl.store(s_ptr + rm64 * stride_sm + pid_n, (e + 127.0).to(tl.uint8), mask=mask_m)
+
+
 # ---- ahead-of-time check -------------------------------------------------------------------
 
 
@@ -270,4 +308,9 @@ def aot_specs(target: str) -> list[AotSpec]:
         AotSpec(f"quant_rowwise_{fp8}", quant_rows_kernel, rows_sig,
                 {"BM": 4, "BN": 1024, "FMAX": fmax, "FMT": (0, 0, 0, 0)}, opts)
     )  # fmt: skip
+    if target in ("gfx950", "sm_90"):
+        fp4_sig = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "M": "i32", "N": "i32:16",
+                   "stride_xm": "i32:16", "stride_xn": "i32:1", "stride_qm": "i32:16",
+                   "stride_sm": "i32"}  # fmt: skip
+        specs.append(AotSpec("quant_mxfp4", quant_mxfp4_kernel, fp4_sig, {"BM": 32}, opts))
     return specs

@@ -21,6 +21,7 @@ from primus_turbo.triton.quantization.quant_kernel import (
     ROWS,
     TILE,
     amax_kernel,
+    quant_mxfp4_kernel,
     quant_rows_kernel,
     quant_tile_kernel,
 )
@@ -160,3 +161,15 @@ def quant_mx(x: torch.Tensor, dtype: torch.dtype, dual: bool = False, block: int
     st_strides = (st.stride(1), st.stride(0)) if dual else (0, 0)
     _tile(x, q, s, qt, st, None, block, block, MX, dual, dtype, s.stride(), st_strides)
     return (q, s, qt, st) if dual else (q, s)
+
+
+def quant_mxfp4(x: torch.Tensor, block: int = 32):
+    """MXFP4 along N: ``(packed uint8 [M, N/2], scale_e8m0 uint8 [M, N/32])``; N % 32 == 0."""
+    m, n = x.shape
+    q = torch.empty((m, n // 2), dtype=torch.uint8, device=x.device)
+    s = torch.empty((m, n // block), dtype=torch.uint8, device=x.device)
+    if m and n:
+        quant_mxfp4_kernel[(_cdiv(m, 32), n // block)](
+            x, q, s, m, n, x.stride(0), x.stride(1), q.stride(0), s.stride(0), BM=32, num_warps=4
+        )
+    return q, s

@@ -167,14 +167,25 @@ def test_fnuz_uses_its_range():
     assert fp8_dtypes_for("gfx950")[0] == torch.float8_e4m3fn
 
 
+def test_fp4_kernel_matches_reference():
+    x = _x(40, 96)
+    x[0, 0], x[1, 1], x[2, :32] = float("nan"), float("inf"), 0.0
+    q, s = quantize_fp4(x)
+    q_ref, s_ref = ref.quantize_mxfp4_ref(x)
+    assert torch.equal(s.cpu(), s_ref.cpu()) and torch.equal(q.cpu(), q_ref.cpu())
+    q, s = quantize_fp4(x[:32, :64], axis=0)  # x.T along its rows: strided reads
+    q_ref, s_ref = ref.quantize_mxfp4_ref(x[:32, :64].t().contiguous())
+    assert torch.equal(s.cpu(), s_ref.cpu()) and torch.equal(q.cpu(), q_ref.cpu())
+
+
 def test_fp4_round_trip_and_packing():
     x = _x(16, 64)
     packed, s = quantize_fp4(x)
     assert packed.shape == (16, 32) and packed.dtype == torch.uint8 and s.shape == (16, 2)
     assert snr_db(x.float(), dequantize_fp4(packed, s, torch.float32)) >= 10
     # every E2M1 value survives encode/decode; ties round to even codes
-    vals = torch.tensor([0.0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.5, -6, 0.25, 2.5, 5.0])
-    expect = torch.tensor([0.0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.5, -6, 0.0, 2.0, 4.0])
+    vals = torch.tensor([0.0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.5, -6, 0.25, 2.5, 5.0, 0.75, 3.5, 1.75])
+    expect = torch.tensor([0.0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.5, -6, 0.0, 2.0, 4.0, 1.0, 4.0, 2.0])
     assert torch.equal(ref.e2m1_decode(ref.e2m1_encode(vals)), expect)
 
 
