@@ -35,6 +35,16 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
+# bench_modes times the backward as ``out.backward(grad, retain_graph=True)`` on one saved forward.
+# torch.compile'd peers otherwise compile their backward with donated buffers, which refuses
+# retain_graph ("compiled with non-empty donated buffers ..."); donation saves memory, not time.
+try:
+    import torch._functorch.config as _functorch_config
+
+    _functorch_config.donated_buffer = False
+except (ImportError, AttributeError):  # older torch: no donation, nothing to turn off
+    pass
+
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
 
