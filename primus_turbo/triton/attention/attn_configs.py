@@ -61,19 +61,18 @@ def _hopper(kind: str, large: bool) -> list[AttnConfig]:
     """sm_90: 228 KiB shared memory, wgmma needs BLOCK_M >= 64 per 4 warps."""
     if kind == "fwd":
         if large:
-            return [AttnConfig(64, 64, 8, 2), AttnConfig(128, 64, 8, 2), AttnConfig(64, 32, 4, 3)]
+            # AOT sm_90 (d256 / 192-padded): 128x64 w8 s2 clean, 64x64 w8 s2 spills 20 B
+            return [AttnConfig(128, 64, 8, 2), AttnConfig(64, 64, 8, 2)]
         return [AttnConfig(128, 64, 8, 3), AttnConfig(128, 128, 8, 2), AttnConfig(64, 64, 4, 3)]
     if kind == "dkdv":
         if large:
-            return [AttnConfig(32, 32, 8, 2), AttnConfig(64, 32, 8, 2), AttnConfig(16, 64, 8, 2)]
-        return [
-            AttnConfig(32, 64, 8, 3),
-            AttnConfig(64, 64, 8, 2),
-            AttnConfig(32, 128, 8, 2),
-            AttnConfig(64, 128, 8, 2),
-        ]
+            # AOT sm_90: 16x32 w8 clean (mma.sync: N=32 too narrow for wgmma); 32x32 w8 s2
+            # spills 136 B, 32x64 / 16x64 spill 270-800 B (dK and dV at d256 are 2x 64 KiB fp32)
+            return [AttnConfig(16, 32, 8, 1), AttnConfig(32, 32, 8, 2)]
+        # AOT sm_90: m32n128w8 with 2 stages spills 144 B, 1 stage none; m16n128w8s2 none
+        return [AttnConfig(32, 128, 8, 1), AttnConfig(16, 128, 8, 2)]
     if large:  # dq
-        return [AttnConfig(64, 32, 8, 2), AttnConfig(64, 64, 8, 2), AttnConfig(32, 32, 4, 2)]
+        return [AttnConfig(64, 32, 8, 2), AttnConfig(32, 32, 4, 2)]  # both clean on sm_90
     return [
         AttnConfig(64, 64, 8, 3),
         AttnConfig(128, 32, 8, 3),
