@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import primus_turbo
-from primus_turbo.build_info import build_info, native_ops, native_status
+from primus_turbo.build_info import build_info, native_has_gpu, native_ops, native_status
 from tests.conftest import HAS_GPU
 
 pytestmark = pytest.mark.rmsnorm
@@ -46,5 +49,63 @@ def test_cpp_ops_cpu_and_meta():
     assert ym.shape == (3, 16) and ym.device.type == "meta" and rm.shape == (3,)
     dx, dw = ops.rmsnorm_bwd(x.to("meta"), x.to("meta"), w.to("meta"), rm)
     assert dx.shape == (3, 16) and dw.shape == (16,)
-    with pytest.raises(RuntimeError, match="argument 'weight' expected contiguous"):
-        ops.rmsnorm_fwd(x, w[:8], 1e-6)
+
+
+# Bad arguments reach the raw C++ ops (the public API checks them in Python first). They run in a
+# child process: a crash while raising (the H200 CUDA build once died with SIGSEGV here) then
+# fails this test with the child's native backtrace instead of killing the pytest worker.
+_BAD_ARGS_CHILD = r"""
+import faulthandler, sys, torch
+faulthandler.enable()
+from primus_turbo.build_info import native_ops
+ops = native_ops()
+x = torch.randn(3, 16)
+w = torch.randn(16)
+dev = sys.argv[1]
+x, w = x.to(dev), w.to(dev)
+rstd = torch.ones(3, device=dev)
+cases = [
+    ("weight", lambda: ops.rmsnorm_fwd(x, w[:8], 1e-6)),  # contiguous, wrong hidden size
+    ("weight", lambda: ops.rmsnorm_fwd(x, w.half(), 1e-6)),
+    ("x", lambda: ops.rmsnorm_fwd(x.t(), w[:3], 1e-6)),
+    ("x", lambda: ops.rmsnorm_fwd(x.double(), w.double(), 1e-6)),
+    ("dy", lambda: ops.rmsnorm_bwd(x[:2], x, w, rstd)),
+    ("rstd", lambda: ops.rmsnorm_bwd(x, x, w, rstd[:2])),
+]
+for arg, call in cases:
+    try:
+        call()
+    except RuntimeError as e:
+        assert f"argument '{arg}'" in str(e), (arg, str(e))
+        continue
+    raise SystemExit(f"no error for a bad '{arg}'")
+print("BAD-ARGS-OK")
+"""
+
+
+def _run_bad_args(device: str) -> None:
+    cmd = [sys.executable, "-c", _BAD_ARGS_CHILD, device]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if res.returncode == 0 and "BAD-ARGS-OK" in res.stdout:
+        return
+    detail = res.stdout[-3000:] + res.stderr[-6000:]
+    gdb = shutil.which("gdb")
+    if gdb and res.returncode < 0:  # crashed: rerun under gdb for the native stack
+        g = subprocess.run(
+            [gdb, "-batch", "-ex", "run", "-ex", "bt 40", "--args", *cmd],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        detail += "\n--- gdb ---\n" + g.stdout[-8000:]
+    pytest.fail(f"bad-argument child (device {device}) rc={res.returncode}:\n{detail}")
+
+
+def test_cpp_ops_bad_args_cpu():
+    native_ops()  # skips/fails here, not in the child, when the extension is missing
+    _run_bad_args("cpu")
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU build and device")
+def test_cpp_ops_bad_args_gpu():
+    if not native_has_gpu():
+        pytest.fail("GPU machine but the extension has no GPU kernels")
+    _run_bad_args("cuda")
