@@ -212,3 +212,25 @@ def test_aiter_backend_says_why(device):
         import aiter  # noqa: F401
     except Exception:
         assert not verdicts[BackendType.AITER].ok and "aiter" in verdicts[BackendType.AITER].reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_default_dispatch_without_lse(causal, device):
+    """Without lse on CUDA the default times SDPA against TRITON (fwd+bwd) and keeps the faster;
+    either way the result and gradients match the reference."""
+    from primus_turbo.pytorch.kernels.attention.attention_impl import AttnDispatcher
+
+    q, k, v = _inputs(2, 1000, 1000, 16, 4, 128, 128, torch.bfloat16, device)
+    out = turbo.ops.flash_attn_func(q, k, v, causal=causal)
+    kwargs = dict(q=q, k=k, v=v, cu_q=None, cu_k=None, max_sq=1000, max_sk=1000,
+                  scale=128**-0.5, causal=causal, window=NO_WIN, return_lse=False)  # fmt: skip
+    assert AttnDispatcher.resolve(**kwargs) in (BackendType.TORCH, BackendType.TRITON)
+    qr, kr, vr = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref, _ = attention_ref(qr, kr, vr, None, causal)
+    assert_close(out, ref, torch.bfloat16)
+    grad = rand(*out.shape, dtype=torch.bfloat16, device=device)
+    out.backward(grad)
+    ref.backward(grad.float())
+    for got, want in ((q.grad, qr.grad), (k.grad, kr.grad), (v.grad, vr.grad)):
+        assert_close(got, want, torch.bfloat16)
