@@ -48,13 +48,15 @@ def _cdna(kind: str, large: bool) -> list[AttnConfig]:
         if large:
             return [_amd(64, 64, 8), _amd(64, 32, 4)]
         return [_amd(128, 64, 8), _amd(128, 64, 4), _amd(128, 32, 4), _amd(64, 64, 4)]
+    # Backward: waves_per_eu=1 gives a wave the whole 512-entry VGPR+AGPR file; with 2 the
+    # 256-register cap spilled every dK/dV and most dQ tiles in the AOT check.
     if kind == "dkdv":
         if large:
-            return [_amd(32, 32, 8), _amd(16, 64, 8)]
-        return [_amd(32, 64, 8), _amd(64, 64, 8), _amd(32, 128, 8)]
+            return [_amd(32, 32, 8, waves=1), _amd(16, 64, 8, waves=1)]
+        return [_amd(32, 64, 8, waves=1), _amd(64, 64, 8, waves=1), _amd(32, 128, 8, waves=1)]
     if large:  # dq
-        return [_amd(64, 32, 8), _amd(32, 32, 4)]
-    return [_amd(64, 64, 8), _amd(128, 32, 8), _amd(64, 32, 4)]
+        return [_amd(64, 32, 8, waves=1), _amd(32, 32, 4, waves=1)]
+    return [_amd(64, 64, 8, waves=1), _amd(128, 32, 8, waves=1), _amd(64, 32, 4, waves=1)]
 
 
 def _hopper(kind: str, large: bool) -> list[AttnConfig]:
