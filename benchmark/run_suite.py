@@ -90,6 +90,17 @@ TASKS: list[dict[str, Any]] = [
         "output": "rmsnorm_turbo_bf16_{date}_{gpu}.csv",
     },
     {
+        # A/B: the C++ backend with its previous kernels (one row per block forward, backward
+        # without row prefetch); compare with the TURBO rows of rmsnorm_bf16.
+        "label": "rmsnorm_bf16_cpp_prev",
+        "group": "rmsnorm",
+        "profile": "gpu",
+        "script": "ops/training/bench_rmsnorm_turbo.py",
+        "args": ["--dtype", "bf16", "--backends", "TURBO"],
+        "env": {"PRIMUS_TURBO_RMSNORM_CPP_PERSIST": "0"},
+        "output": "rmsnorm_turbo_bf16_cpp_prev_{date}_{gpu}.csv",
+    },
+    {
         "label": "attention_bf16",
         "group": "attention",
         "profile": "gpu",

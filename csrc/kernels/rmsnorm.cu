@@ -9,6 +9,7 @@
 // second kernel sums the partial rows in a fixed order (deterministic for a given device).
 // Generic path (any hidden, e.g. 1 or 127): the same math with scalar loads.
 #include <algorithm>
+#include <cstdlib>
 
 #include "primus_turbo/device.h"
 #include "primus_turbo/rmsnorm.h"
@@ -57,6 +58,69 @@ __global__ void __launch_bounds__(kMaxThreads)
         out.v()[j] = from_float<T>(to_float(xv[i].v()[j]) * rs * to_float(wv.v()[j]));
       }
       store16(yr + v * N, out);
+    }
+  }
+}
+
+// Persistent forward (default): a grid that fills the device walks the rows with stride
+// gridDim.x; the next row's x is loaded before the current row's reduction, so loads stay in
+// flight across the block reduction and the stores (double buffering in registers). w is re-read
+// per row from L1/L2 (small, hot); it is not __restrict__ so the compiler does not hoist it (and
+// its fp32 conversion) into registers, which would halve the resident blocks.
+template <typename T, int VPT>
+__global__ void __launch_bounds__(kMaxThreads)
+    fwd_persist_kernel(const T* __restrict__ x, const T* w, T* __restrict__ y,
+                       float* __restrict__ rstd, int64_t rows, int64_t hidden, float eps) {
+  __shared__ float scratch[kScratch];
+  constexpr int N = Vec16<T>::N;
+  const int nvec = static_cast<int>(hidden / N);
+  const float inv_h = 1.f / static_cast<float>(hidden);
+  Vec16<T> xv[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) xv[i].raw = make_uint4(0, 0, 0, 0);
+  int64_t row = blockIdx.x;
+  if (row < rows) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = static_cast<int>(threadIdx.x + i * blockDim.x);  // nvec <= 4096
+      if (v < nvec) load16(xv[i], x + row * hidden + v * N);
+    }
+  }
+  for (; row < rows; row += gridDim.x) {
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float f = to_float(xv[i].v()[j]);  // zero where v >= nvec
+        ss += f * f;
+      }
+    }
+    const int64_t next = row + gridDim.x;
+    Vec16<T> xn[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = static_cast<int>(threadIdx.x + i * blockDim.x);  // nvec <= 4096
+      xn[i].raw = make_uint4(0, 0, 0, 0);
+      if (next < rows && v < nvec) load16(xn[i], x + next * hidden + v * N);
+    }
+    ss = block_sum(ss, scratch);
+    const float rs = rsqrtf(ss * inv_h + eps);
+    if (threadIdx.x == 0) rstd[row] = rs;
+    T* yr = y + row * hidden;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = static_cast<int>(threadIdx.x + i * blockDim.x);  // nvec <= 4096
+      if (v < nvec) {
+        Vec16<T> wv, out;
+        load16(wv, w + v * N);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          out.v()[j] = from_float<T>(to_float(xv[i].v()[j]) * rs * to_float(wv.v()[j]));
+        }
+        store16(yr + v * N, out);
+      }
+      xv[i] = xn[i];
     }
   }
 }
@@ -154,6 +218,102 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   }
 }
 
+// Persistent backward (default): like bwd_vec_kernel, but the next row's x and dy are loaded
+// before the current row's reduction (double buffering in registers, loads in flight across the
+// reduction and the dx stores). w is re-read per row from L1/L2 (it is small and hot) instead of
+// held in registers, which keeps the two row buffers plus the fp32 dw sums without spills.
+template <typename T, int VPT>
+__global__ void __launch_bounds__(kMaxThreads, 1)
+    bwd_persist_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* w,
+                       const float* __restrict__ rstd, T* __restrict__ dx,
+                       float* __restrict__ part, int64_t rows, int64_t hidden) {
+  __shared__ float scratch[kScratch];
+  constexpr int N = Vec16<T>::N;
+  const int nvec = static_cast<int>(hidden / N);
+  const float inv_h = 1.f / static_cast<float>(hidden);
+  float acc[VPT][N];
+  Vec16<T> xv[VPT], gv[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) acc[i][j] = 0.f;
+    xv[i].raw = make_uint4(0, 0, 0, 0);
+    gv[i].raw = make_uint4(0, 0, 0, 0);
+  }
+  int64_t row = blockIdx.x;
+  if (row < rows) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = static_cast<int>(threadIdx.x + i * blockDim.x);  // nvec <= 2048
+      if (v < nvec) {
+        load16(xv[i], x + row * hidden + v * N);
+        load16(gv[i], dy + row * hidden + v * N);
+      }
+    }
+  }
+  for (; row < rows; row += gridDim.x) {
+    const float rs = rstd[row];
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = static_cast<int>(threadIdx.x + i * blockDim.x);  // nvec <= 2048
+      Vec16<T> wv;
+      wv.raw = make_uint4(0, 0, 0, 0);
+      if (v < nvec) load16(wv, w + v * N);
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float xh = to_float(xv[i].v()[j]) * rs;  // zero where v >= nvec
+        const float g = to_float(gv[i].v()[j]);
+        dot += xh * g * to_float(wv.v()[j]);
+        acc[i][j] += g * xh;
+      }
+    }
+    const int64_t next = row + gridDim.x;
+    Vec16<T> xn[VPT], gn[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = static_cast<int>(threadIdx.x + i * blockDim.x);  // nvec <= 2048
+      xn[i].raw = make_uint4(0, 0, 0, 0);
+      gn[i].raw = make_uint4(0, 0, 0, 0);
+      if (next < rows && v < nvec) {
+        load16(xn[i], x + next * hidden + v * N);
+        load16(gn[i], dy + next * hidden + v * N);
+      }
+    }
+    const float mean = block_sum(dot, scratch) * inv_h;
+    T* dxr = dx + row * hidden;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = static_cast<int>(threadIdx.x + i * blockDim.x);  // nvec <= 2048
+      if (v < nvec) {
+        Vec16<T> wv, out;
+        load16(wv, w + v * N);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float xh = to_float(xv[i].v()[j]) * rs;
+          out.v()[j] = from_float<T>(
+              rs * (to_float(wv.v()[j]) * to_float(gv[i].v()[j]) - xh * mean));
+        }
+        store16(dxr + v * N, out);
+      }
+      xv[i] = xn[i];
+      gv[i] = gn[i];
+    }
+  }
+  float* pb = part + static_cast<int64_t>(blockIdx.x) * hidden;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int v = static_cast<int>(threadIdx.x + i * blockDim.x);  // nvec <= 2048
+    if (v < nvec) {
+#pragma unroll
+      for (int j = 0; j < N; j += 4) {
+        *reinterpret_cast<float4*>(pb + v * N + j) =
+            make_float4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]);
+      }
+    }
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kMaxThreads)
     bwd_generic_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
@@ -217,14 +377,16 @@ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 1
 
 // `aligned`: every row pointer is 16-byte aligned (base pointers aligned, hidden % N == 0).
 // `max_vpt`: 8 for the forward (it holds only x); 4 for the backward, which also holds w, dy and
-// the fp32 dw sums per vector and would spill at 8.
+// the fp32 dw sums per vector and would spill at 8. `fill`: the thread count a block grows to
+// before VPT doubles (256 for the one-row-per-block kernels; 512 for the persistent ones, whose
+// double buffers make a smaller VPT with more threads the better use of registers).
 template <typename T>
-Plan make_plan(bool aligned, int64_t hidden, int max_vpt) {
+Plan make_plan(bool aligned, int64_t hidden, int max_vpt, int fill = 256) {
   constexpr int N = Vec16<T>::N;
   const int64_t nvec = hidden / N;
   if (aligned && hidden % N == 0 && nvec <= static_cast<int64_t>(max_vpt) * kMaxThreads) {
     for (int vpt = 1; vpt <= max_vpt; vpt *= 2) {
-      if (nvec <= static_cast<int64_t>(vpt) * 256 || vpt == max_vpt) {
+      if (nvec <= static_cast<int64_t>(vpt) * fill || vpt == max_vpt) {
         return {vpt, std::max(kWarpSize, round_up((nvec + vpt - 1) / vpt, kWarpSize))};
       }
     }
@@ -234,14 +396,56 @@ Plan make_plan(bool aligned, int64_t hidden, int max_vpt) {
 
 constexpr int kFwdMaxVpt = 8, kBwdMaxVpt = 4;
 
+// PRIMUS_TURBO_RMSNORM_CPP_PERSIST=0 selects the previous one-row-per-block forward and the
+// backward without row prefetch (for A/B timing); default 1: the persistent double-buffered ones.
+inline bool use_persist() {
+  static const bool on = [] {
+    const char* v = std::getenv("PRIMUS_TURBO_RMSNORM_CPP_PERSIST");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
+
+// Resident blocks of `k` on the whole device (at most `max_per_sm` per SM).
+template <typename Kernel>
+int64_t resident_blocks(Kernel k, int threads, int max_per_sm) {
+  int per_sm = 0;
+#if PT_HIP
+  PT_CHECK(hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, 0), "occupancy");
+#else
+  PT_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, 0), "occupancy");
+#endif
+  return static_cast<int64_t>(std::min(std::max(per_sm, 1), max_per_sm)) * device_sm_count();
+}
+
 template <typename T>
 void fwd_launch(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t hidden,
                 float eps, ptStream_t s) {
-  const Plan p = make_plan<T>(aligned16(x) && aligned16(w) && aligned16(y), hidden, kFwdMaxVpt);
+  const bool al = aligned16(x) && aligned16(w) && aligned16(y);
+  const Plan p = make_plan<T>(al, hidden, kFwdMaxVpt, use_persist() ? kMaxThreads : 256);
   auto X = static_cast<const T*>(x);
   auto W = static_cast<const T*>(w);
   auto Y = static_cast<T*>(y);
-  dim3 grid(static_cast<unsigned>(rows)), block(p.threads);
+  dim3 block(p.threads);
+  if (p.vpt > 0 && use_persist()) {
+    int64_t cap = 1;
+    switch (p.vpt) {
+      case 1: cap = resident_blocks(fwd_persist_kernel<T, 1>, p.threads, 32); break;
+      case 2: cap = resident_blocks(fwd_persist_kernel<T, 2>, p.threads, 32); break;
+      case 4: cap = resident_blocks(fwd_persist_kernel<T, 4>, p.threads, 32); break;
+      default: cap = resident_blocks(fwd_persist_kernel<T, 8>, p.threads, 32); break;
+    }
+    dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, std::min(rows, cap))));
+    switch (p.vpt) {
+      case 1: fwd_persist_kernel<T, 1><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, hidden, eps); break;
+      case 2: fwd_persist_kernel<T, 2><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, hidden, eps); break;
+      case 4: fwd_persist_kernel<T, 4><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, hidden, eps); break;
+      default: fwd_persist_kernel<T, 8><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, hidden, eps);
+    }
+    PT_CHECK_LAUNCH("rmsnorm forward");
+    return;
+  }
+  dim3 grid(static_cast<unsigned>(rows));
   switch (p.vpt) {
     case 1: fwd_vec_kernel<T, 1><<<grid, block, 0, s>>>(X, W, Y, rstd, hidden, eps); break;
     case 2: fwd_vec_kernel<T, 2><<<grid, block, 0, s>>>(X, W, Y, rstd, hidden, eps); break;
@@ -252,28 +456,28 @@ void fwd_launch(const void* x, const void* w, void* y, float* rstd, int64_t rows
   PT_CHECK_LAUNCH("rmsnorm forward");
 }
 
-template <typename Kernel>
-int64_t resident_blocks(Kernel k, int threads) {
-  int per_sm = 0;
-#if PT_HIP
-  PT_CHECK(hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, 0), "occupancy");
-#else
-  PT_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, 0), "occupancy");
-#endif
-  // At most 4 per SM: enough loads in flight, while the dw partial rows (one per block, fp32)
-  // stay a few percent of the traffic.
-  return static_cast<int64_t>(std::min(std::max(per_sm, 1), 4)) * device_sm_count();
+// Grid of the backward (= number of dw partial rows): every SM filled with resident blocks, at
+// most 4 per SM (enough loads in flight, while the fp32 dw partial rows stay a few percent of the
+// traffic). The same function sizes the scratch and the launch, so they always agree.
+// Backward plan; the persistent kernel runs for VPT 1 and 2 (at VPT 4 its two row buffers plus
+// the dw sums spill on sm_90), bwd_vec_kernel otherwise.
+template <typename T>
+Plan bwd_plan(bool aligned, int64_t hidden) {
+  return make_plan<T>(aligned, hidden, kBwdMaxVpt, use_persist() ? kMaxThreads : 256);
 }
+inline bool bwd_persist(const Plan& p) { return use_persist() && (p.vpt == 1 || p.vpt == 2); }
 
-// Grid of the backward (= number of dw partial rows): every SM filled with resident blocks.
 template <typename T>
 int64_t bwd_grid(const Plan& p, int64_t rows) {
   int64_t cap;
+  const bool persist = bwd_persist(p);
   switch (p.vpt) {
-    case 1: cap = resident_blocks(bwd_vec_kernel<T, 1>, p.threads); break;
-    case 2: cap = resident_blocks(bwd_vec_kernel<T, 2>, p.threads); break;
-    case 4: cap = resident_blocks(bwd_vec_kernel<T, 4>, p.threads); break;
-    default: cap = resident_blocks(bwd_generic_kernel<T>, p.threads);
+    case 1: cap = persist ? resident_blocks(bwd_persist_kernel<T, 1>, p.threads, 4)
+                          : resident_blocks(bwd_vec_kernel<T, 1>, p.threads, 4); break;
+    case 2: cap = persist ? resident_blocks(bwd_persist_kernel<T, 2>, p.threads, 4)
+                          : resident_blocks(bwd_vec_kernel<T, 2>, p.threads, 4); break;
+    case 4: cap = resident_blocks(bwd_vec_kernel<T, 4>, p.threads, 4); break;
+    default: cap = resident_blocks(bwd_generic_kernel<T>, p.threads, 4);
   }
   return std::max<int64_t>(1, std::min(rows, cap));
 }
@@ -282,15 +486,14 @@ int64_t bwd_grid(const Plan& p, int64_t rows) {
 // which path the pointers allow.
 template <typename T>
 int64_t bwd_partials(int64_t rows, int64_t hidden) {
-  return std::max(bwd_grid<T>(make_plan<T>(true, hidden, kBwdMaxVpt), rows),
-                  bwd_grid<T>(make_plan<T>(false, hidden, kBwdMaxVpt), rows));
+  return std::max(bwd_grid<T>(bwd_plan<T>(true, hidden), rows),
+                  bwd_grid<T>(bwd_plan<T>(false, hidden), rows));
 }
 
 template <typename T>
 void bwd_launch(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
                 void* dw, float* part, int64_t rows, int64_t hidden, ptStream_t s) {
-  const Plan p =
-      make_plan<T>(aligned16(dy) && aligned16(x) && aligned16(w) && aligned16(dx), hidden, kBwdMaxVpt);
+  const Plan p = bwd_plan<T>(aligned16(dy) && aligned16(x) && aligned16(w) && aligned16(dx), hidden);
   const int64_t g = bwd_grid<T>(p, rows);
   auto DY = static_cast<const T*>(dy);
   auto X = static_cast<const T*>(x);
@@ -298,11 +501,19 @@ void bwd_launch(const void* dy, const void* x, const void* w, const float* rstd,
   auto DX = static_cast<T*>(dx);
   dim3 grid(static_cast<unsigned>(g)), block(p.threads);
   if (rows > 0) {
-    switch (p.vpt) {
-      case 1: bwd_vec_kernel<T, 1><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden); break;
-      case 2: bwd_vec_kernel<T, 2><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden); break;
-      case 4: bwd_vec_kernel<T, 4><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden); break;
-      default: bwd_generic_kernel<T><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden);
+    if (bwd_persist(p)) {
+      if (p.vpt == 1) {
+        bwd_persist_kernel<T, 1><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden);
+      } else {
+        bwd_persist_kernel<T, 2><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden);
+      }
+    } else {
+      switch (p.vpt) {
+        case 1: bwd_vec_kernel<T, 1><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden); break;
+        case 2: bwd_vec_kernel<T, 2><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden); break;
+        case 4: bwd_vec_kernel<T, 4><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden); break;
+        default: bwd_generic_kernel<T><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden);
+      }
     }
     PT_CHECK_LAUNCH("rmsnorm backward");
   }
