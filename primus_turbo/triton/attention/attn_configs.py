@@ -48,8 +48,9 @@ def _cdna(kind: str, large: bool) -> list[AttnConfig]:
         if large:
             return [_amd(64, 64, 8), _amd(64, 32, 4)]
         return [_amd(128, 64, 8), _amd(128, 64, 4), _amd(128, 32, 4), _amd(64, 64, 4)]
-    # Backward: waves_per_eu=1 gives a wave the whole 512-entry VGPR+AGPR file; with 2 the
-    # 256-register cap spilled every dK/dV and most dQ tiles in the AOT check.
+    # Backward: AOT (2026-11-29) spills on gfx942/gfx950 with waves_per_eu 2 and 1 alike
+    # (Triton keeps accumulators in the 256 arch VGPRs, AGPR 0): d128 dK/dV ~26 VGPRs, d192/256
+    # dK/dV 58-240. Smaller tiles (BLOCK_N 32 at d128, 16 at d256) are the next thing to try.
     if kind == "dkdv":
         if large:
             return [_amd(32, 32, 8, waves=1), _amd(16, 64, 8, waves=1)]
