@@ -12,6 +12,7 @@
 #   BUILD_FROM=worktree|head (head: `git archive HEAD`, committed files only; the name avoids
 #   DOCKER_CONTEXT, which the docker CLI reads)
 #   DOCKER_TEST_ARGS (extra `make test` arguments inside, e.g. PYTEST_ARGS='-m "not slow"')
+#   DOCKER_TEST_RUNTIME=1: `test` also builds the builder + runtime stages and imports the wheel
 #   START_DOCKERD=1: start dockerd (vfs storage, no bridge/iptables) when none answers (root).
 set -euo pipefail
 
@@ -118,11 +119,20 @@ cmd_test() {
     build dev "$IMAGE:dev-test" --network=host
     t2=$SECONDS
     log "make test inside $IMAGE:dev-test (no network)"
+    local rc=0
     # shellcheck disable=SC2086 # DOCKER_TEST_ARGS is a list of make arguments
-    $DOCKER run --rm --network=none "$IMAGE:dev-test" make test ${DOCKER_TEST_ARGS:-}
+    $DOCKER run --rm --network=none "$IMAGE:dev-test" make test ${DOCKER_TEST_ARGS:-} || rc=$?
     t3=$SECONDS
-    log "timings: base $((t1 - t0)) s, image build $((t2 - t1)) s, make test $((t3 - t2)) s," \
-        "total $((t3 - t0)) s"
+    if [ "$rc" = 0 ] && [ "${DOCKER_TEST_RUNTIME:-0}" = 1 ]; then
+        # builder (wheel + code-object check) and runtime stages, then an import smoke test
+        build runtime "$IMAGE:runtime-test" --network=host
+        $DOCKER run --rm --network=none "$IMAGE:runtime-test" python3 -c \
+            "import primus_turbo.pytorch as t, primus_turbo; print('runtime ok', primus_turbo.__version__)" \
+            || rc=$?
+    fi
+    log "timings: base $((t1 - t0)) s, dev image build $((t2 - t1)) s, make test $((t3 - t2)) s," \
+        "runtime stage $((SECONDS - t3)) s, total $((SECONDS - t0)) s (rc=$rc)"
+    return "$rc"
 }
 
 cmd_run() {
