@@ -144,3 +144,22 @@ def select_split_k(m: int, n: int, k: int, cfg: GemmConfig, num_cus: int) -> int
             break
         split *= 2
     return split
+
+
+STREAM_K_MAX_TILE = 128 * 128
+
+
+def use_stream_k(m: int, n: int, k: int, cfg: GemmConfig, num_cus: int) -> bool:
+    """Whether stream-K is worth trying: the data-parallel grid's last wave leaves more than 15%
+    of the CU-slots idle, there are at most a few waves (beyond that the tail is amortised) and
+    every program still gets at least two K tiles of work. Tiles above 128x128 are left out:
+    the finishing program holds a loaded partial next to its accumulator, and 128x256 spills
+    on sm_90 (build/aot_report.md)."""
+    if cfg.block_m * cfg.block_n > STREAM_K_MAX_TILE:
+        return False
+    tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
+    slots = num_cus * cfg.programs_per_cu
+    waves = _cdiv(tiles, slots)
+    efficiency = tiles / (waves * slots)
+    k_tiles = _cdiv(k, cfg.block_k)
+    return efficiency < 0.85 and waves <= 4 and tiles * k_tiles >= 2 * num_cus

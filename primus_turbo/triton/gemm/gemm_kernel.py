@@ -31,10 +31,12 @@ from primus_turbo.pytorch.core.platform import (
 )
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec, triton_dtype_name
 from primus_turbo.triton.gemm.gemm_configs import (
+    STREAM_K_MAX_TILE,
     GemmConfig,
     gemm_configs,
     select_config,
     select_split_k,
+    use_stream_k,
 )
 
 
@@ -47,6 +49,37 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     pid_m = first_m + (tile_id % width) % group_size
     pid_n = (tile_id % width) // group_size
     return pid_m, pid_n
+
+
+@triton.jit
+def _tile_mma(
+    a_ptr, b_ptr, rm64, rn64, mask_m, mask_n, kt_start, kt_end, K,
+    stride_am, stride_ak, stride_bk, stride_bn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """fp32 ``A[rm, k] @ B[k, rn]`` over the K tiles ``[kt_start, kt_end)`` of one output tile."""
+    offs_k = tl.arange(0, BLOCK_K)
+    k0 = kt_start * BLOCK_K
+    a_ptrs = a_ptr + rm64[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak
+    b_ptrs = b_ptr + (k0 + offs_k)[:, None] * stride_bk + rn64[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(kt_start, kt_end):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=mask_m, other=0.0)
+            b = tl.load(b_ptrs, mask=mask_n, other=0.0)
+        else:
+            k_left = K - kt * BLOCK_K
+            a = tl.load(a_ptrs, mask=mask_m & (offs_k[None, :] < k_left), other=0.0)
+            b = tl.load(b_ptrs, mask=mask_n & (offs_k[:, None] < k_left), other=0.0)
+        if UPCAST:
+            # The CPU interpreter mis-computes bf16 x bf16 dots; fp32 operands are exact.
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
 
 
 @triton.jit
@@ -79,7 +112,6 @@ def gemm_kernel(
     num_tiles = num_pid_m * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
     k_per_split = tl.cdiv(k_tiles, SPLIT_K)
-    offs_k = tl.arange(0, BLOCK_K)
     for work_id in range(pid, num_tiles * SPLIT_K, num_programs):
         if SPLIT_K == 1:
             tile_id = work_id
@@ -99,25 +131,10 @@ def gemm_kernel(
         rn64 = rn.to(tl.int64)
         mask_m = rm[:, None] < M
         mask_n = rn[None, :] < N
-        k0 = kt_start * BLOCK_K
-        a_ptrs = a_ptr + rm64[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak
-        b_ptrs = b_ptr + (k0 + offs_k)[:, None] * stride_bk + rn64[None, :] * stride_bn
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(kt_start, kt_end):
-            if EVEN_K:
-                a = tl.load(a_ptrs, mask=mask_m, other=0.0)
-                b = tl.load(b_ptrs, mask=mask_n, other=0.0)
-            else:
-                k_left = K - kt * BLOCK_K
-                a = tl.load(a_ptrs, mask=mask_m & (offs_k[None, :] < k_left), other=0.0)
-                b = tl.load(b_ptrs, mask=mask_n & (offs_k[:, None] < k_left), other=0.0)
-            if UPCAST:
-                # The CPU interpreter mis-computes bf16 x bf16 dots; fp32 operands are exact.
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc)
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += BLOCK_K * stride_bk
+        acc = _tile_mma(
+            a_ptr, b_ptr, rm64, rn64, mask_m, mask_n, kt_start, kt_end, K,
+            stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST,
+        )  # fmt: skip
         c = acc.to(c_ptr.dtype.element_ty)
         c_ptrs = c_ptr + rm64[:, None] * stride_cm + rn64[None, :] * stride_cn
         if SPLIT_K > 1:
@@ -125,9 +142,72 @@ def gemm_kernel(
         tl.store(c_ptrs, c, mask=mask_m & mask_n)
 
 
+@triton.jit
+def gemm_streamk_kernel(
+    a_ptr, b_ptr, c_ptr, ws_ptr, flag_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    iters_per_program,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Stream-K: the ``tiles * k_tiles`` MAC iterations are split evenly over the programs.
+
+    Program ``p`` owns iterations ``[p * W, (p + 1) * W)`` and walks them tile by tile from the
+    END of its range backwards. A tile covered by one program is stored directly. A tile split
+    over programs ``first..last`` gets fp32 partials from ``first..last-1`` and is finished by
+    ``last``, the owner of its final K slice, which adds them in program order (deterministic)
+    and resets their flags for the next call. A program writes at most one partial (the piece
+    where its range ends inside a tile), so the workspace is one ``BLOCK_M x BLOCK_N`` fp32
+    slot and one flag per program: ``ws[p]``, then ``flag[p] = 1`` with release semantics.
+    Because every program does its partial-only pieces first and its single waiting piece
+    last, waits are short and cannot deadlock when all programs are resident (grid <= CUs);
+    in the interpreter, programs run in increasing order, so ``first..last-1`` finish first.
+    """
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    total = num_pid_m * num_pid_n * k_tiles
+    start = pid * iters_per_program
+    end = tl.minimum(start + iters_per_program, total)
+    offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    it_end = end
+    while it_end > start:
+        tile_id = (it_end - 1) // k_tiles
+        tile_start = tile_id * k_tiles
+        kt_start = tl.maximum(start, tile_start) - tile_start
+        kt_end = it_end - tile_start
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm64 = rm.to(tl.int64)
+        rn64 = rn.to(tl.int64)
+        mask_m = rm[:, None] < M
+        mask_n = rn[None, :] < N
+        acc = _tile_mma(
+            a_ptr, b_ptr, rm64, rn64, mask_m, mask_n, kt_start, kt_end, K,
+            stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST,
+        )  # fmt: skip
+        if kt_end < k_tiles:
+            # not the final K slice: publish the partial for the tile's finishing program
+            tl.store(ws_ptr + pid * (BLOCK_M * BLOCK_N) + offs_tile, acc)
+            tl.atomic_xchg(flag_ptr + pid, 1, sem="release")
+        else:
+            for q in range(tile_start // iters_per_program, pid):
+                while tl.atomic_cas(flag_ptr + q, 1, 0, sem="acquire") != 1:
+                    pass
+                acc += tl.load(ws_ptr + q * (BLOCK_M * BLOCK_N) + offs_tile)
+            c_ptrs = c_ptr + rm64[:, None] * stride_cm + rn64[None, :] * stride_cn
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
+        it_end = tile_start + kt_start
+
+
 # ---- launcher ------------------------------------------------------------------------------
 
-_tuned: dict[tuple, GemmConfig] = {}
+# A plan is (config, split_k, stream_k); tuned plans are cached per shape bucket.
+Plan = tuple[GemmConfig, int, bool]
+_tuned: dict[tuple, Plan] = {}
+_flags: dict[tuple, torch.Tensor] = {}
 
 
 def _launch(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily, split_k: int = 1):
@@ -167,6 +247,48 @@ def _launch(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily, split
         torch.sum(out, dim=0, out=c) if c.dtype == torch.float32 else c.copy_(out.sum(dim=0))
 
 
+def _stream_k_flags(device: torch.device, programs: int) -> torch.Tensor:
+    """Zeroed int32 flags, one per program, kept per (device, stream) across calls.
+
+    The kernel leaves every flag it sets back at zero, so one zeroing at allocation suffices;
+    a separate buffer per stream keeps concurrent GEMMs on different streams apart.
+    """
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    flags = _flags.get(key)
+    if flags is None or flags.numel() < programs:
+        flags = torch.zeros(max(programs, 512), dtype=torch.int32, device=device)
+        _flags[key] = flags
+    return flags
+
+
+def _launch_stream_k(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily, programs=0):
+    """Stream-K launch: one program per CU (all resident, so the partial hand-off cannot stall);
+    ``programs`` overrides the count (tests use a few programs to force split tiles)."""
+    k_tiles = -(-k // cfg.block_k)
+    total = -(-m // cfg.block_m) * -(-n // cfg.block_n) * k_tiles
+    if programs <= 0:
+        programs = 4 if family == ArchFamily.CPU else num_compute_units(a.device)
+    per_program = -(-total // min(programs, total))
+    programs = -(-total // per_program)  # no empty programs
+    ws = torch.empty((programs, cfg.block_m * cfg.block_n), device=c.device, dtype=torch.float32)
+    gemm_streamk_kernel[(programs,)](
+        a, b, c, ws, _stream_k_flags(c.device, programs), m, n, k,
+        sa[0], sa[1], sb[0], sb[1], c.stride(0), c.stride(1), per_program,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        EVEN_K=k % cfg.block_k == 0, UPCAST=_interpreting() and a.dtype == torch.bfloat16,
+        **cfg.options,
+    )  # fmt: skip
+
+
+def _run(a, b, c, m, n, k, sa, sb, plan: Plan, family: ArchFamily) -> None:
+    cfg, split_k, stream_k = plan
+    if stream_k:
+        _launch_stream_k(a, b, c, m, n, k, sa, sb, cfg, family)
+    else:
+        _launch(a, b, c, m, n, k, sa, sb, cfg, family, split_k)
+
+
 def _tune_key(m, n, k, a, b, c, sa, sb):
     # Round M/N/K to powers of two so that nearby shapes share a tuning result; keep the
     # layout (which stride is 1) since it changes the best config.
@@ -176,29 +298,39 @@ def _tune_key(m, n, k, a, b, c, sa, sb):
     return (bucket(m), bucket(n), bucket(k), a.dtype, c.dtype, sa[1] == 1, sb[1] == 1, a.device)
 
 
-def _pick_config(a, b, c, m, n, k, sa, sb, family: ArchFamily) -> tuple[GemmConfig, int]:
+def _candidates(m: int, n: int, k: int, family: ArchFamily, cus: int) -> list[Plan]:
+    """Every plan the tuner times: each config, plus split-K (opt-in) and stream-K where the
+    tile count leaves the last wave of CUs poorly filled."""
+    plans: list[Plan] = []
+    for cand in gemm_configs(family):
+        plans.append((cand, 1, False))
+        split = select_split_k(m, n, k, cand, cus) if _split_k_enabled() else 1
+        if split > 1:
+            plans.append((cand, split, False))
+        if _stream_k_enabled() and use_stream_k(m, n, k, cand, cus):
+            plans.append((cand, 1, True))
+    return plans
+
+
+def _pick_config(a, b, c, m, n, k, sa, sb, family: ArchFamily) -> Plan:
     cus = num_compute_units(a.device)
-    split_on = _split_k_enabled()
     if family == ArchFamily.CPU or is_graph_capturing() or not _config_tuning_enabled():
         cfg = select_config(m, n, k, family, cus)
-        return cfg, select_split_k(m, n, k, cfg, cus) if split_on else 1
+        return cfg, select_split_k(m, n, k, cfg, cus) if _split_k_enabled() else 1, False
     key = _tune_key(m, n, k, a, b, c, sa, sb)
     choice = _tuned.get(key)
     if choice is None:
         timings = {}
-        for cand in gemm_configs(family):
-            for split in sorted({1, select_split_k(m, n, k, cand, cus) if split_on else 1}):
-                try:
-                    timings[(cand, split)] = triton.testing.do_bench(
-                        lambda cand=cand, split=split: _launch(
-                            a, b, c, m, n, k, sa, sb, cand, family, split
-                        ),
-                        warmup=5,
-                        rep=20,
-                        return_mode="median",
-                    )
-                except Exception:  # e.g. out of shared memory for this tile on this chip
-                    continue
+        for plan in _candidates(m, n, k, family, cus):
+            try:
+                timings[plan] = triton.testing.do_bench(
+                    lambda plan=plan: _run(a, b, c, m, n, k, sa, sb, plan, family),
+                    warmup=5,
+                    rep=20,
+                    return_mode="median",
+                )
+            except Exception:  # e.g. out of shared memory for this tile on this chip
+                continue
         choice = min(timings, key=timings.get)
         _tuned[key] = choice
     return choice
@@ -218,6 +350,14 @@ def _split_k_enabled() -> bool:
     import os
 
     return os.environ.get("PRIMUS_TURBO_GEMM_SPLIT_K", "0").strip() == "1"
+
+
+@functools.cache
+def _stream_k_enabled() -> bool:
+    """Stream-K candidates join the tuning on GPUs unless ``PRIMUS_TURBO_GEMM_STREAM_K=0``."""
+    import os
+
+    return os.environ.get("PRIMUS_TURBO_GEMM_STREAM_K", "1").strip() != "0"
 
 
 @functools.cache
@@ -249,8 +389,7 @@ def gemm_triton(
     if k == 0:
         return c.zero_()
     family = arch_family(a.device)
-    cfg, split_k = _pick_config(a, b, c, m, n, k, sa, sb, family)
-    _launch(a, b, c, m, n, k, sa, sb, cfg, family, split_k)
+    _run(a, b, c, m, n, k, sa, sb, _pick_config(a, b, c, m, n, k, sa, sb, family), family)
     return c
 
 
@@ -266,6 +405,10 @@ def aot_specs(target: str) -> list[AotSpec]:
     assert target in AOT_TARGETS, target
     family = _AOT_FAMILY[target]
     default = select_config(8192, 8192, 8192, family, 304 if family != ArchFamily.HOPPER else 132)
+    streamk_cfg = max(
+        (c for c in gemm_configs(family) if c.block_m * c.block_n <= STREAM_K_MAX_TILE),
+        key=lambda c: c.block_m * c.block_n * c.block_k,
+    )
     layouts = {
         torch.bfloat16: {"stride_ak": "i32:1", "stride_bk": "i32:1", "stride_bn": "i32:16"},
         torch.float16: {"stride_ak": "i32:1", "stride_bk": "i32:16", "stride_bn": "i32:1"},
@@ -307,6 +450,22 @@ def aot_specs(target: str) -> list[AotSpec]:
                     default=cfg == default,
                 )
             )
+            if cfg == streamk_cfg:  # the largest tile the stream-K candidates use
+                sk_sig = {
+                    k: v for k, v in signature.items() if k not in ("stride_cs", "num_programs")
+                }
+                sk_sig = {
+                    **sk_sig,
+                    "ws_ptr": "*fp32",
+                    "flag_ptr": "*i32",
+                    "iters_per_program": "i32",
+                }
+                specs.append(
+                    AotSpec(f"gemm_streamk_{t}_{cfg.name}", gemm_streamk_kernel,
+                            {k: sk_sig[k] for k in _STREAMK_ARGS},
+                            {k: v for k, v in specs[-1].constexprs.items() if k != "SPLIT_K"},
+                            cfg.options)
+                )  # fmt: skip
             if cfg == default:  # the split-K specialisation writes fp32 partials
                 split_sig = {**signature, "c_ptr": "*fp32"}
                 constexprs = {**specs[-1].constexprs, "SPLIT_K": 4}
@@ -320,4 +479,9 @@ def aot_specs(target: str) -> list[AotSpec]:
 _KERNEL_ARGS = (
     "a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn",
     "stride_cm", "stride_cn", "stride_cs", "num_programs",
+)  # fmt: skip
+
+_STREAMK_ARGS = (
+    "a_ptr", "b_ptr", "c_ptr", "ws_ptr", "flag_ptr", "M", "N", "K", "stride_am", "stride_ak",
+    "stride_bk", "stride_bn", "stride_cm", "stride_cn", "iters_per_program",
 )  # fmt: skip

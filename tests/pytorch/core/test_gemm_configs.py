@@ -59,3 +59,17 @@ def test_split_k_only_when_tiles_do_not_fill_the_machine():
     assert select_split_k(4096, 576, 7168, cfg, 132) == 2  # 96 tiles, long K
     assert select_split_k(128, 256, 8192, cfg, 132) == 8  # one tile, very long K
     assert select_split_k(128, 256, 512, cfg, 132) == 1  # K too short to share
+
+
+def test_stream_k_only_for_a_poorly_filled_last_wave():
+    from primus_turbo.triton.gemm.gemm_configs import GemmConfig, use_stream_k
+
+    cfg = GemmConfig(128, 128, 64)
+    # DeepSeek-V3 kv_a 4096x576x7168: 160 tiles on 132 SMs -> 2 waves, 61% filled
+    assert use_stream_k(4096, 576, 7168, cfg, 132)
+    # 8192^2: 4096 tiles = 31 waves, the tail is amortised
+    assert not use_stream_k(8192, 8192, 8192, cfg, 132)
+    # exactly one full wave: nothing to balance
+    assert not use_stream_k(128 * 12, 128 * 11, 4096, cfg, 132)
+    # too little K work to share between the programs
+    assert not use_stream_k(128, 128, 64, cfg, 132)

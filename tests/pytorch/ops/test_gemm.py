@@ -280,6 +280,42 @@ def test_gemm_triton_split_k(split_k, out_dtype, monkeypatch, device):
     _check_fwd_bwd(24, 40, 200, False, True, torch.bfloat16, device, out_dtype=out_dtype)
 
 
+def _force_stream_k(monkeypatch):
+    from primus_turbo.triton.gemm import gemm_kernel as gk
+
+    real = gk._pick_config
+    monkeypatch.setattr(gk, "_config_tuning_enabled", lambda: False)
+    monkeypatch.setattr(gk, "_pick_config", lambda *args: (real(*args)[0], 1, True))
+    GlobalBackendManager.set_gemm_backend(BackendType.TRITON)
+    return gk
+
+
+@pytest.mark.parametrize(
+    "m,n,k,trans_b,out_dtype",
+    [(24, 40, 200, True, torch.bfloat16), (70, 33, 150, False, torch.float32)],
+    ids=["NT-bf16", "NN-fp32"],
+)
+def test_gemm_triton_stream_k(m, n, k, trans_b, out_dtype, monkeypatch, device):
+    """Stream-K (K-iterations split evenly over the programs, partial tiles handed over
+    through an fp32 workspace and flags) gives the product for fwd, dgrad and wgrad; the shapes
+    split tiles across programs both at tile edges and inside one tile's K range."""
+    _force_stream_k(monkeypatch)
+    _check_fwd_bwd(m, n, k, False, trans_b, torch.bfloat16, device, out_dtype=out_dtype)
+
+
+@pytest.mark.deterministic
+def test_gemm_triton_stream_k_deterministic(monkeypatch, device):
+    """Partials are added in program order, so repeated calls are bitwise equal, and every
+    hand-over flag is back at zero after a call (the next call relies on it)."""
+    gk = _force_stream_k(monkeypatch)
+    a = rand(40, 300, dtype=torch.bfloat16, device=device)
+    b = rand(300, 36, dtype=torch.bfloat16, device=device)
+    first = turbo.ops.gemm(a, b)
+    for _ in range(3):
+        assert torch.equal(turbo.ops.gemm(a, b), first)
+    assert all(int(flags.count_nonzero()) == 0 for flags in gk._flags.values())
+
+
 @pytest.mark.skipif(HAS_GPU, reason="checks the CPU-interpreter workaround")
 @pytest.mark.parametrize("dtype,upcast", [(torch.bfloat16, True), (torch.float16, False)], ids=str)
 def test_interpreter_bf16_dot_workaround_is_scoped(dtype, upcast, monkeypatch):
