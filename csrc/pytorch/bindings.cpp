@@ -45,11 +45,13 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_cpu_impl(const at::Tensor& dy, co
 
 std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_meta(const at::Tensor& x, const at::Tensor& w,
                                                     double eps) {
+  check_fwd(x, w);  // the same argument errors as the CPU/GPU registrations
   return {at::empty_like(x), at::empty({x.size(0)}, x.options().dtype(at::kFloat))};
 }
 
 std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_meta(const at::Tensor& dy, const at::Tensor& x,
                                                     const at::Tensor& w, const at::Tensor& rstd) {
+  check_bwd(dy, x, w, rstd);
   return {at::empty_like(x), at::empty_like(w)};
 }
 

@@ -99,9 +99,10 @@ def _run_bad_args(device: str) -> None:
     pytest.fail(f"bad-argument child (device {device}) rc={res.returncode}:\n{detail}")
 
 
-def test_cpp_ops_bad_args_cpu():
-    native_ops()  # skips/fails here, not in the child, when the extension is missing
-    _run_bad_args("cpu")
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_cpp_ops_bad_args_cpu(device):
+    native_ops()  # fails here, not in the child, when the extension is missing
+    _run_bad_args(device)
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="needs a GPU build and device")
