@@ -50,10 +50,16 @@ def rmsnorm_fwd_kernel(
     cmask = cols < N
     mask = rmask[:, None] & cmask[None, :]
     rows64 = rows.to(tl.int64)
-    x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    # w first (its latency overlaps x's); x is streamed once: evict it first, keep w in cache.
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    x = tl.load(
+        x_ptr + rows64[:, None] * stride_x + cols[None, :],
+        mask=mask,
+        other=0.0,
+        eviction_policy="evict_first",
+    )
     x = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / N + eps)
-    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     if ZERO_CENTERED:
         w = w + 1.0
     y = x * rstd[:, None] * w[None, :]
@@ -93,8 +99,18 @@ def rmsnorm_bwd_kernel(
         rmask = rows < M
         mask = rmask[:, None] & cmask[None, :]
         rows64 = rows.to(tl.int64)
-        x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-        dy = tl.load(dy_ptr + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+        x = tl.load(
+            x_ptr + rows64[:, None] * stride_x + cols[None, :],
+            mask=mask,
+            other=0.0,
+            eviction_policy="evict_first",
+        )
+        dy = tl.load(
+            dy_ptr + rows64[:, None] * stride_dy + cols[None, :],
+            mask=mask,
+            other=0.0,
+            eviction_policy="evict_first",
+        )
         rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
         xhat = x.to(tl.float32) * rstd[:, None]
         dy = dy.to(tl.float32)
