@@ -89,6 +89,9 @@ build() {
         --build-arg "GPU_ARCHS=$DOCKER_GPU_ARCHS"
         --build-arg "PRIMUS_TURBO_BUILD_VERSION=$(build_version)")
     [ -n "$BASE_IMAGE" ] && args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
+    # a daemon started without a bridge (--bridge=none, as on the CPU machines here) can only
+    # give RUN steps the host network (the steps pip-install from the package index)
+    if ! $DOCKER network inspect bridge >/dev/null 2>&1; then args+=(--network=host); fi
     [ -n "${MAX_JOBS:-}" ] && args+=(--build-arg "MAX_JOBS=$MAX_JOBS")
     [ -n "${TORCH_CUDA_ARCH_LIST:-}" ] \
         && args+=(--build-arg "TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST")
@@ -115,8 +118,7 @@ cmd_test() {
         BASE_IMAGE=$LOCAL_BASE
     fi
     t1=$SECONDS
-    # --network=host: the build pip-installs the pinned tools from the package index
-    build dev "$IMAGE:dev-test" --network=host
+    build dev "$IMAGE:dev-test"
     t2=$SECONDS
     log "make test inside $IMAGE:dev-test (no network)"
     local rc=0
@@ -125,7 +127,7 @@ cmd_test() {
     t3=$SECONDS
     if [ "$rc" = 0 ] && [ "${DOCKER_TEST_RUNTIME:-0}" = 1 ]; then
         # builder (wheel + code-object check) and runtime stages, then an import smoke test
-        build runtime "$IMAGE:runtime-test" --network=host
+        build runtime "$IMAGE:runtime-test"
         $DOCKER run --rm --network=none "$IMAGE:runtime-test" python3 -c \
             "import primus_turbo.pytorch as t, primus_turbo; print('runtime ok', primus_turbo.__version__)" \
             || rc=$?
