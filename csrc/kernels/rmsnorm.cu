@@ -241,7 +241,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     gv[i].raw = make_uint4(0, 0, 0, 0);
   }
   int64_t row = blockIdx.x;
+  float rs = 0.f;  // rstd of `row`, loaded with the row (prefetched like x and dy)
   if (row < rows) {
+    rs = rstd[row];
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int v = static_cast<int>(threadIdx.x + i * blockDim.x);  // nvec <= 2048
@@ -252,7 +254,6 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     }
   }
   for (; row < rows; row += gridDim.x) {
-    const float rs = rstd[row];
     float dot = 0.f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -270,6 +271,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     }
     const int64_t next = row + gridDim.x;
     Vec16<T> xn[VPT], gn[VPT];
+    const float rs_next = next < rows ? rstd[next] : 0.f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int v = static_cast<int>(threadIdx.x + i * blockDim.x);  // nvec <= 2048
@@ -299,6 +301,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       xv[i] = xn[i];
       gv[i] = gn[i];
     }
+    rs = rs_next;
   }
   float* pb = part + static_cast<int64_t>(blockIdx.x) * hidden;
 #pragma unroll
