@@ -20,6 +20,7 @@ from primus_turbo.pytorch.core.platform import (
     fp8_dtypes,
     fp8_dtypes_for,
     gpu_available,
+    triton_interpret,
 )
 
 MX_BLOCK_SIZE = 32  # MXFP8 / MXFP4 scale block along K
@@ -231,3 +232,36 @@ def check_scaled_mm_blockwise_support() -> tuple[bool, str]:
     if not hasattr(torch.nn.functional, "ScalingType"):
         return False, f"torch {torch.__version__} has no torch.nn.functional.ScalingType"
     return True, ""
+
+
+_FNUZ = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+
+
+def triton_fp8_support_for(
+    dtype: torch.dtype, arch: str | None, capability: tuple[int, int] | None, interpret: bool
+) -> tuple[bool, str]:
+    """Whether Triton can compile ``dtype`` for a device (pure; see :func:`triton_fp8_support`).
+
+    Triton 3.6: the interpreter handles all four fp8 dtypes; the AMD backend compiles all four
+    (FNUZ ``fp8e4b8``/``fp8e5b16`` native on gfx942, OCP native on gfx950, emulated otherwise);
+    the NVIDIA backend has only ``fp8e5`` and, on sm_89+, ``fp8e4nv`` -- no FNUZ."""
+    if interpret or arch is not None:
+        return True, ""
+    if capability is None:
+        return False, "no GPU visible and TRITON_INTERPRET is not set"
+    sm = f"sm_{capability[0]}{capability[1]}"
+    if dtype in _FNUZ:
+        return False, f"Triton on NVIDIA ({sm}) has no {dtype} (FNUZ fp8 exists only on AMD)"
+    if dtype == torch.float8_e4m3fn and capability < (8, 9):
+        return False, f"Triton fp8e4nv needs sm_89+, got {sm}"
+    return True, ""
+
+
+def triton_fp8_support(dtype: torch.dtype, device=None) -> tuple[bool, str]:
+    """``(ok, reason)``: can a Triton kernel read/write ``dtype`` on ``device`` (or in the
+    interpreter)? Backends use it in ``can_handle`` so an unsupported dtype routes to TORCH
+    instead of failing inside the Triton compiler."""
+    dev = torch.device(device) if device is not None else None
+    if (dev is not None and dev.type != "cuda") or not gpu_available():
+        return triton_fp8_support_for(dtype, None, None, triton_interpret())
+    return triton_fp8_support_for(dtype, amd_arch(dev), cuda_capability(dev), triton_interpret())

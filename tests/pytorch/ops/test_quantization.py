@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from primus_turbo.pytorch.core.backend import BackendType
 from primus_turbo.pytorch.core.low_precision import (
     Float4QuantConfig,
     Float8QuantConfig,
@@ -17,6 +18,8 @@ from primus_turbo.pytorch.core.low_precision import (
     check_mxfp4_support,
     check_mxfp8_support,
     fp8_max,
+    triton_fp8_support,
+    triton_fp8_support_for,
 )
 from primus_turbo.pytorch.core.platform import fp8_dtypes_for
 from primus_turbo.pytorch.kernels.quantization.quant_impl import QuantizeDispatcher
@@ -36,7 +39,12 @@ pytestmark = pytest.mark.quantization
 DEV = "cuda" if HAS_GPU else "cpu"
 G = ScalingGranularity
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-FP8 = [E4M3, E5M2, torch.float8_e4m3fnuz] if HAS_GPU else [E4M3, E5M2]
+FNUZ = torch.float8_e4m3fnuz
+# FNUZ Triton cases run where Triton has fp8e4b8: AMD (native on gfx942) and the CPU interpreter;
+# NVIDIA Triton has no FNUZ (the op routes those to TORCH, tested in test_fnuz_routes_to_torch).
+_FNUZ_OK, _FNUZ_WHY = triton_fp8_support(FNUZ, DEV)
+_FNUZ_SKIP = pytest.mark.skipif(not _FNUZ_OK, reason=f"FNUZ Triton case: {_FNUZ_WHY}")
+FP8 = [E4M3, E5M2, pytest.param(FNUZ, marks=_FNUZ_SKIP, id=str(FNUZ))]
 SHAPES = [(37, 200)] if not HAS_GPU else [(37, 200), (1000, 1000), (4096, 7168)]
 CASES = [  # (id, granularity, kwargs)
     ("tensor", G.TENSORWISE, {}),
@@ -160,11 +168,42 @@ def test_special_values(case):
     _assert_q_close(q, q_ref, s, s_ref)
 
 
+@_FNUZ_SKIP
 def test_fnuz_uses_its_range():
     q, _ = quantize_fp8(_x(16, 64), torch.float8_e4m3fnuz, G.TENSORWISE)
     assert q.float().abs().max() == 240.0
     assert fp8_dtypes_for("gfx942") == (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
     assert fp8_dtypes_for("gfx950")[0] == torch.float8_e4m3fn
+
+
+def test_triton_fp8_probe():
+    """NVIDIA Triton has no FNUZ (fp8e4b8/fp8e5b16) and no e4m3 before sm_89; AMD and the
+    interpreter compile all four."""
+    for d in (FNUZ, torch.float8_e5m2fnuz):
+        ok, why = triton_fp8_support_for(d, None, (9, 0), False)
+        assert not ok and "FNUZ" in why and "sm_90" in why
+        assert triton_fp8_support_for(d, "gfx942", None, False) == (True, "")
+        assert triton_fp8_support_for(d, None, None, True) == (True, "")
+    assert triton_fp8_support_for(E4M3, None, (9, 0), False) == (True, "")
+    assert not triton_fp8_support_for(E4M3, None, (8, 0), False)[0]
+    assert triton_fp8_support_for(E5M2, None, (8, 0), False) == (True, "")
+
+
+def test_fnuz_routes_to_torch(monkeypatch):
+    """Where Triton lacks the dtype, TRITON's verdict says why and default dispatch runs TORCH
+    (never a Triton compile error)."""
+    from primus_turbo.pytorch.kernels.quantization import quant_impl
+
+    why = "Triton on NVIDIA (sm_90) has no torch.float8_e4m3fnuz (FNUZ fp8 exists only on AMD)"
+    monkeypatch.setattr(quant_impl, "triton_fp8_support", lambda d, dev: (d != FNUZ, why))
+    x = _x(9, 40)  # a shape no other test resolves (memoised resolution)
+    kw = dict(x=x, dtype=FNUZ, kind="tensor", block=0, axis=None, dual=False)
+    verdict = QuantizeDispatcher.verdicts(**kw)[BackendType.TRITON]
+    assert not verdict and "FNUZ" in verdict.reason
+    assert QuantizeDispatcher.resolve(**kw) == BackendType.TORCH
+    q, s = quantize_fp8(x, FNUZ, G.TENSORWISE)
+    q_ref, s_ref = ref.quantize_tensorwise_ref(x, FNUZ)
+    _assert_q_close(q, q_ref, s, s_ref)
 
 
 def test_fp4_kernel_matches_reference():

@@ -30,6 +30,7 @@ from primus_turbo.pytorch.core.low_precision import (
     ScalingGranularity,
     check_mxfp8_support,
     check_scaled_mm_blockwise_support,
+    triton_fp8_support,
 )
 from primus_turbo.pytorch.core.platform import triton_interpret
 
@@ -168,6 +169,10 @@ class GemmFp8TritonBackend(KernelBackend):
             return YES
         if granularity not in (_T, _R, _B):
             return no(f"granularity {ScalingGranularity(granularity).name} not supported")
+        for t in {a.dtype, b.dtype}:
+            ok, reason = triton_fp8_support(t, a.device)
+            if not ok:
+                return no(reason)
         return YES
 
     @staticmethod

@@ -19,6 +19,7 @@ from primus_turbo.pytorch.core.backend import (
     Verdict,
     no,
 )
+from primus_turbo.pytorch.core.low_precision import triton_fp8_support
 from primus_turbo.pytorch.core.platform import triton_interpret
 from primus_turbo.pytorch.reference import quantization as ref
 
@@ -50,7 +51,8 @@ class QuantizeTritonBackend(KernelBackend):
             return no(f"needs a GPU tensor (or TRITON_INTERPRET=1), got device {x.device}")
         if kind in ("block", "mx") and block not in (32, 64, 128, 256):
             return no(f"block size must be 32/64/128/256, got {block}")
-        return YES
+        ok, reason = triton_fp8_support(dtype, x.device)
+        return YES if ok else no(reason)
 
     @staticmethod
     def execute(x, dtype, kind, block, axis, dual, **kwargs):
