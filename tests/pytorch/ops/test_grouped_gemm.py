@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import pytest
 import torch
 
@@ -275,8 +276,8 @@ def test_negative_group_lens():
 @pytest.mark.gpu
 def test_validate_env_checks_device_sizes(monkeypatch):
     """On the GPU the value checks need a sync: they run only when validation is requested."""
-    from primus_turbo.pytorch.ops import grouped_gemm as mod
-
+    # ops/__init__ re-exports the function under the module's name: fetch the module itself
+    mod = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm")
     a, b, _ = _good("cuda")
     bad = torch.tensor([4, 5], device="cuda")
     monkeypatch.setattr(mod, "_validate_env", lambda: True)
