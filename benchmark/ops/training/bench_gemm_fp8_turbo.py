@@ -85,6 +85,10 @@ def _peer(qa, qb, g: ScalingGranularity):
     ok, reason = _blockwise_probe(a.device.index or 0)
     if not ok:
         return None, reason
+    # scale_a (M, K/128) strides (1, M); scale_b.t() (N/128, K/128) row-major: the layouts of
+    # torch's is_blockwise_1x128_scaling / is_blockwise_128x128_scaling (Blas.cpp), see
+    # _blockwise_scales_for_scaled_mm; the earlier (K/128, N/128) row-major scale_b was refused
+    # with "Invalid scaling configuration" on the H200 (torch 2.11.0+cu130).
     s_a, s_b = _blockwise_scales_for_scaled_mm(sa, sb, ga, gb)
     return (lambda: torch._scaled_mm(a, b.t(), s_a, s_b, out_dtype=torch.bfloat16)), ""
 

@@ -229,8 +229,9 @@ def check_scaled_mm_blockwise_support() -> tuple[bool, str]:
         return False, "blockwise torch._scaled_mm needs an NVIDIA sm_90 GPU"
     if cap[0] != 9:
         return False, f"blockwise torch._scaled_mm needs sm_90, got sm_{cap[0]}{cap[1]}"
-    if not hasattr(torch.nn.functional, "ScalingType"):
-        return False, f"torch {torch.__version__} has no torch.nn.functional.ScalingType"
+    cuda = tuple(int(v) for v in (torch.version.cuda or "0.0").split(".")[:2])
+    if cuda < (12, 9):  # Blas.cpp: VEC128_32F / BLK128x128_32F only `#if CUDA_VERSION >= 12090`
+        return False, f"blockwise torch._scaled_mm needs torch built with CUDA >= 12.9, got {cuda}"
     return True, ""
 
 

@@ -146,3 +146,44 @@ def test_gemm_fp8_triton_deterministic(g):
                                        rtol=0, atol=0)  # fmt: skip
     finally:
         GlobalBackendManager.reset()
+
+
+def _torch_accepts(t_shape, scale, kind):
+    """Mirror of torch's ``is_blockwise_1x128_scaling`` / ``is_blockwise_128x128_scaling``
+    (aten/src/ATen/native/cuda/Blas.cpp) for an operand of shape ``t_shape`` = (R, K)."""
+    r, k = t_shape
+
+    def size_stride(dim, size, stride):
+        return scale.shape[dim] == size and (size <= 1 or scale.stride(dim) == stride)
+
+    kb = -(-k // 128)
+    if scale.dtype != torch.float32 or scale.dim() != 2:
+        return False
+    if kind == "1x128":
+        return size_stride(0, r, 1) and size_stride(1, kb, r)
+    return size_stride(0, -(-r // 128), kb) and size_stride(1, kb, 1)
+
+
+@pytest.mark.parametrize("two_d", [True, False], ids=["1x128_128x128", "1x128_1x128"])
+def test_blockwise_scaled_mm_scale_layouts(two_d):
+    """The scales handed to torch._scaled_mm(a, b.t(), scale_a, scale_b) pass torch's checks:
+    ``is_desired_scaling(a, scale_a)`` and ``is_desired_scaling(b.t(), scale_b.t())`` (this
+    failed on the H200 with "Invalid scaling configuration" before the fix)."""
+    from primus_turbo.pytorch.kernels.gemm.gemm_fp8_impl import _blockwise_scales_for_scaled_mm
+    from primus_turbo.pytorch.ops.gemm_fp8 import _quant_dual
+
+    m, n, k = 48, 256, 512
+    a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(n, k, device=DEV, dtype=torch.bfloat16)
+    qa, _ = _quant_dual(a, E4M3_DEV, G.BLOCKWISE)
+    qb, _ = _quant_dual(b, E4M3_DEV, G.BLOCKWISE, two_d)
+    sa, sb = _blockwise_scales_for_scaled_mm(qa[1], qb[1], qa[2], qb[2])
+    assert _torch_accepts((m, k), sa, "1x128")
+    assert _torch_accepts((n, k), sb.t(), "128x128" if two_d else "1x128")
+    # any other layout of the same values is re-laid out, never passed through wrongly
+    odd_a = qa[1].contiguous()
+    odd_b = qb[1].t().contiguous().t() if two_d else qb[1].contiguous()
+    sa2, sb2 = _blockwise_scales_for_scaled_mm(odd_a, odd_b, qa[2], qb[2])
+    assert _torch_accepts((m, k), sa2, "1x128") and torch.equal(sa2, qa[1])
+    assert _torch_accepts((n, k), sb2.t(), "128x128" if two_d else "1x128")
+    assert torch.equal(sb2.t(), qb[1])

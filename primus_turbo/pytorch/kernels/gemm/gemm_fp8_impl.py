@@ -68,14 +68,42 @@ class GemmFp8Dispatcher(AutoKernelDispatcher):
 
 
 def _blockwise_scales_for_scaled_mm(sa, sb, sa_group, sb_group):
-    """Our scale tensors in torch._scaled_mm's layouts (1x128 outer-dim-major; 128x128 as
-    ``[K/128, N/128]``)."""
-    scale_a = sa if sa.stride(0) == 1 else sa.t().contiguous().t()
-    if sb_group == 128:
-        scale_b = sb.t().contiguous()
-    else:
-        scale_b = sb.t() if sb.stride(0) == 1 else sb.contiguous().t()
-    return scale_a, scale_b
+    """Our block scales in the layouts ``torch._scaled_mm(a, b.t(), scale_a, scale_b)`` accepts.
+
+    torch source (aten/src/ATen/native/cuda/Blas.cpp; ScaledBlas.cpp in newer trees):
+    ``get_joint_scaling`` tries the pairs (BlockWise128x128, BlockWise1x128),
+    (BlockWise1x128, BlockWise128x128), (BlockWise1x128, BlockWise1x128) and accepts one when
+    ``is_desired_scaling(a, scale_a, lhs) && is_desired_scaling(b.t(), scale_b.t(), rhs)``,
+    else raises "Invalid scaling configuration". For an operand ``t [R, K]``:
+    * ``is_blockwise_1x128_scaling``: fp32, 2-D, ``check_size_stride(scale, 0, R, 1)`` and
+      ``check_size_stride(scale, 1, ceil(K/128), R)``: shape ``(R, K/128)``, strides ``(1, R)``
+      ("outer-dim-major", i.e. column-major);
+    * ``is_blockwise_128x128_scaling``: fp32, 2-D, ``check_size_stride(scale, 0, ceil(R/128), L)``
+      and ``check_size_stride(scale, 1, ceil(K/128), 1)``: row-major ``(R/128, K/128)`` with
+      row stride ``L = ceil(K/128)`` (older trees) or ``round_up(ceil(K/128), 4)`` (newer:
+      "16-byte aligned strides"); the two agree when ``K % 512 == 0``, which can_handle asks;
+    * ``check_size_stride`` skips the stride test for dims of size <= 1.
+    ``_scaled_mm_out_cuda`` further needs ``transa == 't' && transb == 'n'`` (a row-major,
+    b column-major: our K-contiguous NT operands), and ``at::cuda::blas::scaled_gemm`` maps the
+    modes to CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / BLK128x128_32F (CUDA >= 12.9, no
+    ``use_fast_accum``), which cuBLASLt implements on sm_90 only.
+    ``b`` here is our ``[N, K]`` operand, i.e. the ``b.t()`` of that check, so ``scale_b.t()``
+    must have ``sb``'s layout above: ``scale_b`` is that tensor transposed (a view, no copy
+    when our quantizer already wrote it so)."""
+
+    def outer_major(s):  # (R, k) with strides (1, R)
+        ok = s.stride(0) == 1 or s.shape[0] <= 1
+        ok = ok and (s.stride(1) == s.shape[0] or s.shape[1] <= 1)
+        return s if ok else s.t().contiguous().t()
+
+    def row_major(s):  # (R/128, k) with strides (k, 1)
+        ok = s.stride(1) == 1 or s.shape[1] <= 1
+        ok = ok and (s.stride(0) == s.shape[1] or s.shape[0] <= 1)
+        return s if ok else s.contiguous()
+
+    scale_a = outer_major(sa) if sa_group == 1 else row_major(sa)
+    scale_b = outer_major(sb) if sb_group == 1 else row_major(sb)
+    return scale_a, scale_b.t()
 
 
 @functools.cache
@@ -89,8 +117,8 @@ def _blockwise_probe(device_index: int) -> tuple[bool, str]:
 
     try:
         dev = torch.device("cuda", device_index)
-        x = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
-        w = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
+        x = torch.randn(256, 512, device=dev, dtype=torch.bfloat16)  # K = 512: K/128 % 4 == 0
+        w = torch.randn(384, 512, device=dev, dtype=torch.bfloat16)
         g = ScalingGranularity.BLOCKWISE
         qa, sa = quantize_fp8(x, torch.float8_e4m3fn, g, block_size=128, axis=-1)
         qb, sb = quantize_fp8(w, torch.float8_e4m3fn, g, block_size=128,
@@ -103,7 +131,9 @@ def _blockwise_probe(device_index: int) -> tuple[bool, str]:
             return False, f"blockwise torch._scaled_mm gave relative error {err:.3f}"
         return True, ""
     except Exception as e:  # noqa: BLE001 - any failure means "unsupported here"
-        return False, f"blockwise torch._scaled_mm failed: {type(e).__name__}: {str(e)[:200]}"
+        msg = " ".join(str(e).split())  # torch ends the message with the sizes/strides it got
+        msg = msg if len(msg) <= 400 else f"{msg[:100]} ... {msg[-300:]}"
+        return False, f"blockwise torch._scaled_mm failed: {type(e).__name__}: {msg}"
 
 
 @GemmFp8Dispatcher.register
@@ -129,6 +159,8 @@ class GemmFp8HipblasltBackend(KernelBackend):
         if granularity == _B:
             if sa_group != 1 or k % 128:
                 return no("blockwise needs 1x128 scales for a and K % 128 == 0")
+            if sb_group == 128 and k % 512:
+                return no(f"128x128 scales through torch._scaled_mm need K % 512 == 0, got K={k}")
             ok, reason = _blockwise_probe(a.device.index or 0)
             if not ok:
                 return no(reason)
