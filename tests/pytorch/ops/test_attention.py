@@ -234,3 +234,46 @@ def test_default_dispatch_without_lse(causal, device):
     ref.backward(grad.float())
     for got, want in ((q.grad, qr.grad), (k.grad, kr.grad), (v.grad, vr.grad)):
         assert_close(got, want, torch.bfloat16)
+
+
+def _sdpa_nodes(out):
+    """Names of the SDPA autograd nodes behind ``out`` (the node that will run the backward)."""
+    names, todo, seen = [], [out.grad_fn], set()
+    while todo:
+        fn = todo.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if "ScaledDotProduct" in type(fn).__name__:
+            names.append(type(fn).__name__)
+        todo.extend(f for f, _ in fn.next_functions)
+    return names
+
+
+def test_sdpa_order_pins_kernel_and_respects_user_switches(device):
+    """TORCH runs SDPA with SDPA_ORDER as its priority (cuDNN first on CUDA); the autograd node
+    of that forward kernel is what runs the backward, so forward and backward use one kernel.
+    Kernels the user switched off stay off."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from primus_turbo.pytorch.kernels.attention.attention_impl import sdpa_order
+
+    assert sdpa_order()[0] == SDPBackend.CUDNN_ATTENTION
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert sdpa_order() == [SDPBackend.MATH]
+    on_cuda = torch.device(device).type == "cuda"
+    dtype = torch.bfloat16 if on_cuda else torch.float32
+    q, k, v = _inputs(1, 64, 64, 4, 2, 64, 64, dtype, device)
+    GlobalBackendManager.set_attn_backend(BackendType.TORCH)
+    try:
+        out = turbo.ops.flash_attn_func(q, k, v, causal=True)
+        nodes = _sdpa_nodes(out)
+        assert len(nodes) == 1, nodes
+        if on_cuda and torch.version.hip is None:
+            assert "Cudnn" in nodes[0], nodes  # cuDNN SDPA supports this case on sm_90
+        with sdpa_kernel([SDPBackend.MATH]):  # math is composite: no fused SDPA node
+            assert _sdpa_nodes(turbo.ops.flash_attn_func(q, k, v, causal=True)) == []
+        out.backward(torch.ones_like(out))
+        assert q.grad is not None and torch.isfinite(q.grad.float()).all()
+    finally:
+        GlobalBackendManager.set_attn_backend(None)
