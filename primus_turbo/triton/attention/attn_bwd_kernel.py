@@ -1,12 +1,14 @@
 """Flash attention backward in Triton: two kernels, no atomics (deterministic).
 
-``delta = rowsum(dO * O)`` is computed by the launcher (one fused torch reduction). Then:
+Launch order: dQ first, then dK/dV.
+- ``attn_bwd_dq_kernel``: one program per (query block, batch, q head); it reads its dO and O
+  rows once, computes ``delta = rowsum(dO * O)`` (fp32) and stores it for the dK/dV kernel (no
+  separate reduction pass over dO and O), then walks the visible key blocks and accumulates
+  ``dQ += dS K``.
 - ``attn_bwd_dkdv_kernel``: one program per (key block, batch, kv head); it walks the q heads of
   its GQA group and their visible query blocks, recomputing
   ``P = exp2(S * scale * log2e - lse * log2e)``, and accumulates ``dV += P^T dO`` and
   ``dK += dS^T Q`` in fp32 registers (the GQA sum happens in a fixed order inside one program).
-- ``attn_bwd_dq_kernel``: one program per (query block, batch, q head); it walks the visible key
-  blocks and accumulates ``dQ += dS K``.
 ``dS = P * (dP - delta)`` with ``dP = dO V^T``; dQ and dK are scaled by softmax_scale at the end.
 Rows with lse = -inf (no visible key) get P = 0, so their gradients are 0.
 """
@@ -206,10 +208,11 @@ def _dq_steps(
 
 @triton.jit
 def attn_bwd_dq_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
     stride_dob, stride_dos, stride_doh,
     stride_dqb, stride_dqs, stride_dqh,
     stride_lb, stride_lh, stride_ls,
@@ -241,14 +244,20 @@ def attn_bwd_dq_kernel(
     q_ptrs += offs_m[:, None].to(tl.int64) * stride_qs + offs_dk[None, :]
     do_ptrs = do_ptr + b64 * stride_dob + sq64 * stride_dos + h * stride_doh
     do_ptrs += offs_m[:, None].to(tl.int64) * stride_dos + offs_dv[None, :]
+    o_ptrs = o_ptr + b64 * stride_ob + sq64 * stride_os + h * stride_oh
+    o_ptrs += offs_m[:, None].to(tl.int64) * stride_os + offs_dv[None, :]
+    dv_ok = m_ok[:, None] & (offs_dv[None, :] < DV)
     q = tl.load(q_ptrs, mask=m_ok[:, None] & (offs_dk[None, :] < DQK), other=0.0)
-    do = tl.load(do_ptrs, mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    do = tl.load(do_ptrs, mask=dv_ok, other=0.0)
+    o = tl.load(o_ptrs, mask=dv_ok, other=0.0)
+    l_off = b64 * stride_lb + h.to(tl.int64) * stride_lh + (sq64 + offs_m) * stride_ls
+    # delta = rowsum(dO * O) in fp32, stored for the dK/dV kernel (launched after this one)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), axis=1)
+    tl.store(delta_ptr + l_off, delta, mask=m_ok)
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    l_off = b64 * stride_lb + h.to(tl.int64) * stride_lh + (sq64 + offs_m) * stride_ls
     lse = tl.load(lse_ptr + l_off, mask=m_ok, other=0.0)
-    delta = tl.load(delta_ptr + l_off, mask=m_ok, other=0.0)
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
     k_base = k_ptr + b64 * stride_kb + sk64 * stride_ks + hk * stride_kh
     v_base = v_ptr + b64 * stride_vb + sk64 * stride_vs + hk * stride_vh

@@ -166,10 +166,11 @@ def attn_bwd_triton(do, q, k, v, out, lse, cu_q, cu_k, max_sq, max_sk, scale, ca
         max_sk, hkv, dvd = k.shape[1], k.shape[2], v.shape[3]
     if q.numel() == 0 or k.numel() == 0 or batch == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    # delta = rowsum(dO * O) in lse's layout ([B, Hq, Sq] or [Hq, Tq]), fp32
-    rows = (do.float() * out.float()).sum(-1)
+    # delta = rowsum(dO * O) in lse's layout ([B, Hq, Sq] or [Hq, Tq]), fp32: written by the dQ
+    # kernel (which reads dO and O rows anyway), read by the dK/dV kernel launched after it
     delta = torch.empty_strided(lse.shape, lse.stride(), dtype=torch.float32, device=q.device)
-    delta.copy_(rows.t() if varlen else rows.transpose(1, 2))
+    if out.stride(-1) != 1:
+        out = out.contiguous()
     ls = (0, lse.stride(0), lse.stride(1)) if varlen else lse.stride()
     wl, wr, has_l, has_r = _window_flags(causal, window)
     bdq, bdv = _pow2(dqk), _pow2(dvd)
@@ -193,9 +194,9 @@ def attn_bwd_triton(do, q, k, v, out, lse, cu_q, cu_k, max_sq, max_sk, scale, ca
     def launch_dq(cfg: AttnConfig):
         grid = (triton.cdiv(max_sq, cfg.block_m), batch * hq)
         attn_bwd_dq_kernel[grid](
-            q, k, v, do, lse, delta, dq, dummy, cu_k_arg,
+            q, k, v, out, do, lse, delta, dq, dummy, cu_k_arg,
             *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
-            *_strides3(do, varlen), *_strides3(dq, varlen), *ls,
+            *_strides3(out, varlen), *_strides3(do, varlen), *_strides3(dq, varlen), *ls,
             hq, *common,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_DQK=bdq, BLOCK_DV=bdv,
             VARLEN=varlen, HAS_L=has_l, HAS_R=has_r, UPCAST=upcast, **cfg.options,
@@ -203,8 +204,8 @@ def attn_bwd_triton(do, q, k, v, out, lse, cu_q, cu_k, max_sq, max_sk, scale, ca
 
     key = (batch, _bucket(max_sq), _bucket(max_sk), hq, hkv, dqk, dvd, q.dtype, varlen,
            has_l, has_r, q.device)  # fmt: skip
+    launch_dq(_pick("dq", family, max(bdq, bdv), key, launch_dq))  # also writes delta
     launch_dkdv(_pick("dkdv", family, max(bdq, bdv), key, launch_dkdv))
-    launch_dq(_pick("dq", family, max(bdq, bdv), key, launch_dq))
     return dq, dk, dv
 
 
@@ -264,10 +265,10 @@ def aot_specs(target: str) -> list[AotSpec]:
             ),
             "dq": (
                 attn_bwd_dq_kernel,
-                _sig({n: f"*{t}" for n in ("q_ptr", "k_ptr", "v_ptr", "do_ptr")}
+                _sig({n: f"*{t}" for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "do_ptr")}
                      | {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": f"*{t}",
                         "cu_q_ptr": "*i32", "cu_k_ptr": "*i32"},
-                     ("q", "k", "v", "do", "dq"),
+                     ("q", "k", "v", "o", "do", "dq"),
                      ("num_heads", *head, "qk_scale", "sm_scale", "win_l", "win_r")),
             ),
         }  # fmt: skip
