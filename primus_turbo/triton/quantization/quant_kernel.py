@@ -76,17 +76,49 @@ def _scale_of(amax, FMAX: tl.constexpr, IS_MX: tl.constexpr, EMAX: tl.constexpr)
 
 
 @triton.jit
-def amax_kernel(x_ptr, amax_ptr, M, N, stride_xm, stride_xn, BM: tl.constexpr, BN: tl.constexpr):
-    """Tensor amax (finite values) into ``amax_ptr[0]`` (must start at 0) with one atomic max
-    per tile."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rn[None, :].to(tl.int64) * stride_xn
-    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    tl.atomic_max(amax_ptr, tl.max(tl.max(_finite_abs(x), axis=1), axis=0))
+def amax_partial_kernel(x_ptr, part_ptr, numel, BLOCK: tl.constexpr, NP: tl.constexpr):
+    """Tensorwise pass 1 over a contiguous input seen flat: exactly ``NP`` programs (the grid)
+    stride over ``BLOCK``-wide tiles (tile ``t`` at iteration ``t // NP``) with wide vector
+    loads; program ``p`` writes the finite amax of its tiles to ``part_ptr[p]`` (every slot is
+    written, so no zero-init launch, no atomics, deterministic). ``evict_last`` keeps the tail
+    of the input in L2 for the cast pass, which walks the tiles in reverse."""
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for t in range(pid, tl.cdiv(numel, BLOCK), NP):
+        o = tl.cast(t, tl.int64) * BLOCK + offs
+        x = tl.load(x_ptr + o, mask=o < numel, other=0.0, eviction_policy="evict_last")
+        acc = tl.maximum(acc, _finite_abs(x.to(tl.float32)))
+    tl.store(part_ptr + pid, tl.max(acc, axis=0))
+
+
+@triton.jit
+def cast_flat_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    part_ptr,
+    numel,
+    BLOCK: tl.constexpr,
+    NP: tl.constexpr,
+    FMAX: tl.constexpr,
+    FMT: tl.constexpr = (0, 0, 0, 0),
+):
+    """Tensorwise pass 2: every program reduces the ``NP`` partial maxima (4 KB from L2), then
+    casts its tiles in reverse order (the tiles pass 1 read last are the ones still in L2)."""
+    pid = tl.program_id(0)
+    amax = tl.max(tl.load(part_ptr + tl.arange(0, NP)), axis=0)
+    scale, sinv = _scale_of(amax, FMAX, False, 0)
+    if pid == 0:
+        tl.store(s_ptr, sinv)
+    offs = tl.arange(0, BLOCK)
+    ntiles = tl.cdiv(numel, BLOCK)
+    for i in range(pid, ntiles, NP):
+        o = tl.cast(ntiles - 1 - i, tl.int64) * BLOCK + offs
+        mask = o < numel
+        x = tl.load(x_ptr + o, mask=mask, other=0.0, eviction_policy="evict_first")
+        q = _cast(x.to(tl.float32), scale, FMAX, q_ptr.dtype.element_ty, FMT)
+        tl.store(q_ptr + o, q, mask=mask)
 
 
 @triton.jit
@@ -116,6 +148,7 @@ def quant_tile_kernel(
     FMAX: tl.constexpr,
     EMAX: tl.constexpr,
     FMT: tl.constexpr = (0, 0, 0, 0),
+    NP: tl.constexpr = 1,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -139,8 +172,9 @@ def quant_tile_kernel(
         tl.store(s_ptrs, sinv.to(s_ptr.dtype.element_ty), mask=mask_m)
         if DUAL:  # per column of the tile into the second copy
             scale_c, sinv_c = _scale_of(tl.max(a, axis=0), FMAX, MODE == 4, EMAX)
-            qt_ptrs = qt_ptr + rm64[:, None] * stride_qtm + rn64[None, :] * stride_qtn
-            tl.store(qt_ptrs, _cast(x, scale_c[None, :], FMAX, qty, FMT), mask=mask)
+            qt = tl.trans(_cast(x, scale_c[None, :], FMAX, qty, FMT))  # [BN, BM] in registers
+            tl.store(qt_ptr + rn64[:, None] * stride_qtn + rm64[None, :] * stride_qtm, qt,
+                     mask=mask_n[:, None] & mask_m[None, :])  # fmt: skip
             st_ptrs = st_ptr + pid_m * stride_stm + rn64 * stride_stn
             tl.store(st_ptrs, sinv_c.to(st_ptr.dtype.element_ty), mask=mask_n)
     elif MODE == 1:  # per column of the tile
@@ -151,15 +185,17 @@ def quant_tile_kernel(
         if MODE == 2:
             amax = tl.max(tl.max(a, axis=1), axis=0)
         else:
-            amax = tl.load(amax_ptr)
+            amax = tl.max(tl.load(amax_ptr + tl.arange(0, NP)), axis=0)  # partial maxima
         scale, sinv = _scale_of(amax, FMAX, False, EMAX)
         q = _cast(x, scale, FMAX, qty, FMT)
         tl.store(q_ptrs, q, mask=mask)
         if MODE == 2 or (pid_m == 0 and pid_n == 0):
             tl.store(s_ptr + pid_m * stride_sm + pid_n * stride_sn, sinv)
         if DUAL:
-            qt_ptrs = qt_ptr + rm64[:, None] * stride_qtm + rn64[None, :] * stride_qtn
-            tl.store(qt_ptrs, q, mask=mask)  # same scale: the caller shares the scale tensor
+            qt_ptrs = qt_ptr + rn64[:, None] * stride_qtn + rm64[None, :] * stride_qtm
+            # same scale (the caller shares the scale tensor); the tile transposed in registers
+            # so both stores run along contiguous rows
+            tl.store(qt_ptrs, tl.trans(q), mask=mask_n[:, None] & mask_m[None, :])
 
 
 @triton.jit
@@ -178,29 +214,41 @@ def quant_rows_kernel(
     BN: tl.constexpr,
     FMAX: tl.constexpr,
     FMT: tl.constexpr = (0, 0, 0, 0),
+    ONE_PASS: tl.constexpr = False,
 ):
-    """Rowwise: one scale per row of any length: an amax loop then a cast loop over the row
-    (the second read hits L2 for rows up to a few MB)."""
+    """Rowwise: one scale per row. ``ONE_PASS`` (``BN >= N``): each row is read once and held
+    in registers (amax, scale, cast, store). Otherwise an amax loop then a cast loop over the
+    row (the second read hits L1/L2 for rows up to a few MB)."""
     pid = tl.program_id(0)
     rm = pid * BM + tl.arange(0, BM)
     rm64 = rm.to(tl.int64)
     mask_m = rm < M
-    amax = tl.zeros((BM,), dtype=tl.float32)
-    for n0 in range(0, N, BN):
-        rn = n0 + tl.arange(0, BN)
+    if ONE_PASS:
+        rn = tl.arange(0, BN)  # int32 column offsets (N <= BN <= 16K), int64 row offsets
         mask = mask_m[:, None] & (rn[None, :] < N)
-        ptrs = x_ptr + rm64[:, None] * stride_xm + rn[None, :].to(tl.int64) * stride_xn
-        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.max(_finite_abs(x), axis=1))
-    scale, sinv = _scale_of(amax, FMAX, False, 0)
-    tl.store(s_ptr + rm64 * stride_s, sinv, mask=mask_m)
-    for n0 in range(0, N, BN):
-        rn = n0 + tl.arange(0, BN)
-        mask = mask_m[:, None] & (rn[None, :] < N)
-        rn64 = rn[None, :].to(tl.int64)
-        x = tl.load(x_ptr + rm64[:, None] * stride_xm + rn64 * stride_xn, mask=mask, other=0.0)
-        q = _cast(x.to(tl.float32), scale[:, None], FMAX, q_ptr.dtype.element_ty, FMT)
-        tl.store(q_ptr + rm64[:, None] * stride_qm + rn64 * stride_qn, q, mask=mask)
+        x = tl.load(x_ptr + rm64[:, None] * stride_xm + rn[None, :] * stride_xn, mask=mask,
+                    other=0.0, eviction_policy="evict_first").to(tl.float32)  # fmt: skip
+        scale, sinv = _scale_of(tl.max(_finite_abs(x), axis=1), FMAX, False, 0)
+        tl.store(s_ptr + rm64 * stride_s, sinv, mask=mask_m)
+        q = _cast(x, scale[:, None], FMAX, q_ptr.dtype.element_ty, FMT)
+        tl.store(q_ptr + rm64[:, None] * stride_qm + rn[None, :] * stride_qn, q, mask=mask)
+    else:
+        amax = tl.zeros((BM,), dtype=tl.float32)
+        for n0 in range(0, N, BN):
+            rn = n0 + tl.arange(0, BN)
+            mask = mask_m[:, None] & (rn[None, :] < N)
+            ptrs = x_ptr + rm64[:, None] * stride_xm + rn[None, :].to(tl.int64) * stride_xn
+            x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.max(_finite_abs(x), axis=1))
+        scale, sinv = _scale_of(amax, FMAX, False, 0)
+        tl.store(s_ptr + rm64 * stride_s, sinv, mask=mask_m)
+        for n0 in range(0, N, BN):
+            rn = n0 + tl.arange(0, BN)
+            mask = mask_m[:, None] & (rn[None, :] < N)
+            rn64 = rn[None, :].to(tl.int64)
+            x = tl.load(x_ptr + rm64[:, None] * stride_xm + rn64 * stride_xn, mask=mask, other=0.0)
+            q = _cast(x.to(tl.float32), scale[:, None], FMAX, q_ptr.dtype.element_ty, FMT)
+            tl.store(q_ptr + rm64[:, None] * stride_qm + rn64 * stride_qn, q, mask=mask)
 
 
 @triton.jit
@@ -293,21 +341,34 @@ def aot_specs(target: str) -> list[AotSpec]:
                     "FMAX": fmax,
                     "EMAX": 8,
                     "FMT": (0, 0, 0, 0),
+                    "NP": 1024 if mode == GIVEN else 1,
                 },
                 {"num_warps": warps},
                 default=name == "rows",
             )
         )
-    amax_sig = {"x_ptr": "*bf16", "amax_ptr": "*fp32", "M": "i32", "N": "i32:16",
-                "stride_xm": "i32:16", "stride_xn": "i32:1"}  # fmt: skip
-    specs.append(AotSpec("amax_bf16", amax_kernel, amax_sig, {"BM": 64, "BN": 128}, opts))
+    flat = {"BLOCK": 4096, "NP": 1024}
+    amax_sig = {"x_ptr": "*bf16", "part_ptr": "*fp32", "numel": "i32:16"}
+    specs.append(AotSpec("amax_partial_bf16", amax_partial_kernel, amax_sig, flat, {"num_warps": 8}))  # noqa: E501
+    cast_sig = {"x_ptr": "*bf16", "q_ptr": f"*{fp8}", "s_ptr": "*fp32", "part_ptr": "*fp32",
+                "numel": "i32:16"}  # fmt: skip
+    specs.append(
+        AotSpec(f"cast_flat_{fp8}", cast_flat_kernel, cast_sig,
+                {**flat, "FMAX": fmax, "FMT": (0, 0, 0, 0)}, {"num_warps": 8})
+    )  # fmt: skip
     rows_sig = {"x_ptr": "*bf16", "q_ptr": f"*{fp8}", "s_ptr": "*fp32", "M": "i32",
                 "N": "i32:16", "stride_xm": "i32:16", "stride_xn": "i32:1",
                 "stride_qm": "i32:16", "stride_qn": "i32:1", "stride_s": "i32:1"}  # fmt: skip
-    specs.append(
-        AotSpec(f"quant_rowwise_{fp8}", quant_rows_kernel, rows_sig,
-                {"BM": 4, "BN": 1024, "FMAX": fmax, "FMT": (0, 0, 0, 0)}, opts)
-    )  # fmt: skip
+    # (name, BM, BN, one pass, warps) as quant_rowwise picks them: rows of 4096 and 16384 held
+    # in registers, longer rows in two loops
+    for name, bm, bn, one, warps in [("rowwise_4k", 2, 4096, True, 8),
+                                     ("rowwise_16k", 1, 16384, True, 16),
+                                     ("rowwise_loop", 4, 1024, False, 4)]:  # fmt: skip
+        specs.append(
+            AotSpec(f"quant_{name}_{fp8}", quant_rows_kernel, rows_sig,
+                    {"BM": bm, "BN": bn, "FMAX": fmax, "FMT": (0, 0, 0, 0), "ONE_PASS": one},
+                    {"num_warps": warps})
+        )  # fmt: skip
     if target in ("gfx950", "sm_90"):
         fp4_sig = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "M": "i32", "N": "i32:16",
                    "stride_xm": "i32:16", "stride_xn": "i32:1", "stride_qm": "i32:16",

@@ -121,6 +121,27 @@ def test_with_trans_is_x_and_xt(g, block, two_d):
     assert qt.is_contiguous() and qt.shape == (150, 70)
 
 
+@pytest.mark.skipif(HAS_GPU, reason="interpreter-sized tiles; the GPU shapes cover the loops")
+@pytest.mark.parametrize("dual", [False, True])
+def test_tensorwise_passes_loop_over_tiles(monkeypatch, dual):
+    """Small tiles and 2 programs: each program of both passes walks many tiles (the cast pass
+    in reverse order) and the partial maxima of other programs reach every scale; a transposed
+    (non-contiguous) input goes through the same path."""
+    from primus_turbo.triton.quantization import quant_launch
+
+    monkeypatch.setattr(quant_launch, "_FLAT_BLOCK", 256)
+    monkeypatch.setattr(quant_launch, "_MAX_PARTS", 2)
+    x = _x(37, 200)
+    x[36, 199] = 40.0  # the amax sits in the last tile, which only program 0 reads
+    for inp in (x, x.t()):
+        out = quant_launch.quant_tensorwise(inp, E4M3, dual)
+        q_ref, s_ref = ref.quantize_tensorwise_ref(inp, E4M3)
+        _assert_q_close(out[0], q_ref, out[1], s_ref)
+        if dual:
+            q2, s2 = ref.quantize_tensorwise_ref(inp.t().contiguous(), E4M3)
+            _assert_q_close(out[2], q2, out[3], s2)
+
+
 @pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=str)
 @pytest.mark.parametrize("dual", [False, True])
 def test_mx_matches_reference(dtype, dual):
