@@ -1,9 +1,16 @@
 """Flash attention benchmark: ``turbo.ops.flash_attn_func`` (TRITON and default dispatch) against
 SDPA cuDNN and SDPA flash on model shapes (bf16, bshd, causal and not).
 
-Shapes: Llama-3 8B (hq32 hkv8 d128), Llama-3 70B / Qwen2.5-72B (hq64 hkv8 d128), Qwen3-235B
-(hq64 hkv4 d128), DeepSeek-V3 (hq128 MHA, qk 192 / v 128); seqlen 2k-16k with batch chosen so that
-batch * seqlen = 16k tokens. FLOPs: forward ``2*B*Sq*Sk*Hq*(Dqk+Dv)``, halved when causal; backward
+Shapes: Llama-3 8B (hq32 hkv8 d128), Llama-3 70B (hq64 hkv8 d128; Qwen2.5-72B has the same
+attention shape, so it is only run when named), Qwen3-235B (hq64 hkv4 d128), DeepSeek-V3 (hq128
+MHA, qk 192 / v 128); seqlen 2k-16k with batch chosen so that batch * seqlen = 16k tokens.
+
+Budget: cases run in rounds (every model at 4096 causal and not, then 8192, 16384, 2048), and no
+new case starts once ``--budget-s`` (default 50 s on a GPU, 0 = no limit) has passed, so a short
+device call still gets every model; the cases not reached are listed. Timings use ``--warmup-ms``
+/ ``--rep-ms`` (default 25 / 100 ms per mode: every call here takes milliseconds).
+
+FLOPs: forward ``2*B*Sq*Sk*Hq*(Dqk+Dv)``, halved when causal; backward
 ``2.5x`` forward; fwd+bwd TFLOPS = total FLOPs over fwd + bwd time.
 
 Correctness first: TRITON's out/dq/dk/dv against SDPA (cuDNN, else flash, else math) by SNR
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -54,7 +62,9 @@ MODELS = {
     "Qwen3-235B-A22B": (64, 4, 128, 128),
     "DeepSeek-V3": (128, 128, 192, 128),
 }
-GPU_SEQLENS = (2048, 4096, 8192, 16384)
+DEFAULT_MODELS = ("Llama-3-8B", "Llama-3-70B", "Qwen3-235B-A22B", "DeepSeek-V3")
+GPU_SEQLENS = (4096, 8192, 16384, 2048)  # round order: the first seqlen of every model comes first
+GPU_BUDGET_S = 50.0
 TOKENS = 16384
 CPU_CASES = [("tiny-gqa", 1, 32, 4, 2, 16, 16)]  # the interpreter: ~1 s per kernel call
 SNR_GATE_DB = 40.0
@@ -65,9 +75,9 @@ def cases(profile: str, seqlens, models):
     if profile == "cpu":
         return [(*c, True) for c in CPU_CASES]
     out = []
-    for name in models:
-        hq, hkv, dqk, dv = MODELS[name]
-        for s in seqlens:
+    for s in seqlens:  # rounds: every model at one seqlen before the next seqlen
+        for name in models:
+            hq, hkv, dqk, dv = MODELS[name]
             for causal in (True, False):
                 out.append((name, max(1, TOKENS // s), s, hq, hkv, dqk, dv, causal))
     return out
@@ -164,8 +174,8 @@ def run_case(idx, case, info, args):
                 row[f"default {m} TFLOPS"] = row[f"TRITON {m} TFLOPS"]
             continue
         try:
-            t = bench_modes(lambda fn=fn: fn(*leaves, causal), grad, leaves,
-                            (Mode.FWD, Mode.BWD), device=dev)  # fmt: skip
+            t = bench_modes(lambda fn=fn: fn(*leaves, causal), grad, leaves, (Mode.FWD, Mode.BWD),
+                            args.warmup_ms, args.rep_ms, device=dev)  # fmt: skip
             f_ms, b_ms = t[Mode.FWD].median_ms, t[Mode.BWD].median_ms
         except Exception as e:  # noqa: BLE001 - e.g. SDPA flash with Dqk != Dv
             print(f"  {vname}: n/a ({type(e).__name__}: {str(e).splitlines()[0][:100]})")
@@ -190,10 +200,18 @@ def run_case(idx, case, info, args):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_common_args(p)
-    p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--models", nargs="*", default=list(DEFAULT_MODELS), choices=list(MODELS))
     p.add_argument("--seqlens", nargs="*", type=int, default=list(GPU_SEQLENS))
     p.add_argument("--max-cases", type=int, default=None)
-    return p.parse_args(argv)
+    p.add_argument("--budget-s", type=float, default=None,
+                   help=f"start no case after this many seconds (default {GPU_BUDGET_S:g} on a "
+                   "GPU, none on CPU; 0 = no limit)")  # fmt: skip
+    args = p.parse_args(argv)
+    if args.warmup_ms is None:
+        args.warmup_ms = 25.0
+    if args.rep_ms is None:
+        args.rep_ms = 100.0
+    return args
 
 
 COLUMNS = ["Model", "B", "S", "causal", "Check", "TRITON fwd TFLOPS", "TRITON bwd TFLOPS",
@@ -212,8 +230,14 @@ def main(argv=None) -> int:
         print(notice)
     results = Results(info)
     todo = cases(profile, args.seqlens, args.models)[: args.max_cases]
+    budget = args.budget_s if args.budget_s is not None else (GPU_BUDGET_S if info.is_gpu else 0)
+    t_start = time.monotonic()
+    skipped = []
     for idx, case in shard(todo, args.num_shards, args.shard_id):
-        print(f"[{idx}/{len(todo)}] {case}")
+        if budget > 0 and time.monotonic() - t_start > budget:
+            skipped.append(case)
+            continue
+        print(f"[{idx}/{len(todo)}] {case} (t={time.monotonic() - t_start:.0f} s)", flush=True)
         row = results.add(run_case(idx, case, info, args))
         print(
             f"  {row['Check']} TRITON fwd {row['TRITON fwd TFLOPS']:.1f} bwd "
@@ -221,6 +245,12 @@ def main(argv=None) -> int:
             f" | default/bestSDPA {row['default/bestSDPA fwd+bwd']:.3f} | TRITON/cuDNN fwd "
             f"{row['TRITON/cuDNN fwd']:.3f} bwd {row['TRITON/cuDNN bwd']:.3f}"
         )
+    print(f"\n{len(results.rows)} cases in {time.monotonic() - t_start:.0f} s", end="")
+    if skipped:
+        print(f"; {len(skipped)} not reached in the {budget:g} s budget (--budget-s): "
+              + ", ".join(f"{c[0]}/{c[2]}/{'causal' if c[7] else 'full'}" for c in skipped),
+              end="")  # fmt: skip
+    print()
     cols = [c for c in COLUMNS if any(c in r for r in results.rows)]
     print()
     print(results.markdown(cols))
