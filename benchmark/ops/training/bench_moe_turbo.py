@@ -9,7 +9,9 @@ sigmoid routing), Qwen3-30B-A3B, gpt-oss-20b, Mixtral-8x7B; 4096 tokens per rank
 
 Bytes (bf16 rows of hidden size H, N = T*topk permuted rows): permute forward reads and writes
 N rows (``2NH``), backward reads N rows and writes T (``(N+T)H``); unpermute the reverse. The
-copy figure is ``copy_`` of an N-row buffer in the same run (read + write).
+copy figure is ``copy_`` of an N-row buffer in the same run (read + write). Only row data is
+counted: the index maps, probs and the (tiny) map building are time without bytes, so a permute
+whose time goes to index work shows as a low fraction of copy bandwidth.
 
     python benchmark/ops/training/bench_moe_turbo.py --part all
 """

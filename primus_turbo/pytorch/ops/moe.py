@@ -1,8 +1,10 @@
 """MoE routing ops with autograd: the fused top-k router, ``moe_permute`` and ``moe_unpermute``.
 
-Row maps are built on the device from the top-k indices with sorts, scatters and cumsums (no host
-synchronisation unless a padded permute is asked for without ``num_permuted_tokens``). Data
-movement runs in the Triton row kernels of ``primus_turbo/triton/moe/permute_kernel.py``. The
+Row maps are built on the device from the top-k indices (no host synchronisation unless a padded
+permute is asked for without ``num_permuted_tokens``): with Triton (GPU, or the CPU interpreter)
+by a two-launch counting sort that also gathers the permuted probs
+(``primus_turbo/triton/moe/route_map_kernel.py``), elsewhere with torch sorts and scatters.
+Data movement runs in the Triton row kernels of ``primus_turbo/triton/moe/permute_kernel.py``. The
 permutation is stable (within an expert, tokens keep their order, then the copy order) and no
 kernel uses atomics, so permute, unpermute and their gradients are bitwise deterministic. The
 router is composed of torch ops (softmax/sigmoid, stable sorts) and is deterministic too.
@@ -13,10 +15,12 @@ from __future__ import annotations
 import torch
 
 from primus_turbo.pytorch.core.checks import check, check_same_device, check_tensor, fail
+from primus_turbo.pytorch.kernels.moe import permute_impl as _impl
 from primus_turbo.pytorch.kernels.moe.permute_impl import (
     moe_gather_rows,
     moe_reduce_rows,
     moe_reduce_rows_bwd,
+    moe_route_maps,
 )
 
 __all__ = [
@@ -181,20 +185,23 @@ class _Permute(torch.autograd.Function):
 
 
 class _Unpermute(torch.autograd.Function):
+    """The inverse map ``src_map`` is only needed by the backward: built there, not per call."""
+
     @staticmethod
-    def forward(ctx, y, row_map, src_map, w):
-        ctx.save_for_backward(y, row_map, src_map, w)
+    def forward(ctx, y, row_map, w):
+        ctx.save_for_backward(y, row_map, w)
         return moe_reduce_rows(y, row_map, w, y.dtype)
 
     @staticmethod
     def backward(ctx, g):
-        y, row_map, src_map, w = ctx.saved_tensors
+        y, row_map, w = ctx.saved_tensors
         g = g.contiguous()
+        src_map = _src_from_rows(row_map, y.shape[0])
         if w is None:
             k = row_map.shape[1]
-            return moe_gather_rows(g, src_map, k), None, None, None
+            return moe_gather_rows(g, src_map, k), None, None
         dy, dw = moe_reduce_rows_bwd(g, y, row_map, w, src_map)
-        return dy, None, None, (dw if ctx.needs_input_grad[3] else None)
+        return dy, None, (dw if ctx.needs_input_grad[2] else None)
 
 
 def moe_permute(
@@ -278,25 +285,63 @@ def moe_permute(
     num_out = num_permuted_tokens if num_permuted_tokens > 0 else None
     if num_out is None and pad_multiple == 0:
         num_out = t * k  # exact unless copies drop; then the tail rows stay zero
+    probs_tk = None
+    if probs is not None:
+        probs_tk = _probs_topk(op, probs, probs_layout, idx, num_local_experts)
+    if num_out is not None and _impl._use_triton(tokens):
+        # two Triton launches build every map (and gather the probs): no sort, no host sync
+        ids = expert_map if expert_map.dtype != torch.bool else idx
+        p_in = probs_tk.detach().contiguous() if probs_tk is not None else None
+        row_map, src_map, tpe, dispatched, overflow, pp = moe_route_maps(
+            ids, num_local_experts, pad_multiple, num_out, p_in
+        )
+        permuted = _Permute.apply(tokens, src_map, row_map, k)
+        permuted_probs = None
+        if probs_tk is not None:
+            permuted_probs = _PermuteProbs.apply(probs_tk, pp, row_map)
+        return permuted, row_map, tpe, overflow, dispatched, None, permuted_probs
     row_map, src_map, tpe, total, n = _build_maps(idx, num_local_experts, pad_multiple, num_out)
     overflow = total > n
     permuted = _Permute.apply(tokens, src_map, row_map, k)
     permuted_probs = None
-    if probs is not None:
-        check_tensor(op, "probs", probs, ndim=2, dtypes=(torch.float32,))
-        if probs_layout == "routing_map":
-            check(
-                probs.shape == (t, num_local_experts),
-                op,
-                "probs",
-                f"shape {(t, num_local_experts)}",
-                tuple(probs.shape),
-            )
-            probs = probs.gather(1, idx.clamp(0, num_local_experts - 1))
-        check(probs.shape == (t, k), op, "probs", f"shape {(t, k)}", tuple(probs.shape))
-        flat = probs.reshape(-1)
+    if probs_tk is not None:
+        flat = probs_tk.reshape(-1)
         permuted_probs = flat.index_select(0, src_map.clamp(min=0)) * (src_map >= 0)
     return permuted, row_map, tpe, overflow, total.clamp(max=n), None, permuted_probs
+
+
+def _probs_topk(op, probs, probs_layout, idx, num_local_experts):
+    """``probs`` as ``[T, K]`` fp32 in the order of ``idx`` (checked)."""
+    t, k = idx.shape
+    check_tensor(op, "probs", probs, ndim=2, dtypes=(torch.float32,))
+    if probs_layout == "routing_map":
+        check(
+            probs.shape == (t, num_local_experts),
+            op,
+            "probs",
+            f"shape {(t, num_local_experts)}",
+            tuple(probs.shape),
+        )
+        probs = probs.gather(1, idx.clamp(0, num_local_experts - 1))
+    check(probs.shape == (t, k), op, "probs", f"shape {(t, k)}", tuple(probs.shape))
+    return probs
+
+
+class _PermuteProbs(torch.autograd.Function):
+    """``permuted_probs`` (gathered by the map kernel) with its gradient: ``d probs[t, k] =
+    g[row_map[t, k]]`` (0 for dropped copies)."""
+
+    @staticmethod
+    def forward(ctx, probs, permuted, row_map):
+        ctx.save_for_backward(row_map)
+        return permuted
+
+    @staticmethod
+    def backward(ctx, g):
+        (row_map,) = ctx.saved_tensors
+        flat = row_map.reshape(-1)
+        grad = g.index_select(0, flat.clamp(min=0)) * (flat >= 0)
+        return grad.view_as(row_map), None, None
 
 
 def moe_unpermute(
@@ -324,7 +369,6 @@ def moe_unpermute(
         want = (row_id_map.shape[0], permuted_tokens.shape[1])
         check(tuple(restore_shape) == want, op, "restore_shape", f"{want}", tuple(restore_shape))
     n = permuted_tokens.shape[0]
-    src_map = _src_from_rows(row_id_map, n)
     unpermuted_probs = None
     if permuted_probs is not None:
         check_tensor(op, "permuted_probs", permuted_probs, ndim=1, dtypes=(torch.float32,))
@@ -339,7 +383,7 @@ def moe_unpermute(
         rows = row_id_map.clamp(min=0).reshape(-1)
         unpermuted_probs = permuted_probs.index_select(0, rows).view_as(row_id_map) * valid
     y = permuted_tokens if permuted_tokens.stride(-1) == 1 else permuted_tokens.contiguous()
-    out = _Unpermute.apply(y, row_id_map, src_map, permuted_probs)
+    out = _Unpermute.apply(y, row_id_map, permuted_probs)
     return out, unpermuted_probs
 
 

@@ -4,9 +4,10 @@ Maps (built on device by the op layer, never read on the host):
 - ``row_map: [T, K]`` int64: permuted row of token ``t``'s ``k``-th copy, ``-1`` when dropped.
 - ``src_map: [N]`` int64: ``t * K + k`` feeding permuted row ``n``, ``-1`` for padding rows.
 
-Kernels (one program per row, vectorised over the hidden dim in ``BLOCK_H`` chunks; row offsets
-are int64 so ``rows * hidden`` past 2**31 is safe; no atomics anywhere, so every kernel is
-bitwise deterministic):
+Kernels (gather and reduce: a ``[ROWS, BLOCK_H]`` tile per program, ``BLOCK_H`` up to 1024
+columns so each thread moves 16-byte vectors, ~16 KiB per tile; the backward: one program per
+token; row offsets are int64 so ``rows * hidden`` past 2**31 is safe; no atomics anywhere, so
+every kernel is bitwise deterministic):
 - ``gather_rows_kernel``: ``out[n] = x[src_map[n] // K]`` (zeros for padding rows). Permute
   forward, and unpermute's data gradient when no probs are applied.
 - ``reduce_rows_kernel``: ``out[t] = sum_k w[t, k] * y[row_map[t, k]]`` in fp32 with
@@ -27,19 +28,32 @@ from primus_turbo.triton.aot import AotSpec, triton_dtype_name
 
 @triton.jit
 def gather_rows_kernel(
-    x_ptr, src_ptr, out_ptr, H, stride_x, stride_out, K: tl.constexpr, BLOCK_H: tl.constexpr
+    x_ptr,
+    src_ptr,
+    out_ptr,
+    N,
+    H,
+    stride_x,
+    stride_out,
+    K: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    EVEN_H: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    src = tl.load(src_ptr + row)
+    """A ``[ROWS, BLOCK_H]`` tile of the output per program (grid: row tiles x column tiles)."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    in_rows = rows < N
+    src = tl.load(src_ptr + rows, mask=in_rows, other=-1)
     tok = tl.maximum(src, 0) // K
-    valid = src >= 0
-    out_row = out_ptr + row * stride_out
-    x_row = x_ptr + tok * stride_x
-    for h0 in range(0, H, BLOCK_H):
-        cols = h0 + tl.arange(0, BLOCK_H)
-        m = cols < H
-        v = tl.load(x_row + cols, mask=m & valid, other=0.0)
-        tl.store(out_row + cols, v, mask=m)
+    if EVEN_H:
+        col_ok = tl.full([BLOCK_H], 1, tl.int1)
+    else:
+        col_ok = cols < H
+    v = tl.load(x_ptr + tok[:, None] * stride_x + cols[None, :],
+                mask=(src >= 0)[:, None] & col_ok[None, :], other=0.0)  # fmt: skip
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], v,
+             mask=in_rows[:, None] & col_ok[None, :])  # fmt: skip
 
 
 @triton.jit
@@ -48,29 +62,38 @@ def reduce_rows_kernel(
     map_ptr,
     w_ptr,
     out_ptr,
+    T,
     H,
     stride_y,
     stride_out,
     K: tl.constexpr,
     HAS_W: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    EVEN_H: tl.constexpr,
 ):
-    tok = tl.program_id(0).to(tl.int64)
-    out_row = out_ptr + tok * stride_out
-    for h0 in range(0, H, BLOCK_H):
-        cols = h0 + tl.arange(0, BLOCK_H)
-        m = cols < H
-        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-        for k in tl.static_range(K):
-            r = tl.load(map_ptr + tok * K + k)
-            valid = r >= 0
-            rr = tl.maximum(r, 0)
-            v = tl.load(y_ptr + rr * stride_y + cols, mask=m & valid, other=0.0).to(tl.float32)
-            if HAS_W:
-                w = tl.load(w_ptr + rr, mask=valid, other=0.0).to(tl.float32)
-                v = v * w
-            acc += v
-        tl.store(out_row + cols, acc.to(out_ptr.dtype.element_ty), mask=m)
+    """``[ROWS tokens, BLOCK_H]`` of the output per program; the K copies summed in fp32 in
+    copy order."""
+    toks = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    in_rows = toks < T
+    if EVEN_H:
+        col_ok = tl.full([BLOCK_H], 1, tl.int1)
+    else:
+        col_ok = cols < H
+    acc = tl.zeros([ROWS, BLOCK_H], dtype=tl.float32)
+    for k in tl.static_range(K):
+        r = tl.load(map_ptr + toks * K + k, mask=in_rows, other=-1)
+        valid = r >= 0
+        rr = tl.maximum(r, 0)
+        v = tl.load(y_ptr + rr[:, None] * stride_y + cols[None, :],
+                    mask=valid[:, None] & col_ok[None, :], other=0.0).to(tl.float32)  # fmt: skip
+        if HAS_W:
+            w = tl.load(w_ptr + rr, mask=valid, other=0.0).to(tl.float32)
+            v = v * w[:, None]
+        acc += v
+    tl.store(out_ptr + toks[:, None] * stride_out + cols[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=in_rows[:, None] & col_ok[None, :])  # fmt: skip
 
 
 @triton.jit
@@ -126,16 +149,28 @@ def _block_h(h: int, cap: int = 8192) -> tuple[int, int]:
     return block, min(max(block // 256, 4), 16)
 
 
+def _tile(h: int, elem: int, rows_total: int) -> tuple[int, int, int]:
+    """``(ROWS, BLOCK_H, num_warps)`` of the row-copy kernels: columns in blocks of up to 1024
+    (16-byte vectors: 8 bf16 per thread, 128-256 threads), rows stacked to ~16 KiB per tile."""
+    block = min(max(triton.next_power_of_2(h), 16), 1024 if elem <= 2 else 512)
+    rows = max(1, min(16384 // (block * elem), 16))
+    rows = min(rows, triton.next_power_of_2(max(rows_total, 1)))
+    warps = 8 if rows * block * elem >= 16384 else 4
+    return rows, block, warps
+
+
 def gather_rows_triton(x: torch.Tensor, src_map: torch.Tensor, k: int) -> torch.Tensor:
     """``x: [T, H]``, ``src_map: [N]`` -> ``[N, H]`` (padding rows zero)."""
     n, h = src_map.shape[0], x.shape[1]
     out = torch.empty((n, h), dtype=x.dtype, device=x.device)
     if n == 0 or h == 0:
         return out
-    block, warps = _block_h(h)
-    gather_rows_kernel[(n,)](
-        x, src_map, out, h, x.stride(0), out.stride(0), K=k, BLOCK_H=block, num_warps=warps
-    )
+    rows, block, warps = _tile(h, x.element_size(), n)
+    grid = (triton.cdiv(n, rows), triton.cdiv(h, block))
+    gather_rows_kernel[grid](
+        x, src_map, out, n, h, x.stride(0), out.stride(0), K=k, ROWS=rows, BLOCK_H=block,
+        EVEN_H=h % block == 0, num_warps=warps,
+    )  # fmt: skip
     return out
 
 
@@ -150,10 +185,12 @@ def reduce_rows_triton(
         return out
     if k == 0:
         return out.zero_()
-    block, warps = _block_h(h, cap=2048)  # K rows in flight per chunk: moderate tile
-    reduce_rows_kernel[(t,)](
-        y, row_map, w if w is not None else y, out, h, y.stride(0), out.stride(0),
-        K=k, HAS_W=w is not None, BLOCK_H=block, num_warps=warps,
+    rows, block, warps = _tile(h, 4, t)  # fp32 accumulator: size the tile by 4-byte elements
+    grid = (triton.cdiv(t, rows), triton.cdiv(h, block))
+    reduce_rows_kernel[grid](
+        y, row_map, w if w is not None else y, out, t, h, y.stride(0), out.stride(0),
+        K=k, HAS_W=w is not None, ROWS=rows, BLOCK_H=block, EVEN_H=h % block == 0,
+        num_warps=warps,
     )  # fmt: skip
     return out
 
@@ -188,18 +225,19 @@ def aot_specs(target: str) -> list[AotSpec]:
         AotSpec(
             name="moe_gather_rows_bf16",
             fn=gather_rows_kernel,
-            signature={"x_ptr": f"*{dt}", "src_ptr": "*i64", "out_ptr": f"*{dt}", "H": "i32",
-                       "stride_x": "i64", "stride_out": "i64"},
-            constexprs={"K": 8, "BLOCK_H": 8192},
-            options={"num_warps": 16},
+            signature={"x_ptr": f"*{dt}", "src_ptr": "*i64", "out_ptr": f"*{dt}", "N": "i32",
+                       "H": "i32", "stride_x": "i64:16", "stride_out": "i64:16"},
+            constexprs={"K": 8, "ROWS": 8, "BLOCK_H": 1024, "EVEN_H": True},
+            options={"num_warps": 8},
             default=True,
         ),
         AotSpec(
             name="moe_reduce_rows_bf16_w",
             fn=reduce_rows_kernel,
             signature={"y_ptr": f"*{dt}", "map_ptr": "*i64", "w_ptr": "*fp32",
-                       "out_ptr": f"*{dt}", "H": "i32", "stride_y": "i64", "stride_out": "i64"},
-            constexprs={"K": 8, "HAS_W": True, "BLOCK_H": 2048},
+                       "out_ptr": f"*{dt}", "T": "i32", "H": "i32", "stride_y": "i64:16",
+                       "stride_out": "i64:16"},
+            constexprs={"K": 8, "HAS_W": True, "ROWS": 8, "BLOCK_H": 512, "EVEN_H": True},
             options={"num_warps": 8},
         ),
         AotSpec(

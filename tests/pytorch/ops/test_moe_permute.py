@@ -203,19 +203,46 @@ def test_permute_torch_fallback_matches_triton(device, monkeypatch):
     idx = skewed_topk(t, e, k, device)
     probs = torch.rand(t, k, device=device, requires_grad=True)
 
-    def run():
+    def run(pad):
         x.grad = probs.grad = None
         perm, row_map, *_, pprobs = turbo.ops.moe_permute(
-            x, idx, num_local_experts=e, pad_multiple=4, probs=probs
+            x, idx, num_local_experts=e, pad_multiple=pad, probs=probs
         )
         u, _ = turbo.ops.moe_unpermute(perm * 1.5, row_map, permuted_probs=pprobs)
         u.backward(torch.ones_like(u))
         return perm.detach(), u.detach(), x.grad.clone(), probs.grad.clone()
 
-    first = run()
+    firsts = [run(0), run(4)]  # unpadded: the Triton map kernels; padded: torch maps (sync)
     monkeypatch.setattr(permute_impl, "_use_triton", lambda t: False)
-    for a, b in zip(first, run(), strict=True):
-        assert_close(b, a, torch.float32)
+    for first, pad in zip(firsts, (0, 4), strict=True):
+        for a, b in zip(first, run(pad), strict=True):
+            assert_close(b, a, torch.float32)
+
+
+# (T, K, E, pad_multiple, num_out): drops (ids -1 and E), padding, fixed allocations that cut
+# rows off or leave rows unused, one expert, no tokens, more experts than chunk rows
+MAP_CASES = [(7, 2, 4, 0, 14), (33, 3, 5, 0, 99), (50, 4, 8, 4, 172), (20, 2, 3, 0, 25),
+             (20, 2, 3, 0, 45), (17, 2, 6, 8, 200), (0, 2, 4, 0, 0), (40, 1, 1, 0, 40),
+             (9, 3, 40, 2, 30)]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", MAP_CASES, ids=str)
+def test_route_map_kernel_matches_torch_maps(case, device):
+    """The two-launch counting-sort maps equal the torch (stable sort) maps exactly."""
+    from primus_turbo.pytorch.ops.moe import _build_maps
+    from primus_turbo.triton.moe.route_map_kernel import build_route_maps
+
+    t, k, e, pad, n = case
+    for dtype in (torch.int64, torch.int32):
+        idx = torch.randint(-1, e + 1, (t, k), device=device, dtype=dtype)
+        probs = torch.rand(t, k, device=device)
+        row_map, src_map, tpe, total, _ = _build_maps(idx, e, pad, n)
+        got = build_route_maps(idx, e, pad, n, probs)
+        assert torch.equal(got[0], row_map) and torch.equal(got[1], src_map)
+        assert torch.equal(got[2], tpe)
+        assert int(got[3]) == min(int(total), n) and bool(got[4]) == (int(total) > n)
+        want_pp = probs.reshape(-1).index_select(0, src_map.clamp(min=0)) * (src_map >= 0)
+        assert torch.equal(got[5], want_pp)
 
 
 @pytest.mark.gpu
