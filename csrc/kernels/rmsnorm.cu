@@ -1,5 +1,13 @@
 // RMSNorm on the GPU (CUDA, and HIP through hipify; math in primus_turbo/rmsnorm.h).
 //
+// Launch plans, chosen by PRIMUS_TURBO_RMSNORM_CPP_PLAN (read once per process):
+//   tiles (default): rmsnorm_tiles.cu: row groups of few threads with many 16-byte vectors each.
+//   persist: the persistent double-buffered kernels below (one 512-thread row per block).
+//   prev: the one-row-per-block forward and the backward without row prefetch below.
+// (PRIMUS_TURBO_RMSNORM_CPP_PERSIST=0, the older switch, still means "prev".) The generic scalar
+// kernels below serve every plan where the vector path does not apply. Nothing here throws: host
+// functions return a Status (common.h).
+//
 // Forward, vectorised path (hidden % (16 / sizeof(T)) == 0, 16-byte aligned rows): one row per
 // block; each thread keeps VPT 16-byte vectors of the row in registers, so x is read once; one
 // block reduction gives rstd; y = x * rstd * w is written with 16-byte stores.
@@ -10,9 +18,11 @@
 // Generic path (any hidden, e.g. 1 or 127): the same math with scalar loads.
 #include <algorithm>
 #include <cstdlib>
+#include <type_traits>
 
 #include "primus_turbo/device.h"
 #include "primus_turbo/rmsnorm.h"
+#include "rmsnorm_gpu_plans.h"
 
 namespace primus_turbo {
 namespace {
@@ -346,9 +356,10 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// dw[h] = sum_b part[b, h] in a fixed order: block (32 columns x 8 lanes of partial rows); lane k
-// sums rows k, k+8, ...; then lane 0 adds the 8 lane sums in order.
-constexpr int kRedCols = 32, kRedLanes = 8;
+// dw[h] = sum_b part[b, h] in a fixed order: block (32 columns x 32 lanes of partial rows); lane
+// k sums rows k, k+32, ... (a few independent loads per thread, not a long serial chain); then
+// lane 0 adds the 32 lane sums in order.
+constexpr int kRedCols = 32, kRedLanes = 32;
 template <typename T>
 __global__ void dw_reduce_kernel(const float* __restrict__ part, T* __restrict__ dw,
                                  int64_t nparts, int64_t hidden) {
@@ -356,6 +367,7 @@ __global__ void dw_reduce_kernel(const float* __restrict__ part, T* __restrict__
   const int64_t h = static_cast<int64_t>(blockIdx.x) * kRedCols + threadIdx.x;
   float s = 0.f;
   if (h < hidden) {
+#pragma unroll 4
     for (int64_t b = threadIdx.y; b < nparts; b += kRedLanes) s += part[b * hidden + h];
   }
   sums[threadIdx.y][threadIdx.x] = s;
@@ -399,31 +411,40 @@ Plan make_plan(bool aligned, int64_t hidden, int max_vpt, int fill = 256) {
 
 constexpr int kFwdMaxVpt = 8, kBwdMaxVpt = 4;
 
-// PRIMUS_TURBO_RMSNORM_CPP_PERSIST=0 selects the previous one-row-per-block forward and the
-// backward without row prefetch (for A/B timing); default 1: the persistent double-buffered ones.
-inline bool use_persist() {
-  static const bool on = [] {
-    const char* v = std::getenv("PRIMUS_TURBO_RMSNORM_CPP_PERSIST");
-    return v == nullptr || v[0] != '0';
-  }();
-  return on;
-}
+enum class PlanKind { kTiles, kPersist, kPrev };
 
-// Resident blocks of `k` on the whole device (at most `max_per_sm` per SM).
+inline PlanKind plan_kind() {
+  static const PlanKind kind = [] {
+    const char* old = std::getenv("PRIMUS_TURBO_RMSNORM_CPP_PERSIST");
+    if (old != nullptr && old[0] == '0') return PlanKind::kPrev;
+    const char* v = std::getenv("PRIMUS_TURBO_RMSNORM_CPP_PLAN");
+    if (v == nullptr || v[0] == '\0' || v[0] == 't') return PlanKind::kTiles;
+    return v[0] == 'p' && v[1] == 'r' ? PlanKind::kPrev : PlanKind::kPersist;
+  }();
+  return kind;
+}
+// The persistent kernels of this file (plan "persist"); "tiles" and "prev" use the one-row-per-
+// block / non-prefetching kernels here only for what rmsnorm_tiles.cu does not handle.
+inline bool use_persist() { return plan_kind() == PlanKind::kPersist; }
+
+// Resident blocks of `k` on the whole device (at most `max_per_sm` per SM), into *out.
 template <typename Kernel>
-int64_t resident_blocks(Kernel k, int threads, int max_per_sm) {
-  int per_sm = 0;
+Status resident_blocks(Kernel k, int threads, int max_per_sm, int64_t* out) {
+  int per_sm = 0, sms = 1;
 #if PT_HIP
-  PT_CHECK(hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, 0), "occupancy");
+  PT_RETURN_IF_ERROR(hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, 0));
 #else
-  PT_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, 0), "occupancy");
+  PT_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, 0));
 #endif
-  return static_cast<int64_t>(std::min(std::max(per_sm, 1), max_per_sm)) * device_sm_count();
+  const Status st = device_sm_count(&sms);
+  if (st != kOk) return st;
+  *out = static_cast<int64_t>(std::min(std::max(per_sm, 1), max_per_sm)) * sms;
+  return kOk;
 }
 
 template <typename T>
-void fwd_launch(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t hidden,
-                float eps, ptStream_t s) {
+Status fwd_launch(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t hidden,
+                  float eps, ptStream_t s) {
   const bool al = aligned16(x) && aligned16(w) && aligned16(y);
   const Plan p = make_plan<T>(al, hidden, kFwdMaxVpt, use_persist() ? kMaxThreads : 256);
   auto X = static_cast<const T*>(x);
@@ -432,12 +453,14 @@ void fwd_launch(const void* x, const void* w, void* y, float* rstd, int64_t rows
   dim3 block(p.threads);
   if (p.vpt > 0 && use_persist()) {
     int64_t cap = 1;
+    Status st = kOk;
     switch (p.vpt) {
-      case 1: cap = resident_blocks(fwd_persist_kernel<T, 1>, p.threads, 32); break;
-      case 2: cap = resident_blocks(fwd_persist_kernel<T, 2>, p.threads, 32); break;
-      case 4: cap = resident_blocks(fwd_persist_kernel<T, 4>, p.threads, 32); break;
-      default: cap = resident_blocks(fwd_persist_kernel<T, 8>, p.threads, 32); break;
+      case 1: st = resident_blocks(fwd_persist_kernel<T, 1>, p.threads, 32, &cap); break;
+      case 2: st = resident_blocks(fwd_persist_kernel<T, 2>, p.threads, 32, &cap); break;
+      case 4: st = resident_blocks(fwd_persist_kernel<T, 4>, p.threads, 32, &cap); break;
+      default: st = resident_blocks(fwd_persist_kernel<T, 8>, p.threads, 32, &cap); break;
     }
+    if (st != kOk) return st;
     dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, std::min(rows, cap))));
     switch (p.vpt) {
       case 1: fwd_persist_kernel<T, 1><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, hidden, eps); break;
@@ -445,8 +468,8 @@ void fwd_launch(const void* x, const void* w, void* y, float* rstd, int64_t rows
       case 4: fwd_persist_kernel<T, 4><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, hidden, eps); break;
       default: fwd_persist_kernel<T, 8><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, hidden, eps);
     }
-    PT_CHECK_LAUNCH("rmsnorm forward");
-    return;
+    PT_RETURN_LAUNCH_STATUS();
+    return kOk;
   }
   dim3 grid(static_cast<unsigned>(rows));
   switch (p.vpt) {
@@ -456,7 +479,23 @@ void fwd_launch(const void* x, const void* w, void* y, float* rstd, int64_t rows
     case 8: fwd_vec_kernel<T, 8><<<grid, block, 0, s>>>(X, W, Y, rstd, hidden, eps); break;
     default: fwd_generic_kernel<T><<<grid, block, 0, s>>>(X, W, Y, rstd, hidden, eps);
   }
-  PT_CHECK_LAUNCH("rmsnorm forward");
+  PT_RETURN_LAUNCH_STATUS();
+  return kOk;
+}
+
+template <typename T>
+constexpr DType dtype_of() {
+  return sizeof(T) == 4 ? DType::kFloat32
+                        : (std::is_same<T, pt_half>::value ? DType::kFloat16 : DType::kBFloat16);
+}
+
+// dw from `nparts` partial rows (0: dw = 0).
+template <typename T>
+Status dw_reduce(const float* part, void* dw, int64_t nparts, int64_t hidden, ptStream_t s) {
+  dim3 rgrid(static_cast<unsigned>((hidden + kRedCols - 1) / kRedCols)), rblock(kRedCols, kRedLanes);
+  dw_reduce_kernel<T><<<rgrid, rblock, 0, s>>>(part, static_cast<T*>(dw), nparts, hidden);
+  PT_RETURN_LAUNCH_STATUS();
+  return kOk;
 }
 
 // Grid of the backward (= number of dw partial rows): every SM filled with resident blocks, at
@@ -471,33 +510,57 @@ Plan bwd_plan(bool aligned, int64_t hidden) {
 inline bool bwd_persist(const Plan& p) { return use_persist() && (p.vpt == 1 || p.vpt == 2); }
 
 template <typename T>
-int64_t bwd_grid(const Plan& p, int64_t rows) {
-  int64_t cap;
+Status bwd_grid(const Plan& p, int64_t rows, int64_t* grid) {
+  int64_t cap = 1;
+  Status st = kOk;
   const bool persist = bwd_persist(p);
   switch (p.vpt) {
-    case 1: cap = persist ? resident_blocks(bwd_persist_kernel<T, 1>, p.threads, 4)
-                          : resident_blocks(bwd_vec_kernel<T, 1>, p.threads, 4); break;
-    case 2: cap = persist ? resident_blocks(bwd_persist_kernel<T, 2>, p.threads, 4)
-                          : resident_blocks(bwd_vec_kernel<T, 2>, p.threads, 4); break;
-    case 4: cap = resident_blocks(bwd_vec_kernel<T, 4>, p.threads, 4); break;
-    default: cap = resident_blocks(bwd_generic_kernel<T>, p.threads, 4);
+    case 1: st = persist ? resident_blocks(bwd_persist_kernel<T, 1>, p.threads, 4, &cap)
+                         : resident_blocks(bwd_vec_kernel<T, 1>, p.threads, 4, &cap); break;
+    case 2: st = persist ? resident_blocks(bwd_persist_kernel<T, 2>, p.threads, 4, &cap)
+                         : resident_blocks(bwd_vec_kernel<T, 2>, p.threads, 4, &cap); break;
+    case 4: st = resident_blocks(bwd_vec_kernel<T, 4>, p.threads, 4, &cap); break;
+    default: st = resident_blocks(bwd_generic_kernel<T>, p.threads, 4, &cap);
   }
-  return std::max<int64_t>(1, std::min(rows, cap));
+  if (st != kOk) return st;
+  *grid = std::max<int64_t>(1, std::min(rows, cap));
+  return kOk;
 }
 
 // Scratch rows for dw: the larger grid of the two paths, so a caller can size it before knowing
 // which path the pointers allow.
 template <typename T>
-int64_t bwd_partials(int64_t rows, int64_t hidden) {
-  return std::max(bwd_grid<T>(bwd_plan<T>(true, hidden), rows),
-                  bwd_grid<T>(bwd_plan<T>(false, hidden), rows));
+Status bwd_partials(int64_t rows, int64_t hidden, int64_t* nparts) {
+  int64_t a = 1, b = 1, t = 0;
+  Status st = bwd_grid<T>(bwd_plan<T>(false, hidden), rows, &b);  // the generic fallback
+  if (st != kOk) return st;
+  if (plan_kind() == PlanKind::kTiles) {
+    st = rmsnorm_bwd_tiles_partials(rows, hidden, dtype_of<T>(), &t);
+  } else {
+    st = bwd_grid<T>(bwd_plan<T>(true, hidden), rows, &a);
+  }
+  if (st != kOk) return st;
+  *nparts = std::max(std::max(a, b), t);
+  return kOk;
 }
 
 template <typename T>
-void bwd_launch(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
-                void* dw, float* part, int64_t rows, int64_t hidden, ptStream_t s) {
-  const Plan p = bwd_plan<T>(aligned16(dy) && aligned16(x) && aligned16(w) && aligned16(dx), hidden);
-  const int64_t g = bwd_grid<T>(p, rows);
+Status bwd_launch(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
+                  void* dw, float* part, int64_t rows, int64_t hidden, ptStream_t s) {
+  int64_t tiles_parts = -1;
+  if (plan_kind() == PlanKind::kTiles) {
+    const Status st = rmsnorm_bwd_tiles(dy, x, w, rstd, dx, part, rows, hidden, dtype_of<T>(), s,
+                                        &tiles_parts);
+    if (st != kOk) return st;
+    if (tiles_parts >= 0) return dw_reduce<T>(part, dw, tiles_parts, hidden, s);
+  }
+  const bool al = aligned16(dy) && aligned16(x) && aligned16(w) && aligned16(dx);
+  // tiles plan, path not applicable: the generic kernel (as sized by bwd_partials)
+  const Plan p = plan_kind() == PlanKind::kTiles ? bwd_plan<T>(false, hidden)
+                                                  : bwd_plan<T>(al, hidden);
+  int64_t g = 1;
+  const Status st = bwd_grid<T>(p, rows, &g);
+  if (st != kOk) return st;
   auto DY = static_cast<const T*>(dy);
   auto X = static_cast<const T*>(x);
   auto W = static_cast<const T*>(w);
@@ -518,41 +581,49 @@ void bwd_launch(const void* dy, const void* x, const void* w, const float* rstd,
         default: bwd_generic_kernel<T><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden);
       }
     }
-    PT_CHECK_LAUNCH("rmsnorm backward");
+    PT_RETURN_LAUNCH_STATUS();
   }
-  const int64_t nparts = rows > 0 ? g : 0;
-  dim3 rgrid(static_cast<unsigned>((hidden + kRedCols - 1) / kRedCols)), rblock(kRedCols, kRedLanes);
-  dw_reduce_kernel<T><<<rgrid, rblock, 0, s>>>(part, static_cast<T*>(dw), nparts, hidden);
-  PT_CHECK_LAUNCH("rmsnorm dweight reduce");
+  return dw_reduce<T>(part, dw, rows > 0 ? g : 0, hidden, s);
 }
 
 }  // namespace
 
-void rmsnorm_fwd_gpu(const void* x, const void* w, void* y, float* rstd, int64_t rows,
-                     int64_t hidden, float eps, DType dtype, void* stream) {
-  if (rows == 0 || hidden == 0) return;
+Status rmsnorm_fwd_gpu(const void* x, const void* w, void* y, float* rstd, int64_t rows,
+                       int64_t hidden, float eps, DType dtype, void* stream) noexcept {
+  if (rows < 0 || hidden < 0) return kBadArgument;
+  if (rows == 0 || hidden == 0) return kOk;
   auto s = static_cast<ptStream_t>(stream);
+  if (plan_kind() == PlanKind::kTiles) {
+    bool handled = false;
+    const Status st = rmsnorm_fwd_tiles(x, w, y, rstd, rows, hidden, eps, dtype, s, &handled);
+    if (st != kOk || handled) return st;
+  }
   switch (dtype) {
     case DType::kFloat32: return fwd_launch<float>(x, w, y, rstd, rows, hidden, eps, s);
     case DType::kFloat16: return fwd_launch<pt_half>(x, w, y, rstd, rows, hidden, eps, s);
     case DType::kBFloat16: return fwd_launch<pt_bf16>(x, w, y, rstd, rows, hidden, eps, s);
   }
+  return kUnsupportedDType;
 }
 
-int64_t rmsnorm_bwd_gpu_partials(int64_t rows, int64_t hidden, DType dtype) {
-  if (rows == 0 || hidden == 0) return 1;
+Status rmsnorm_bwd_gpu_partials(int64_t rows, int64_t hidden, DType dtype,
+                                int64_t* nparts) noexcept {
+  *nparts = 1;
+  if (rows < 0 || hidden < 0) return kBadArgument;
+  if (rows == 0 || hidden == 0) return kOk;
   switch (dtype) {
-    case DType::kFloat32: return bwd_partials<float>(rows, hidden);
-    case DType::kFloat16: return bwd_partials<pt_half>(rows, hidden);
-    case DType::kBFloat16: return bwd_partials<pt_bf16>(rows, hidden);
+    case DType::kFloat32: return bwd_partials<float>(rows, hidden, nparts);
+    case DType::kFloat16: return bwd_partials<pt_half>(rows, hidden, nparts);
+    case DType::kBFloat16: return bwd_partials<pt_bf16>(rows, hidden, nparts);
   }
-  return 1;
+  return kUnsupportedDType;
 }
 
-void rmsnorm_bwd_gpu(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
-                     void* dw, float* dw_partial, int64_t rows, int64_t hidden, DType dtype,
-                     void* stream) {
-  if (hidden == 0) return;
+Status rmsnorm_bwd_gpu(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
+                       void* dw, float* dw_partial, int64_t rows, int64_t hidden, DType dtype,
+                       void* stream) noexcept {
+  if (rows < 0 || hidden < 0) return kBadArgument;
+  if (hidden == 0) return kOk;
   auto s = static_cast<ptStream_t>(stream);
   switch (dtype) {
     case DType::kFloat32:
@@ -562,6 +633,7 @@ void rmsnorm_bwd_gpu(const void* dy, const void* x, const void* w, const float* 
     case DType::kBFloat16:
       return bwd_launch<pt_bf16>(dy, x, w, rstd, dx, dw, dw_partial, rows, hidden, s);
   }
+  return kUnsupportedDType;
 }
 
 }  // namespace primus_turbo

@@ -110,27 +110,34 @@ void bwd(const void* dyp, const void* xp, const void* wp, const float* rstd, voi
 
 }  // namespace
 
-int64_t rmsnorm_bwd_cpu_partials(int64_t rows) {
+int64_t rmsnorm_bwd_cpu_partials(int64_t rows) noexcept {
   const int64_t n = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   return n > 0 ? n : 1;
 }
 
-void rmsnorm_fwd_cpu(const void* x, const void* w, void* y, float* rstd, int64_t rows,
-                     int64_t hidden, float eps, DType dtype) {
+Status rmsnorm_fwd_cpu(const void* x, const void* w, void* y, float* rstd, int64_t rows,
+                       int64_t hidden, float eps, DType dtype) noexcept {
+  if (rows < 0 || hidden < 0) return kBadArgument;
   switch (dtype) {
-    case DType::kFloat32: return fwd<F32>(x, w, y, rstd, rows, hidden, eps);
-    case DType::kFloat16: return fwd<F16>(x, w, y, rstd, rows, hidden, eps);
-    case DType::kBFloat16: return fwd<BF16>(x, w, y, rstd, rows, hidden, eps);
+    case DType::kFloat32: fwd<F32>(x, w, y, rstd, rows, hidden, eps); return kOk;
+    case DType::kFloat16: fwd<F16>(x, w, y, rstd, rows, hidden, eps); return kOk;
+    case DType::kBFloat16: fwd<BF16>(x, w, y, rstd, rows, hidden, eps); return kOk;
   }
+  return kUnsupportedDType;
 }
 
-void rmsnorm_bwd_cpu(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
-                     void* dw, float* dw_partial, int64_t rows, int64_t hidden, DType dtype) {
+Status rmsnorm_bwd_cpu(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
+                       void* dw, float* dw_partial, int64_t rows, int64_t hidden,
+                       DType dtype) noexcept {
+  if (rows < 0 || hidden < 0) return kBadArgument;
   switch (dtype) {
-    case DType::kFloat32: return bwd<F32>(dy, x, w, rstd, dx, dw, dw_partial, rows, hidden);
-    case DType::kFloat16: return bwd<F16>(dy, x, w, rstd, dx, dw, dw_partial, rows, hidden);
-    case DType::kBFloat16: return bwd<BF16>(dy, x, w, rstd, dx, dw, dw_partial, rows, hidden);
+    case DType::kFloat32: bwd<F32>(dy, x, w, rstd, dx, dw, dw_partial, rows, hidden); return kOk;
+    case DType::kFloat16: bwd<F16>(dy, x, w, rstd, dx, dw, dw_partial, rows, hidden); return kOk;
+    case DType::kBFloat16:
+      bwd<BF16>(dy, x, w, rstd, dx, dw, dw_partial, rows, hidden);
+      return kOk;
   }
+  return kUnsupportedDType;
 }
 
 }  // namespace primus_turbo

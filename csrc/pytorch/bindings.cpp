@@ -20,8 +20,10 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_cpu_impl(const at::Tensor& x, con
   at::Tensor y = at::empty_like(x);
   at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
   if (rows > 0 && hidden > 0) {
-    rmsnorm_fwd_cpu(x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr<float>(), rows,
-                    hidden, static_cast<float>(eps), to_dtype(x, "x"));
+    check_status(rmsnorm_fwd_cpu(x.data_ptr(), w.data_ptr(), y.data_ptr(),
+                                 rstd.data_ptr<float>(), rows, hidden, static_cast<float>(eps),
+                                 to_dtype(x, "x")),
+                 "CPU forward");
   }
   return {y, rstd};
 }
@@ -36,9 +38,10 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_cpu_impl(const at::Tensor& dy, co
   if (hidden > 0) {
     at::Tensor part =
         at::empty({rmsnorm_bwd_cpu_partials(rows), hidden}, x.options().dtype(at::kFloat));
-    rmsnorm_bwd_cpu(dy.data_ptr(), x.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
-                    dx.data_ptr(), dw.data_ptr(), part.data_ptr<float>(), rows, hidden,
-                    to_dtype(x, "x"));
+    check_status(rmsnorm_bwd_cpu(dy.data_ptr(), x.data_ptr(), w.data_ptr(),
+                                 rstd.data_ptr<float>(), dx.data_ptr(), dw.data_ptr(),
+                                 part.data_ptr<float>(), rows, hidden, to_dtype(x, "x")),
+                 "CPU backward");
   }
   return {dx, dw};
 }

@@ -27,9 +27,10 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_gpu_impl(const at::Tensor& x, con
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty_like(x);
   at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
-  rmsnorm_fwd_gpu(x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr<float>(), rows, hidden,
-                  static_cast<float>(eps), to_dtype(x, "x"),
-                  PT_CURRENT_STREAM());
+  check_status(rmsnorm_fwd_gpu(x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr<float>(),
+                               rows, hidden, static_cast<float>(eps), to_dtype(x, "x"),
+                               PT_CURRENT_STREAM()),
+               "GPU forward");
   return {y, rstd};
 }
 
@@ -42,11 +43,13 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_gpu_impl(const at::Tensor& dy, co
   at::Tensor dx = at::empty_like(x);
   at::Tensor dw = at::empty_like(w);
   const DType dt = to_dtype(x, "x");
-  at::Tensor part = at::empty({rmsnorm_bwd_gpu_partials(rows, hidden, dt), hidden},
-                              x.options().dtype(at::kFloat));
-  rmsnorm_bwd_gpu(dy.data_ptr(), x.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
-                  dx.data_ptr(), dw.data_ptr(), part.data_ptr<float>(), rows, hidden, dt,
-                  PT_CURRENT_STREAM());
+  int64_t nparts = 1;
+  check_status(rmsnorm_bwd_gpu_partials(rows, hidden, dt, &nparts), "GPU backward plan");
+  at::Tensor part = at::empty({nparts, hidden}, x.options().dtype(at::kFloat));
+  check_status(rmsnorm_bwd_gpu(dy.data_ptr(), x.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
+                               dx.data_ptr(), dw.data_ptr(), part.data_ptr<float>(), rows, hidden,
+                               dt, PT_CURRENT_STREAM()),
+               "GPU backward");
   return {dx, dw};
 }
 

@@ -8,15 +8,24 @@
 
 namespace primus_turbo::pytorch {
 
+// Every argument error is raised here, in the torch glue, before the kernels library runs; the
+// library itself never throws (it returns a Status, see check_status).
 inline DType to_dtype(const at::Tensor& t, const char* arg) {
   switch (t.scalar_type()) {
     case at::kFloat: return DType::kFloat32;
     case at::kHalf: return DType::kFloat16;
     case at::kBFloat16: return DType::kBFloat16;
-    default:
-      TORCH_CHECK(false, "primus_turbo_cpp.rmsnorm: argument '", arg,
-                  "' expected dtype float32/float16/bfloat16, got ", t.scalar_type());
+    default: break;
   }
+  TORCH_CHECK(false, "primus_turbo_cpp.rmsnorm: argument '", arg,
+              "' expected dtype float32/float16/bfloat16, got ", t.scalar_type());
+  return DType::kFloat32;  // not reached (TORCH_CHECK(false) throws); keeps every path returning
+}
+
+// Raises when a kernels-library call failed (a GPU runtime error: launch, occupancy query).
+inline void check_status(Status s, const char* what) {
+  TORCH_CHECK(s == kOk, "primus_turbo_cpp.rmsnorm: ", what, " failed: ", status_string(s),
+              " (status ", s, ")");
 }
 
 // x [rows, hidden] contiguous, w [hidden] of x's dtype; returns (rows, hidden).

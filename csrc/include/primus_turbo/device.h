@@ -2,12 +2,12 @@
 // hipify). Covers the runtime API names the kernels use, the warp/wavefront size (64 on AMD CDNA,
 // 32 on NVIDIA: never assume 32), warp and block reductions, 16-byte vector loads, fp16/bf16
 // conversions that do not rely on implicit operators (torch builds with __CUDA_NO_HALF_OPERATORS__
-// and friends), and a launch-error check.
+// and friends), and status-returning error checks (nothing here throws).
 #pragma once
 
 #include <cstdint>
-#include <stdexcept>
-#include <string>
+
+#include "primus_turbo/common.h"
 
 #if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
 #define PT_HIP 1
@@ -51,31 +51,18 @@ constexpr int kWarpSize = 64;
 constexpr int kWarpSize = 32;
 #endif
 
-// Throws std::runtime_error with the runtime's message when the last launch failed.
-#define PT_CHECK_LAUNCH(what)                                                              \
+// Error handling without exceptions (see common.h): a failing runtime call makes the enclosing
+// host function return its error code as a Status; launches are checked the same way.
+#define PT_RETURN_IF_ERROR(call)                                                           \
   do {                                                                                     \
-    ptError_t err__ = ptGetLastError();                                                    \
-    if (err__ != PT_SUCCESS) {                                                             \
-      throw std::runtime_error(std::string("primus_turbo: ") + (what) +                   \
-                               " launch failed: " + ptGetErrorString(err__));              \
-    }                                                                                      \
+    const ptError_t err__ = (call);                                                        \
+    if (err__ != PT_SUCCESS) return static_cast<::primus_turbo::Status>(err__);            \
   } while (0)
 
-#define PT_CHECK(call, what)                                                               \
-  do {                                                                                     \
-    ptError_t err__ = (call);                                                              \
-    if (err__ != PT_SUCCESS) {                                                             \
-      throw std::runtime_error(std::string("primus_turbo: ") + (what) + ": " +            \
-                               ptGetErrorString(err__));                                   \
-    }                                                                                      \
-  } while (0)
+#define PT_RETURN_LAUNCH_STATUS() PT_RETURN_IF_ERROR(ptGetLastError())
 
-inline int device_sm_count() {
-  int dev = 0, n = 0;
-  PT_CHECK(ptGetDevice(&dev), "get device");
-  PT_CHECK(ptDeviceGetAttribute(&n, PT_ATTR_SM_COUNT, dev), "query multiprocessor count");
-  return n > 0 ? n : 1;
-}
+// Multiprocessor count of the current device (cached per device; runtime.cu).
+Status device_sm_count(int* out) noexcept;
 
 // ---- scalar conversions (explicit intrinsics: no implicit half/bf16 operators) -----------------
 __device__ __forceinline__ float to_float(float v) { return v; }

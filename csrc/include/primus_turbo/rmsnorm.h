@@ -16,21 +16,27 @@
 
 namespace primus_turbo {
 
-void rmsnorm_fwd_cpu(const void* x, const void* w, void* y, float* rstd, int64_t rows,
-                     int64_t hidden, float eps, DType dtype);
+// Every entry point is noexcept and returns a Status (common.h); the caller has validated the
+// arguments (shapes, dtypes, contiguity, devices) before the call.
+Status rmsnorm_fwd_cpu(const void* x, const void* w, void* y, float* rstd, int64_t rows,
+                       int64_t hidden, float eps, DType dtype) noexcept;
 
 // `dw_partial` is caller-provided fp32 scratch of rmsnorm_bwd_cpu_partials(rows) * hidden floats.
-int64_t rmsnorm_bwd_cpu_partials(int64_t rows);
-void rmsnorm_bwd_cpu(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
-                     void* dw, float* dw_partial, int64_t rows, int64_t hidden, DType dtype);
+int64_t rmsnorm_bwd_cpu_partials(int64_t rows) noexcept;
+Status rmsnorm_bwd_cpu(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
+                       void* dw, float* dw_partial, int64_t rows, int64_t hidden,
+                       DType dtype) noexcept;
 
-// GPU entry points (only in builds with a GPU toolchain). `stream` is a cudaStream_t/hipStream_t.
-void rmsnorm_fwd_gpu(const void* x, const void* w, void* y, float* rstd, int64_t rows,
-                     int64_t hidden, float eps, DType dtype, void* stream);
-// Number of fp32 partial rows the backward needs as scratch (`dw_partial`: that many x hidden).
-int64_t rmsnorm_bwd_gpu_partials(int64_t rows, int64_t hidden, DType dtype);
-void rmsnorm_bwd_gpu(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
-                     void* dw, float* dw_partial, int64_t rows, int64_t hidden, DType dtype,
-                     void* stream);
+// GPU entry points (only in builds with a GPU toolchain). `stream` is a cudaStream_t/hipStream_t;
+// they run on the current device.
+Status rmsnorm_fwd_gpu(const void* x, const void* w, void* y, float* rstd, int64_t rows,
+                       int64_t hidden, float eps, DType dtype, void* stream) noexcept;
+// Number of fp32 partial rows the backward needs as scratch (`dw_partial`: that many x hidden),
+// written to *nparts.
+Status rmsnorm_bwd_gpu_partials(int64_t rows, int64_t hidden, DType dtype,
+                                int64_t* nparts) noexcept;
+Status rmsnorm_bwd_gpu(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
+                       void* dw, float* dw_partial, int64_t rows, int64_t hidden, DType dtype,
+                       void* stream) noexcept;
 
 }  // namespace primus_turbo

@@ -175,7 +175,7 @@ def test_rmsnorm_module(device):
     assert torch.count_nonzero(zc.weight) == 0 and "zero_centered_gamma=True" in repr(zc)
     plain = turbo.modules.RMSNorm(64, elementwise_affine=False, device=device)
     assert plain.weight is None
-    assert_close(plain(x.detach().float()), rmsnorm_ref(x.detach().float(), torch.ones(64)))
+    assert_close(plain(x.detach().float()), rmsnorm_ref(x.detach().float(), torch.ones(64, device=device)))
     with pytest.raises(ValueError, match="normalized_shape"):
         turbo.modules.RMSNorm((4, 64))
 

@@ -1,0 +1,399 @@
+// RMSNorm on the GPU, "tiles" launch plan (the default; math in primus_turbo/rmsnorm.h).
+//
+// A row is handled by a group of TPR threads (a multiple of the warp size); a block holds RPB
+// such row groups (blockDim = (TPR, RPB)). Each thread keeps VPT 16-byte vectors of its row in
+// registers, so x (and dy) are read once. VPT is chosen large (up to 8 forward, 2-4 backward) and
+// TPR small, so every thread has several independent 16-byte loads in flight and a row needs at
+// most a few warps: the row reduction is a warp shuffle plus, across the group's warps, one shared
+// memory exchange. Compared with one 512-thread block per row (one vector per thread), this keeps
+// about 4-8x more bytes in flight per SM at hidden 2880-8192, which is what a bandwidth-bound
+// kernel needs (Little's law: ~30 KB per SM on an H200).
+//
+// Forward: one row per group, grid = rows / RPB (no persistence: enough resident blocks hide the
+// reduction). Backward: a persistent grid (resident blocks x SMs, capped by the row tiles) walks
+// row tiles with stride gridDim.x; the next tile's x/dy/rstd are loaded before the current row's
+// reduction (VPT <= 2). dw: each group keeps fp32 sums in registers; at the end the block adds its
+// groups in a fixed order through shared memory and writes ONE partial row per block (fewer
+// partial rows than one per group: less fp32 traffic); rmsnorm.cu's reduce kernel sums the
+// partial rows in a fixed order. Deterministic for a given device and shape.
+#include <algorithm>
+
+#include "primus_turbo/device.h"
+#include "rmsnorm_gpu_plans.h"
+
+namespace primus_turbo {
+namespace {
+
+constexpr int kMaxThreads = 512;
+constexpr int kScratch = kMaxThreads / kWarpSize;
+constexpr int kBlockTarget = 256;  // threads per block the row groups are packed up to
+
+// Sum over one row group (the blockDim.x threads of this threadIdx.y); every thread of the group
+// gets it. Fixed order: deterministic. Called by every thread of the block (it may synchronise).
+__device__ __forceinline__ float group_sum(float v, float* scratch) {
+  v = warp_sum(v);
+  const int nw = blockDim.x / kWarpSize;
+  if (nw == 1) return v;  // uniform over the block
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  float* s = scratch + threadIdx.y * nw;
+  __syncthreads();  // scratch may still be read from a previous call
+  if (lane == 0) s[warp] = v;
+  __syncthreads();
+  float t = 0.f;
+  for (int k = 0; k < nw; ++k) t += s[k];
+  return t;
+}
+
+template <typename T, int VPT>
+__global__ void __launch_bounds__(kMaxThreads)
+    fwd_tile_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                    float* __restrict__ rstd, int64_t rows, int nvec, float inv_h, float eps) {
+  __shared__ float scratch[kScratch];
+  constexpr int N = Vec16<T>::N;
+  const int64_t hidden = static_cast<int64_t>(nvec) * N;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool valid = row < rows;
+  Vec16<T> xv[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int v = static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x);
+    xv[i].raw = make_uint4(0, 0, 0, 0);
+    if (valid && v < nvec) load16(xv[i], x + row * hidden + static_cast<int64_t>(v) * N);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float f = to_float(xv[i].v()[j]);  // zero where v >= nvec
+      ss += f * f;
+    }
+  }
+  ss = group_sum(ss, scratch);
+  if (!valid) return;  // after the last barrier
+  const float rs = rsqrtf(ss * inv_h + eps);
+  if (threadIdx.x == 0) rstd[row] = rs;
+  T* yr = y + row * hidden;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int v = static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x);
+    if (v < nvec) {
+      Vec16<T> wv, out;
+      load16(wv, w + static_cast<int64_t>(v) * N);
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        out.v()[j] = from_float<T>(to_float(xv[i].v()[j]) * rs * to_float(wv.v()[j]));
+      }
+      store16(yr + static_cast<int64_t>(v) * N, out);
+    }
+  }
+}
+
+// `red` (dynamic shared memory, hidden floats) is used only when blockDim.y > 1.
+template <typename T, int VPT>
+__global__ void __launch_bounds__(kMaxThreads)
+    bwd_tile_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* w,
+                    const float* __restrict__ rstd, T* __restrict__ dx,
+                    float* __restrict__ part, int64_t rows, int nvec, float inv_h) {
+  __shared__ float scratch[kScratch];
+  extern __shared__ float red[];
+  constexpr int N = Vec16<T>::N;
+  constexpr bool kPrefetch = VPT <= 2;  // at VPT 4 the second buffer would spill
+  const int64_t hidden = static_cast<int64_t>(nvec) * N;
+  const int64_t tiles = (rows + blockDim.y - 1) / blockDim.y;
+  const int tx = static_cast<int>(threadIdx.x), bx = static_cast<int>(blockDim.x);
+  float acc[VPT][N];
+  Vec16<T> xv[VPT], gv[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) acc[i][j] = 0.f;
+  }
+  auto load_row = [&](int64_t tile, Vec16<T>* xb, Vec16<T>* gb, float& rs) {
+    const int64_t r = tile * blockDim.y + threadIdx.y;
+    const bool ok = tile < tiles && r < rows;
+    rs = ok ? rstd[r] : 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = tx + i * bx;
+      xb[i].raw = make_uint4(0, 0, 0, 0);
+      gb[i].raw = make_uint4(0, 0, 0, 0);
+      if (ok && v < nvec) {
+        load16(xb[i], x + r * hidden + static_cast<int64_t>(v) * N);
+        load16(gb[i], dy + r * hidden + static_cast<int64_t>(v) * N);
+      }
+    }
+  };
+  float rs = 0.f;
+  int64_t tile = blockIdx.x;
+  if (kPrefetch) load_row(tile, xv, gv, rs);
+  for (; tile < tiles; tile += gridDim.x) {  // uniform over the block: barriers are safe
+    if (!kPrefetch) load_row(tile, xv, gv, rs);
+    const int64_t r = tile * blockDim.y + threadIdx.y;
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = tx + i * bx;
+      Vec16<T> wv;
+      wv.raw = make_uint4(0, 0, 0, 0);
+      if (v < nvec) load16(wv, w + static_cast<int64_t>(v) * N);
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float xh = to_float(xv[i].v()[j]) * rs;  // zero for a missing row or v >= nvec
+        const float g = to_float(gv[i].v()[j]);
+        dot += xh * g * to_float(wv.v()[j]);
+        acc[i][j] += g * xh;
+      }
+    }
+    Vec16<T> xn[kPrefetch ? VPT : 1], gn[kPrefetch ? VPT : 1];
+    float rs_next = 0.f;
+    if (kPrefetch) load_row(tile + gridDim.x, xn, gn, rs_next);
+    const float mean = group_sum(dot, scratch) * inv_h;
+    if (r < rows) {
+      T* dxr = dx + r * hidden;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int v = tx + i * bx;
+        if (v < nvec) {
+          Vec16<T> wv, out;
+          load16(wv, w + static_cast<int64_t>(v) * N);
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            const float xh = to_float(xv[i].v()[j]) * rs;
+            out.v()[j] = from_float<T>(
+                rs * (to_float(wv.v()[j]) * to_float(gv[i].v()[j]) - xh * mean));
+          }
+          store16(dxr + static_cast<int64_t>(v) * N, out);
+        }
+      }
+    }
+    if (kPrefetch) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        xv[i] = xn[i % (kPrefetch ? VPT : 1)];
+        gv[i] = gn[i % (kPrefetch ? VPT : 1)];
+      }
+      rs = rs_next;
+    }
+  }
+  // Block partial row = sum of the groups' sums, groups added in order 0, 1, ... (deterministic).
+  float* pb = part + static_cast<int64_t>(blockIdx.x) * hidden;
+  for (int g = 1; g < static_cast<int>(blockDim.y); ++g) {
+    __syncthreads();
+    if (static_cast<int>(threadIdx.y) == g) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int v = tx + i * bx;
+        if (v < nvec) {
+#pragma unroll
+          for (int j = 0; j < N; ++j) red[v * N + j] = acc[i][j];
+        }
+      }
+    }
+    __syncthreads();
+    if (threadIdx.y == 0) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int v = tx + i * bx;
+        if (v < nvec) {
+#pragma unroll
+          for (int j = 0; j < N; ++j) acc[i][j] += red[v * N + j];
+        }
+      }
+    }
+  }
+  if (threadIdx.y != 0) return;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int v = tx + i * bx;
+    if (v < nvec) {
+#pragma unroll
+      for (int j = 0; j < N; j += 4) {
+        *reinterpret_cast<float4*>(pb + static_cast<int64_t>(v) * N + j) =
+            make_float4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]);
+      }
+    }
+  }
+}
+
+inline int round_up(int64_t v, int m) { return static_cast<int>((v + m - 1) / m * m); }
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+struct TilePlan {
+  int vpt = 0;  // 0: the tiles path does not apply
+  int tpr = 0;  // threads per row group
+  int rpb = 1;  // row groups per block
+};
+
+// VPT: the largest power of two <= pref_vpt whose row group fits kMaxThreads and leaves under 1/8
+// of the vector slots idle (2880 bf16 = 360 vectors: VPT 4 -> 96 threads, 384 slots), else the
+// one with the fewest idle slots; rows longer than pref_vpt * kMaxThreads vectors take the
+// smallest VPT <= max_vpt that fits. Then as many row groups per block as fit kBlockTarget.
+// (pref_vpt 4 forward: 60 registers for bf16, so ~1000 resident threads x 64 B in flight per SM;
+// VPT 8 needs 105. Backward 2: its row prefetch fits in 108 registers.)
+template <typename T>
+TilePlan tile_plan(int64_t hidden, int pref_vpt, int max_vpt) {
+  constexpr int N = Vec16<T>::N;
+  TilePlan p;
+  if (hidden <= 0 || hidden % N != 0) return p;
+  const int64_t nvec = hidden / N;
+  if (nvec > static_cast<int64_t>(max_vpt) * kMaxThreads) return p;
+  if (nvec > static_cast<int64_t>(pref_vpt) * kMaxThreads) {
+    int vpt = pref_vpt;
+    while (nvec > static_cast<int64_t>(vpt) * kMaxThreads) vpt *= 2;
+    p.vpt = vpt, p.tpr = round_up((nvec + vpt - 1) / vpt, kWarpSize);
+  } else {
+    int64_t best_idle = -1;
+    for (int vpt = pref_vpt; vpt >= 1; vpt /= 2) {
+      const int tpr = std::max(kWarpSize, round_up((nvec + vpt - 1) / vpt, kWarpSize));
+      if (tpr > kMaxThreads) break;  // smaller VPTs need even more threads
+      const int64_t idle = static_cast<int64_t>(tpr) * vpt - nvec;
+      if (idle * 8 < static_cast<int64_t>(tpr) * vpt) {
+        p.vpt = vpt, p.tpr = tpr;
+        break;
+      }
+      if (best_idle < 0 || idle < best_idle) best_idle = idle, p.vpt = vpt, p.tpr = tpr;
+    }
+  }
+  p.rpb = std::max(1, kBlockTarget / p.tpr);
+  return p;
+}
+
+constexpr int kFwdPrefVpt = 4, kFwdMaxVpt = 8, kBwdPrefVpt = 2, kBwdMaxVpt = 4;
+// Backward blocks per SM at most: each block writes one fp32 partial dw row, so more blocks cost
+// traffic (2 per SM at 8192x4096: 4% of the bytes) while two give enough loads in flight.
+constexpr int kBwdMaxPerSm = 2;
+
+template <typename T>
+Status fwd_tiles(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t hidden,
+                 float eps, ptStream_t s, bool* handled) {
+  *handled = false;
+  const TilePlan p = tile_plan<T>(hidden, kFwdPrefVpt, kFwdMaxVpt);
+  if (p.vpt == 0 || !aligned16(x) || !aligned16(w) || !aligned16(y)) return kOk;
+  *handled = true;
+  const int nvec = static_cast<int>(hidden / Vec16<T>::N);
+  const float inv_h = 1.f / static_cast<float>(hidden);
+  auto X = static_cast<const T*>(x);
+  auto W = static_cast<const T*>(w);
+  auto Y = static_cast<T*>(y);
+  const dim3 block(p.tpr, p.rpb);
+  const dim3 grid(static_cast<unsigned>((rows + p.rpb - 1) / p.rpb));
+  switch (p.vpt) {
+    case 1: fwd_tile_kernel<T, 1><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, nvec, inv_h, eps); break;
+    case 2: fwd_tile_kernel<T, 2><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, nvec, inv_h, eps); break;
+    case 4: fwd_tile_kernel<T, 4><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, nvec, inv_h, eps); break;
+    default: fwd_tile_kernel<T, 8><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, nvec, inv_h, eps);
+  }
+  PT_RETURN_LAUNCH_STATUS();
+  return kOk;
+}
+
+template <typename T, int VPT>
+Status bwd_grid_of(const TilePlan& p, int64_t rows, size_t smem, int64_t* grid) {
+  int per_sm = 0, sms = 1;
+#if PT_HIP
+  PT_RETURN_IF_ERROR(hipOccupancyMaxActiveBlocksPerMultiprocessor(
+      &per_sm, bwd_tile_kernel<T, VPT>, p.tpr * p.rpb, smem));
+#else
+  PT_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &per_sm, bwd_tile_kernel<T, VPT>, p.tpr * p.rpb, smem));
+#endif
+  const Status st = device_sm_count(&sms);
+  if (st != kOk) return st;
+  const int64_t tiles = (rows + p.rpb - 1) / p.rpb;
+  const int64_t per = std::min(std::max(per_sm, 1), kBwdMaxPerSm);
+  *grid = std::max<int64_t>(1, std::min<int64_t>(tiles, per * sms));
+  return kOk;
+}
+
+template <typename T>
+size_t bwd_smem(const TilePlan& p, int64_t hidden) {
+  return p.rpb > 1 ? static_cast<size_t>(hidden) * sizeof(float) : 0;
+}
+
+template <typename T>
+Status bwd_grid(const TilePlan& p, int64_t rows, int64_t hidden, int64_t* grid) {
+  const size_t smem = bwd_smem<T>(p, hidden);
+  switch (p.vpt) {
+    case 1: return bwd_grid_of<T, 1>(p, rows, smem, grid);
+    case 2: return bwd_grid_of<T, 2>(p, rows, smem, grid);
+    default: return bwd_grid_of<T, 4>(p, rows, smem, grid);
+  }
+}
+
+template <typename T>
+Status bwd_tiles_partials(int64_t rows, int64_t hidden, int64_t* nparts) {
+  *nparts = 0;
+  const TilePlan p = tile_plan<T>(hidden, kBwdPrefVpt, kBwdMaxVpt);
+  if (p.vpt == 0 || rows <= 0) return kOk;
+  return bwd_grid<T>(p, rows, hidden, nparts);
+}
+
+template <typename T>
+Status bwd_tiles(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
+                 float* part, int64_t rows, int64_t hidden, ptStream_t s, int64_t* nparts) {
+  *nparts = -1;  // not handled
+  const TilePlan p = tile_plan<T>(hidden, kBwdPrefVpt, kBwdMaxVpt);
+  if (p.vpt == 0 || rows <= 0 || !aligned16(dy) || !aligned16(x) || !aligned16(w) ||
+      !aligned16(dx)) {
+    return kOk;
+  }
+  int64_t g = 1;
+  const Status st = bwd_grid<T>(p, rows, hidden, &g);
+  if (st != kOk) return st;
+  *nparts = g;
+  const int nvec = static_cast<int>(hidden / Vec16<T>::N);
+  const float inv_h = 1.f / static_cast<float>(hidden);
+  auto DY = static_cast<const T*>(dy);
+  auto X = static_cast<const T*>(x);
+  auto W = static_cast<const T*>(w);
+  auto DX = static_cast<T*>(dx);
+  const dim3 block(p.tpr, p.rpb), grid(static_cast<unsigned>(g));
+  const size_t smem = bwd_smem<T>(p, hidden);
+  switch (p.vpt) {
+    case 1: bwd_tile_kernel<T, 1><<<grid, block, smem, s>>>(DY, X, W, rstd, DX, part, rows, nvec, inv_h); break;
+    case 2: bwd_tile_kernel<T, 2><<<grid, block, smem, s>>>(DY, X, W, rstd, DX, part, rows, nvec, inv_h); break;
+    default: bwd_tile_kernel<T, 4><<<grid, block, smem, s>>>(DY, X, W, rstd, DX, part, rows, nvec, inv_h);
+  }
+  PT_RETURN_LAUNCH_STATUS();
+  return kOk;
+}
+
+}  // namespace
+
+Status rmsnorm_fwd_tiles(const void* x, const void* w, void* y, float* rstd, int64_t rows,
+                         int64_t hidden, float eps, DType dtype, ptStream_t s,
+                         bool* handled) noexcept {
+  switch (dtype) {
+    case DType::kFloat32: return fwd_tiles<float>(x, w, y, rstd, rows, hidden, eps, s, handled);
+    case DType::kFloat16: return fwd_tiles<pt_half>(x, w, y, rstd, rows, hidden, eps, s, handled);
+    case DType::kBFloat16: return fwd_tiles<pt_bf16>(x, w, y, rstd, rows, hidden, eps, s, handled);
+  }
+  return kUnsupportedDType;
+}
+
+Status rmsnorm_bwd_tiles_partials(int64_t rows, int64_t hidden, DType dtype,
+                                  int64_t* nparts) noexcept {
+  switch (dtype) {
+    case DType::kFloat32: return bwd_tiles_partials<float>(rows, hidden, nparts);
+    case DType::kFloat16: return bwd_tiles_partials<pt_half>(rows, hidden, nparts);
+    case DType::kBFloat16: return bwd_tiles_partials<pt_bf16>(rows, hidden, nparts);
+  }
+  return kUnsupportedDType;
+}
+
+Status rmsnorm_bwd_tiles(const void* dy, const void* x, const void* w, const float* rstd,
+                         void* dx, float* part, int64_t rows, int64_t hidden, DType dtype,
+                         ptStream_t s, int64_t* nparts) noexcept {
+  switch (dtype) {
+    case DType::kFloat32:
+      return bwd_tiles<float>(dy, x, w, rstd, dx, part, rows, hidden, s, nparts);
+    case DType::kFloat16:
+      return bwd_tiles<pt_half>(dy, x, w, rstd, dx, part, rows, hidden, s, nparts);
+    case DType::kBFloat16:
+      return bwd_tiles<pt_bf16>(dy, x, w, rstd, dx, part, rows, hidden, s, nparts);
+  }
+  return kUnsupportedDType;
+}
+
+}  // namespace primus_turbo

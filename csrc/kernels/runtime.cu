@@ -1,0 +1,33 @@
+// GPU runtime helpers of the kernels library: the error text of a runtime error code and the
+// per-device multiprocessor count (queried once per device). Nothing here throws.
+#include <atomic>
+
+#include "primus_turbo/device.h"
+
+namespace primus_turbo {
+
+const char* gpu_error_string(int code) noexcept {
+  return ptGetErrorString(static_cast<ptError_t>(code));
+}
+
+Status device_sm_count(int* out) noexcept {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];  // 0 = not queried yet; same value on every race
+  int dev = 0;
+  PT_RETURN_IF_ERROR(ptGetDevice(&dev));
+  if (dev >= 0 && dev < kMaxDevices) {
+    const int n = cache[dev].load(std::memory_order_relaxed);
+    if (n > 0) {
+      *out = n;
+      return kOk;
+    }
+  }
+  int n = 0;
+  PT_RETURN_IF_ERROR(ptDeviceGetAttribute(&n, PT_ATTR_SM_COUNT, dev));
+  n = n > 0 ? n : 1;
+  if (dev >= 0 && dev < kMaxDevices) cache[dev].store(n, std::memory_order_relaxed);
+  *out = n;
+  return kOk;
+}
+
+}  // namespace primus_turbo
