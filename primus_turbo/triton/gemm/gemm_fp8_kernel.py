@@ -97,8 +97,16 @@ def gemm_fp8_kernel(
             if SCALE_MODE == 2:
                 kb = (kt * BLOCK_K) // SCALE_K
                 sa = tl.load(sa_ptrs + kb * stride_sak, mask=mask_m, other=0.0)
-                sb = tl.load(sb_ptrs + kb * stride_sbk, mask=mask_n, other=0.0)
-                acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])
+                if SB_GROUP % BLOCK_N == 0:
+                    # the N tile lies in one weight scale block: one scalar per K-block, and
+                    # the promotion is a single FMA per element with a per-row factor (was a
+                    # 2-D scale product + multiply + add, issued while the tensor cores wait)
+                    sb = tl.load(sb_ptr + ((pid_n * BLOCK_N) // SB_GROUP) * stride_sbn
+                                 + kb * stride_sbk)  # fmt: skip
+                    acc += tl.dot(a, b) * (sa * sb)[:, None]
+                else:
+                    sb = tl.load(sb_ptrs + kb * stride_sbk, mask=mask_n, other=0.0)
+                    acc += (tl.dot(a, b) * sa[:, None]) * sb[None, :]
             else:
                 acc = tl.dot(a, b, acc)
             a_ptrs += BLOCK_K * stride_ak
@@ -140,7 +148,11 @@ _CONFIGS[ArchFamily.OTHER_GPU] = _CONFIGS[ArchFamily.HOPPER]
 # BLOCK mode keeps a second fp32 tile (the K-block's partial product) live: smaller tiles per
 # thread, or it spills (AOT report: sm_90 128x256 w8 and 128x128 w4, gfx942 128x128 w4).
 _BLOCK_CONFIGS: dict[ArchFamily, tuple[GemmConfig, ...]] = {
-    ArchFamily.HOPPER: (_cfg(128, 128, 128, 8, 4), _cfg(64, 128, 128, 4, 4)),
+    ArchFamily.HOPPER: (
+        _cfg(128, 128, 128, 8, 4),
+        _cfg(128, 128, 128, 8, 3),
+        _cfg(64, 128, 128, 4, 4),
+    ),
     ArchFamily.CDNA3: (
         _cfg(256, 128, 128, 8, 2, matrix_instr_nonkdim=16, waves_per_eu=2),
         _cfg(128, 128, 128, 8, 2, matrix_instr_nonkdim=16, waves_per_eu=2),
