@@ -101,6 +101,17 @@ TASKS: list[dict[str, Any]] = [
         "output": "rmsnorm_turbo_bf16_cpp_prev_{date}_{gpu}.csv",
     },
     {
+        # A/B: the C++ backend with the persistent 512-thread-per-row kernels (the default before
+        # the "tiles" plan); compare with the TURBO rows of rmsnorm_bf16.
+        "label": "rmsnorm_bf16_cpp_persist",
+        "group": "rmsnorm",
+        "profile": "gpu",
+        "script": "ops/training/bench_rmsnorm_turbo.py",
+        "args": ["--dtype", "bf16", "--backends", "TURBO"],
+        "env": {"PRIMUS_TURBO_RMSNORM_CPP_PLAN": "persist"},
+        "output": "rmsnorm_turbo_bf16_cpp_persist_{date}_{gpu}.csv",
+    },
+    {
         "label": "attention_bf16",
         "group": "attention",
         "profile": "gpu",
