@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 
@@ -17,15 +19,26 @@ CASES = [
     (5, 24, 8, 8, 4, "sigmoid", 4, 2, "geglu"),  # group-limited
     (4, 16, 8, 1, 1, "softmax", 1, 1, "swiglu"),  # single expert
 ]
+# Real hidden sizes (the long bf16 reductions are what the gates measure); expert counts cut
+# where the weights would be large: each case holds bf16 weights, fp32 reference copies and
+# both sets of gradients (~6x the bf16 weight bytes), and under xdist up to 8 workers share one
+# GPU. Mixtral-8x7B at E=8 needed ~17 GB per case (a likely cause of its one unexplained
+# failure under 8 workers, passing alone); E=4 halves that without changing the numerics.
 GPU_CASES = [
     (4096, 2048, 768, 32, 8, "softmax", 1, 1, "swiglu"),  # Qwen3-MoE-like (E cut)
     (2048, 2880, 2880, 32, 4, "softmax", 1, 1, "swiglu"),  # gpt-oss-20b
-    (2048, 4096, 14336, 8, 2, "softmax", 1, 1, "swiglu"),  # Mixtral-8x7B
-    (2048, 7168, 2048, 32, 8, "sigmoid", 8, 4, "swiglu"),  # DeepSeek-V3-like (E cut)
+    (2048, 4096, 14336, 4, 2, "softmax", 1, 1, "swiglu"),  # Mixtral-8x7B-like (E cut)
+    (2048, 7168, 2048, 16, 8, "sigmoid", 8, 4, "swiglu"),  # DeepSeek-V3-like (E cut)
 ]
 
 
 def _check(t, d, f, e, k, fn, groups, sel, act, device, min_snr=30.0):
+    """SNR gates vs the fp32 loop-of-experts reference (the layer rounds h, the activation and
+    y to bf16 once each: an estimated ~45-50 dB at any size, and the H200 benchmark saw 47-80 dB
+    against the bf16 loop, so 30 dB leaves a wide margin; the failure message lists all). The seed
+    is fixed per case: conftest's ``hash(nodeid)`` seed changes with every interpreter
+    (``PYTHONHASHSEED``), so a failure would otherwise not reproduce on a re-run."""
+    torch.manual_seed(zlib.crc32(repr((t, d, f, e, k, fn, groups, sel, act)).encode()))
     layer = turbo.modules.MoELayer(
         d, f, e, k, score_function=fn, groups=groups, selected_groups=sel, activation=act,
         scaling_factor=1.0, device=device, dtype=torch.bfloat16,
@@ -37,21 +50,28 @@ def _check(t, d, f, e, k, fn, groups, sel, act, device, min_snr=30.0):
     ref_params = [p.detach().float().requires_grad_() for p in params]
     x_ref = x.detach().float().requires_grad_()
     ref = moe_layer_ref(x_ref, *ref_params, k, fn, groups, sel, 1.0, act)
-    assert snr_db(ref.detach(), out.detach().float()) > min_snr
+    snrs = {"out": snr_db(ref.detach(), out.detach().float())}
     g = torch.randn_like(out)
     out.backward(g)
     ref.backward(g.float())
-    for name, got, want in [("x", x.grad, x_ref.grad)] + [
+    grads = [("x", x.grad, x_ref.grad)] + [
         (n, p.grad, r.grad)
         for n, p, r in zip(("router", "w1", "w2"), params, ref_params, strict=True)
-    ]:
+    ]
+    for name, got, want in grads:
         assert got is not None and got.dtype == torch.bfloat16, name
+        assert torch.isfinite(got).all(), f"{name}: non-finite gradient"
         if want.abs().max() == 0:
             assert got.abs().max() == 0, name
             continue
-        snr = snr_db(want, got.float())
+        snrs[name] = snr_db(want, got.float())
+    del layer, ref_params, x_ref, ref, grads
+    if device == "cuda":  # hand cached blocks back: other xdist workers share this GPU
+        torch.cuda.empty_cache()
+    report = ", ".join(f"{n} {v:.1f} dB" for n, v in snrs.items())
+    for name, snr in snrs.items():
         # the router weight's gradient flows only through probs: a small, noisier signal
-        assert snr > (min_snr - 10 if name == "router" else min_snr), f"{name}: {snr:.1f} dB"
+        assert snr > (min_snr - 10 if name == "router" else min_snr), f"{name}: {report}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
