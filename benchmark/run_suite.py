@@ -223,6 +223,15 @@ TASKS: list[dict[str, Any]] = [
         "output": "grouped_gemm_turbo_bf16_TRITON_{date}_{gpu}.csv",
     },
     {
+        "label": "grouped_gemm_bf16_default",
+        "group": "grouped_gemm",
+        "profile": "gpu",
+        "script": "ops/training/bench_grouped_gemm_turbo.py",
+        "args": ["--dtype", "bf16", "--backend", "auto"],
+        "env": {},
+        "output": "grouped_gemm_turbo_bf16_auto_{date}_{gpu}.csv",
+    },
+    {
         "label": "grouped_gemm_bf16_triton_tma",
         "group": "grouped_gemm_tma",
         "profile": "gpu",

@@ -227,10 +227,24 @@ def test_grouped_gemm_deterministic(backend, device):
 
 
 def test_default_dispatch_choice(device):
+    """CPU: TORCH. CUDA: HIPBLASLT (torch._grouped_mm) where it can handle the input (faster on
+    the H200 MoE shapes), TRITON where it cannot (fp16 here; ROCm: always TRITON)."""
     a, b, gl = _operands([2, 3], 16, 16, False, torch.bfloat16, device)
     kw = dict(a=a, b=b, group_lens=gl, group_offs=group_offsets(gl), trans_b=False)
-    expect = BackendType.TRITON if HAS_GPU else BackendType.TORCH
-    assert GroupedGemmDispatcher.resolve(**kw, out_dtype=torch.bfloat16) == expect
+    got = GroupedGemmDispatcher.resolve(**kw, out_dtype=torch.bfloat16)
+    if not HAS_GPU:
+        assert got == BackendType.TORCH
+        return
+    vendor = GroupedGemmDispatcher.backend_class(BackendType.HIPBLASLT)
+    ok = vendor.can_handle(**kw, out_dtype=torch.bfloat16)
+    assert got == (BackendType.HIPBLASLT if ok else BackendType.TRITON)
+    a16, b16 = a.half(), b.half()
+    kw16 = dict(kw, a=a16, b=b16)
+    assert GroupedGemmDispatcher.resolve(**kw16, out_dtype=torch.float16) == BackendType.TRITON
+    # the memoised answer depends on the layout: a non-unit-stride a is not handed to the vendor
+    a_t = a.t().contiguous().t()
+    got_t = GroupedGemmDispatcher.resolve(**dict(kw, a=a_t), out_dtype=torch.bfloat16)
+    assert got_t == BackendType.TRITON
 
 
 def test_config_heuristic_is_pure():
