@@ -5,7 +5,8 @@
 * ``COLS``  (1): one scale per column of the tile (BM x 1 blocks),
 * ``TILE``  (2): one scale for the tile (BM x BN blocks, the 2-D weight recipe),
 * ``GIVEN`` (3): one scale for the whole tensor from a precomputed amax (tensorwise cast pass),
-* ``MX``    (4): per row of the tile, power-of-two (E8M0) scale, BN == 32.
+* ``MX``    (4): power-of-two (E8M0) scale per 32 values of a row (BN a multiple of 32; the
+  dual copy per 32 values of a column, BM a multiple of 32).
 With ``DUAL`` it also writes a second quantized copy in one pass: column scales (ROWS/MX modes)
 or the same scale (TILE/GIVEN), through its own strides, so the second copy can be the
 transpose (K-major for the backward GEMMs). Scale tensors are addressed by strides too (e.g.
@@ -165,13 +166,34 @@ def quant_tile_kernel(
     a = _finite_abs(x)
     qty = q_ptr.dtype.element_ty
     q_ptrs = q_ptr + rm64[:, None] * stride_qm + rn64[None, :] * stride_qn
-    if MODE == 0 or MODE == 4:  # per row of the tile
-        scale, sinv = _scale_of(tl.max(a, axis=1), FMAX, MODE == 4, EMAX)
+    if MODE == 4:  # MX: E8M0 scale per 32 along N (and per 32 along M for the dual copy)
+        G: tl.constexpr = BN // 32
+        scale, sinv = _scale_of(tl.max(tl.reshape(a, (BM, G, 32)), axis=2), FMAX, True, EMAX)
+        q = _cast(tl.reshape(x, (BM, G, 32)), scale[:, :, None], FMAX, qty, FMT)
+        tl.store(q_ptrs, tl.reshape(q, (BM, BN)), mask=mask)
+        rg = pid_n * G + tl.arange(0, G)  # scale columns of this tile
+        s_ptrs = s_ptr + rm64[:, None] * stride_sm + rg[None, :] * stride_sn
+        tl.store(s_ptrs, sinv.to(s_ptr.dtype.element_ty),
+                 mask=mask_m[:, None] & (rg[None, :] * 32 < N))  # fmt: skip
+        if DUAL:
+            GM: tl.constexpr = BM // 32
+            a3 = tl.reshape(a, (GM, 32, BN))
+            scale_c, sinv_c = _scale_of(tl.max(a3, axis=1), FMAX, True, EMAX)  # [GM, BN]
+            qc = _cast(tl.reshape(x, (GM, 32, BN)), scale_c[:, None, :], FMAX, qty, FMT)
+            qt = tl.trans(tl.reshape(qc, (BM, BN)))  # [BN, BM] in registers
+            tl.store(qt_ptr + rn64[:, None] * stride_qtn + rm64[None, :] * stride_qtm, qt,
+                     mask=mask_n[:, None] & mask_m[None, :])  # fmt: skip
+            rgm = pid_m * GM + tl.arange(0, GM)
+            st_ptrs = st_ptr + rgm[:, None] * stride_stm + rn64[None, :] * stride_stn
+            tl.store(st_ptrs, sinv_c.to(st_ptr.dtype.element_ty),
+                     mask=(rgm[:, None] * 32 < M) & mask_n[None, :])  # fmt: skip
+    elif MODE == 0:  # per row of the tile
+        scale, sinv = _scale_of(tl.max(a, axis=1), FMAX, False, EMAX)
         tl.store(q_ptrs, _cast(x, scale[:, None], FMAX, qty, FMT), mask=mask)
         s_ptrs = s_ptr + rm64 * stride_sm + pid_n * stride_sn
         tl.store(s_ptrs, sinv.to(s_ptr.dtype.element_ty), mask=mask_m)
         if DUAL:  # per column of the tile into the second copy
-            scale_c, sinv_c = _scale_of(tl.max(a, axis=0), FMAX, MODE == 4, EMAX)
+            scale_c, sinv_c = _scale_of(tl.max(a, axis=0), FMAX, False, EMAX)
             qt = tl.trans(_cast(x, scale_c[None, :], FMAX, qty, FMT))  # [BN, BM] in registers
             tl.store(qt_ptr + rn64[:, None] * stride_qtn + rm64[None, :] * stride_qtm, qt,
                      mask=mask_n[:, None] & mask_m[None, :])  # fmt: skip
@@ -323,7 +345,8 @@ def aot_specs(target: str) -> list[AotSpec]:
     modes = [("rows", ROWS, 32, 128, False, 4), ("rows_dual", ROWS, 128, 128, True, 8)]
     modes += [("tile", TILE, 128, 128, True, 8), ("given", GIVEN, 64, 128, True, 4)]
     if target in ("gfx950", "sm_90"):
-        modes.append(("mx", MX, 32, 32, True, 4))
+        # (128x128 / 8 warps MX dual: 221 registers on sm_90, dropped)
+        modes += [("mx", MX, 64, 64, True, 4), ("mx_rows", MX, 32, 128, False, 4)]
     for name, mode, bm, bn, dual, warps in modes:
         sig = dict(tile_sig)
         if mode == MX:
@@ -349,7 +372,9 @@ def aot_specs(target: str) -> list[AotSpec]:
         )
     flat = {"BLOCK": 4096, "NP": 1024}
     amax_sig = {"x_ptr": "*bf16", "part_ptr": "*fp32", "numel": "i32:16"}
-    specs.append(AotSpec("amax_partial_bf16", amax_partial_kernel, amax_sig, flat, {"num_warps": 8}))  # noqa: E501
+    specs.append(
+        AotSpec("amax_partial_bf16", amax_partial_kernel, amax_sig, flat, {"num_warps": 8})
+    )  # noqa: E501
     cast_sig = {"x_ptr": "*bf16", "q_ptr": f"*{fp8}", "s_ptr": "*fp32", "part_ptr": "*fp32",
                 "numel": "i32:16"}  # fmt: skip
     specs.append(
