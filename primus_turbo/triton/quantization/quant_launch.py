@@ -11,9 +11,11 @@ Output conventions (shared with reference/quantization.py and ops.quantization):
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from primus_turbo.pytorch.core.platform import triton_interpret
+from primus_turbo.pytorch.core.platform import num_compute_units, triton_interpret
 from primus_turbo.triton.quantization.quant_kernel import (
     COLS,
     GIVEN,
@@ -80,14 +82,24 @@ def _empty_like_t(x: torch.Tensor, dtype) -> torch.Tensor:
     return torch.empty((x.shape[1], x.shape[0]), dtype=dtype, device=x.device)
 
 
-_FLAT_BLOCK = 4096  # tensorwise tile: 8 warps x 32 lanes x 16 values (two 16-byte bf16 loads)
-_MAX_PARTS = 1024  # tensorwise programs per pass (a power of two; all resident on an H200/MI300)
+_FLAT_BLOCK = 8192  # tensorwise tile: 8 warps x 32 lanes x 32 values (four 16-byte bf16 loads)
+_MAX_PARTS = 1024  # tensorwise programs per pass: a power of two
 
 
-def _parts(numel: int) -> int:
+@functools.cache
+def _resident_parts(device_type: str, index) -> int:
+    """The largest power of two <= 4 programs (of 8 warps) per SM/CU: every program of the
+    grid-stride passes is resident at once (512 on an H200, 1024 on an MI300X), so no second
+    partial wave makes a tail."""
+    cus = num_compute_units(torch.device(device_type, index) if device_type == "cuda" else None)
+    return 1 << max(0, (4 * cus).bit_length() - 1)
+
+
+def _parts(x: torch.Tensor) -> int:
     """Programs of the tensorwise passes: a power of two, at most one per tile."""
-    tiles = max(1, _cdiv(numel, _FLAT_BLOCK))
-    return min(_MAX_PARTS, 1 << (tiles - 1).bit_length())
+    tiles = max(1, _cdiv(x.numel(), _FLAT_BLOCK))
+    cap = min(_MAX_PARTS, _resident_parts(x.device.type, x.device.index))
+    return min(cap, 1 << (tiles - 1).bit_length())
 
 
 def quant_tensorwise(x: torch.Tensor, dtype: torch.dtype, dual: bool = False):
@@ -105,7 +117,7 @@ def quant_tensorwise(x: torch.Tensor, dtype: torch.dtype, dual: bool = False):
         return (q, s, qt, s) if dual else (q, s)
     xc = x if x.is_contiguous() else x.contiguous()
     numel = xc.numel()
-    np_ = _parts(numel)
+    np_ = _parts(xc)
     parts = torch.empty(np_, dtype=torch.float32, device=x.device)
     amax_partial_kernel[(np_,)](xc, parts, numel, BLOCK=_FLAT_BLOCK, NP=np_, num_warps=8)
     if dual:
