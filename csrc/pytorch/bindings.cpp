@@ -4,6 +4,8 @@
 // the rpath $ORIGIN: it sits next to this module).
 #include <Python.h>
 
+#include <stdexcept>
+
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
@@ -88,9 +90,28 @@ namespace {
 PyObject* py_has_gpu_kernels(PyObject*, PyObject*) {
   return PyBool_FromLong(primus_turbo::pytorch::has_gpu_kernels() ? 1 : 0);
 }
+// Diagnostics for the error path (tests/native bisect a crash while raising with it): kind 0
+// throws and catches a std::runtime_error inside _C; kind 1 a c10::Error thrown by libc10's
+// torchCheckFail (TORCH_CHECK), caught inside _C. Both return the message as a Python
+// RuntimeError, without the dispatcher or torch's Python error translation in between.
+PyObject* py_self_test_throw(PyObject*, PyObject* arg) {
+  const long kind = PyLong_AsLong(arg);
+  if (kind == -1 && PyErr_Occurred()) return nullptr;
+  try {
+    if (kind == 0) throw std::runtime_error("primus_turbo self-test: std::runtime_error");
+    TORCH_CHECK(false, "primus_turbo self-test: c10::Error ", kind);
+  } catch (const c10::Error& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
 PyMethodDef kMethods[] = {
     {"has_gpu_kernels", py_has_gpu_kernels, METH_NOARGS,
      "True when this build carries the CUDA/HIP kernels."},
+    {"_self_test_throw", py_self_test_throw, METH_O,
+     "Raises RuntimeError through a C++ throw/catch inside _C (0: std, 1: c10::Error)."},
     {nullptr, nullptr, 0, nullptr}};
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_C",
                        "Primus-Turbo C++ ops (torch.ops.primus_turbo_cpp).", -1, kMethods};

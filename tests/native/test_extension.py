@@ -54,11 +54,20 @@ def test_cpp_ops_cpu_and_meta():
 # Bad arguments reach the raw C++ ops (the public API checks them in Python first). They run in a
 # child process: a crash while raising (the H200 CUDA build once died with SIGSEGV here) then
 # fails this test with the child's native backtrace instead of killing the pytest worker.
+# Stages are printed (flushed) before each step, so a crash log shows which layer died: a throw
+# caught inside _C (std, then c10::Error from libc10), then each op call through the dispatcher.
 _BAD_ARGS_CHILD = r"""
 import faulthandler, sys, torch
 faulthandler.enable()
 from primus_turbo.build_info import native_ops
 ops = native_ops()
+import primus_turbo.pytorch._C as ext
+for kind in (0, 1):
+    print(f"STAGE self-test throw {kind}", flush=True)
+    try:
+        ext._self_test_throw(kind)
+    except RuntimeError as e:
+        assert "self-test" in str(e), str(e)
 x = torch.randn(3, 16)
 w = torch.randn(16)
 dev = sys.argv[1]
@@ -72,7 +81,8 @@ cases = [
     ("dy", lambda: ops.rmsnorm_bwd(x[:2], x, w, rstd)),
     ("rstd", lambda: ops.rmsnorm_bwd(x, x, w, rstd[:2])),
 ]
-for arg, call in cases:
+for i, (arg, call) in enumerate(cases):
+    print(f"STAGE op case {i} ({arg})", flush=True)
     try:
         call()
     except RuntimeError as e:
