@@ -22,9 +22,12 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 BACKENDS = [None, BackendType.TURBO, BackendType.TRITON, BackendType.TORCH]
 # (leading dims..., hidden): hidden 1, odd, the model sizes with tiny row counts on the CPU.
 CPU_SHAPES = [(3, 1), (5, 127), (2, 3, 64), (2, 2880), (1, 8192)]
-# GPU: each C++ launch plan (generic 127; persistent VPT 1 and 2 with more rows than the grid, so
-# blocks walk several rows through the double buffer; VPT 4/8 and the bwd fallback at 16384/24576).
-GPU_SHAPES = [(4096, 127), (3000, 2880), (3000, 8192), (33, 16384), (2, 64, 4096), (7, 24576)]
+# GPU: each C++ "tiles" plan case: generic 127; several row groups per block with a partial last
+# tile (1001x1024); one group per block, bwd VPT 2 with row prefetch and more tiles than the
+# persistent grid (3000x2880, 3000x8192); bwd VPT 4 (16384); fwd VPT 8 + bwd generic fallback
+# (24576).
+GPU_SHAPES = [(4096, 127), (1001, 1024), (3000, 2880), (3000, 8192), (33, 16384), (2, 64, 4096),
+              (7, 24576)]  # fmt: skip
 SHAPES = GPU_SHAPES if HAS_GPU else CPU_SHAPES
 
 
@@ -175,7 +178,8 @@ def test_rmsnorm_module(device):
     assert torch.count_nonzero(zc.weight) == 0 and "zero_centered_gamma=True" in repr(zc)
     plain = turbo.modules.RMSNorm(64, elementwise_affine=False, device=device)
     assert plain.weight is None
-    assert_close(plain(x.detach().float()), rmsnorm_ref(x.detach().float(), torch.ones(64, device=device)))
+    ones = torch.ones(64, device=device)
+    assert_close(plain(x.detach().float()), rmsnorm_ref(x.detach().float(), ones))
     with pytest.raises(ValueError, match="normalized_shape"):
         turbo.modules.RMSNorm((4, 64))
 
