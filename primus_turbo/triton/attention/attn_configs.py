@@ -48,16 +48,20 @@ def _cdna(kind: str, large: bool) -> list[AttnConfig]:
         if large:
             return [_amd(64, 64, 8), _amd(64, 32, 4)]
         return [_amd(128, 64, 8), _amd(128, 64, 4), _amd(128, 32, 4), _amd(64, 64, 4)]
-    # Backward: AOT (2026-11-29) spills on gfx942/gfx950 with waves_per_eu 2 and 1 alike
-    # (Triton keeps accumulators in the 256 arch VGPRs, AGPR 0): d128 dK/dV ~26 VGPRs, d192/256
-    # dK/dV 58-240. Smaller tiles (BLOCK_N 32 at d128, 16 at d256) are the next thing to try.
+    # dQ (AOT 2026-11-29, waves_per_eu 1): 8-warp tiles spill (gfx942 d128 m64n64w8 84 B,
+    # d192 m64n32w8 208 B, d256 376 B); 4-warp m64n32w4 (d128), m32n32w4 and m16n32w4 (d192,
+    # d256) are clean on gfx942 and gfx950; d128 m32n64w4 spills 28 SGPRs only (no scratch).
+    # Backward: Triton keeps the accumulators in the 256 arch VGPRs (AGPR 0). AOT gfx942
+    # (2026-11-29, waves_per_eu 1): dK/dV d128 m32n64w8 spills 26 VGPRs (72 B), d192/256
+    # m32n32w8 141 VGPRs (488 B); 4-warp tiles are clean: d128 m16n64w4 and m32n32w4, d192/256
+    # m16n32w4 and m16n16w4. The spilling 8-warp tiles stay as timed candidates only.
     if kind == "dkdv":
         if large:
-            return [_amd(32, 32, 8, waves=1), _amd(16, 64, 8, waves=1)]
-        return [_amd(32, 64, 8, waves=1), _amd(64, 64, 8, waves=1), _amd(32, 128, 8, waves=1)]
+            return [_amd(16, 32, 4, waves=1), _amd(16, 16, 4, waves=1), _amd(32, 32, 8, waves=1)]
+        return [_amd(16, 64, 4, waves=1), _amd(32, 32, 4, waves=1), _amd(32, 64, 8, waves=1)]
     if large:  # dq
-        return [_amd(64, 32, 8, waves=1), _amd(32, 32, 4, waves=1)]
-    return [_amd(64, 64, 8, waves=1), _amd(128, 32, 8, waves=1), _amd(64, 32, 4, waves=1)]
+        return [_amd(32, 32, 4, waves=1), _amd(16, 32, 4, waves=1), _amd(64, 32, 8, waves=1)]
+    return [_amd(64, 32, 4, waves=1), _amd(32, 64, 4, waves=1), _amd(64, 64, 8, waves=1)]
 
 
 def _hopper(kind: str, large: bool) -> list[AttnConfig]:
@@ -70,10 +74,21 @@ def _hopper(kind: str, large: bool) -> list[AttnConfig]:
     if kind == "dkdv":
         if large:
             # AOT sm_90: 16x32 w8 clean (mma.sync: N=32 too narrow for wgmma); 32x32 w8 s2
-            # spills 136 B, 32x64 / 16x64 spill 270-800 B (dK and dV at d256 are 2x 64 KiB fp32)
-            return [AttnConfig(16, 32, 8, 1), AttnConfig(32, 32, 8, 2)]
-        # AOT sm_90: m32n128w8 with 2 stages spills 144 B, 1 stage none; m16n128w8s2 none
-        return [AttnConfig(32, 128, 8, 1), AttnConfig(16, 128, 8, 2)]
+            # spills 136 B; at d192/128 the wgmma tiles spill: 16x64 w8 s1 268/280 B st/ld,
+            # 32x64 388 B, 64x64 588 B (d256 more). 16x64 is a timed candidate (wgmma).
+            return [AttnConfig(16, 32, 8, 1), AttnConfig(32, 32, 8, 2), AttnConfig(16, 64, 8, 1)]
+        # AOT sm_90 (2026-11-29, 255-register cap): m32n128w8s1 and m16n128w8s2 clean; every
+        # bigger or deeper tile spills (m32n128w8s2 144 B, m64n128w8s1 260/412 B st/ld,
+        # m64n128w8s2 660 B, m32n64w4s2 476 B, m64n64w4s2 1244 B, m16n128w8s3 32 B). K and V
+        # stay in shared memory (80 KiB), so with BLOCK_M 32 each step re-reads 64 KiB of smem
+        # for 32 query rows: the two small-spill tiles (twice the rows per K/V read, or
+        # pipelined Q/dO loads) are timed by the per-shape autotune, never the untuned default.
+        return [
+            AttnConfig(32, 128, 8, 1),
+            AttnConfig(16, 128, 8, 2),
+            AttnConfig(64, 128, 8, 1),
+            AttnConfig(32, 128, 8, 2),
+        ]
     if large:  # dq
         return [AttnConfig(64, 32, 8, 2), AttnConfig(32, 32, 4, 2)]  # both clean on sm_90
     return [
