@@ -222,7 +222,9 @@ def attn_bwd_dq_kernel(
     BLOCK_DV: tl.constexpr, VARLEN: tl.constexpr, HAS_L: tl.constexpr, HAS_R: tl.constexpr,
     UPCAST: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
+    # last query block first: with a causal / right-bounded mask it sees the most keys, so the
+    # heaviest programs start first and the last wave is made of light ones (shorter tail)
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads
     h = pid_bh % num_heads
