@@ -11,10 +11,12 @@ transpose is a stride swap, never a copy):
 
 Grid mapping. The host never reads the group sizes, so the forward tile space (each group's
 ``ceil(m_g / BLOCK_M) * ceil(N / BLOCK_N)`` tiles, concatenated over groups) is discovered
-in-kernel: a fixed number of programs each scan the int64 offsets once, keep the running tile
-count modulo the program count, and take the tiles ``t`` of the global sequence with
-``t % num_programs == pid``. Within a group the tiles are swizzled in bands of ``GROUP_M`` row
-tiles so concurrently running programs share B columns in L2. A pseudo-group ``G`` covers the
+in-kernel: a fixed number of programs each load the int64 offsets once as one ``[G_PAD]``
+vector, build the per-group tile counts and their inclusive scan in registers, and take the
+tiles ``t`` of the global sequence with ``t % num_programs == pid``; a tile's group is the number
+of scan entries ``<= t`` (a vector compare and sum, no per-group scalar loop). Within a group
+the tiles are swizzled in bands of ``GROUP_M`` row tiles so concurrently running programs share
+B columns in L2. A pseudo-group ``G`` covers the
 rows past ``offs[G]`` (up to ``M``) and writes zeros there, so an over-allocated ``A`` gives a
 defined output. Offsets are clamped to ``[0, M]`` so malformed sizes can never address memory
 outside the tensors. The variable-K tile space ``G * ceil(P/BM) * ceil(Q/BN)`` is known on the
@@ -58,6 +60,22 @@ def _group_rows(offs_ptr, g, G, M):
 
 
 @triton.jit
+def _group_table(offs_ptr, G, M, num_pid_n, BLOCK_M: tl.constexpr, G_PAD: tl.constexpr):
+    """Every group's rows and tile range, as ``[G_PAD]`` register vectors (one vector load of
+    the offsets instead of a dependent scalar load per group). Index ``G`` is the tail
+    pseudo-group (rows past ``offs[G]``), indices past ``G`` are empty."""
+    gi = tl.arange(0, G_PAD)
+    lo = tl.load(offs_ptr + tl.minimum(gi, G), mask=gi <= G, other=0).to(tl.int64)
+    hi = tl.load(offs_ptr + tl.minimum(gi + 1, G), mask=gi < G, other=0).to(tl.int64)
+    hi = tl.where(gi < G, hi, M)
+    lo = tl.where(gi <= G, tl.minimum(tl.maximum(lo, 0), M), M)
+    hi = tl.where(gi <= G, tl.minimum(tl.maximum(hi, lo), M), M)
+    tiles = tl.cdiv((hi - lo).to(tl.int32), BLOCK_M) * num_pid_n
+    ends = tl.cumsum(tiles, axis=0)  # inclusive: group g owns tiles [ends[g] - tiles[g], ends[g])
+    return gi, lo, hi, tiles, ends
+
+
+@triton.jit
 def grouped_gemm_kernel(
     a_ptr,
     b_ptr,
@@ -87,56 +105,58 @@ def grouped_gemm_kernel(
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
     SCALED: tl.constexpr = False,
+    G_PAD: tl.constexpr = 2,
 ):
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     offs_k = tl.arange(0, BLOCK_K)
-    rot = 0  # tiles of the groups before g, modulo num_programs
-    for g in range(0, G + 1):
-        start, end = _group_rows(offs_ptr, g, G, M)
-        m_g = (end - start).to(tl.int32)
+    gi, lo, hi, tiles, ends = _group_table(offs_ptr, G, M, num_pid_n, BLOCK_M, G_PAD)
+    total = tl.sum(tiles, axis=0)
+    for t_glob in range(pid, total, num_programs):
+        # the group of this tile: how many groups end at or before it (vector compare + sum)
+        g = tl.sum((ends <= t_glob).to(tl.int32), axis=0)
+        here = gi == g
+        start = tl.sum(tl.where(here, lo, 0), axis=0)
+        m_g = (tl.sum(tl.where(here, hi, 0), axis=0) - start).to(tl.int32)
+        t = t_glob - tl.sum(tl.where(here, ends - tiles, 0), axis=0)
         num_pid_m = tl.cdiv(m_g, BLOCK_M)
-        tiles_g = num_pid_m * num_pid_n
-        first = (pid - rot + num_programs) % num_programs
         k_end = tl.where(g < G, k_tiles, 0)  # the tail pseudo-group only writes zeros
         b_base = b_ptr + tl.cast(g, tl.int64) * stride_bg
-        for t in range(first, tiles_g, num_programs):
-            pid_m, pid_n = _tile_coords(t, num_pid_m, num_pid_n, GROUP_M)
-            rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            # 64-bit row indices from plain aranges keep the contiguity visible to Triton's axis
-            # analysis (vector loads) while rows past 2**31 / M*K past 2**31 stay addressable.
-            rows = start + rm.to(tl.int64)
-            rn64 = rn.to(tl.int64)
-            mask_m = rm[:, None] < m_g
-            mask_n = rn[None, :] < N
-            a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
-            b_ptrs = b_base + offs_k[:, None] * stride_bk + rn64[None, :] * stride_bn
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kt in range(0, k_end):
-                if EVEN_K:
-                    a = tl.load(a_ptrs, mask=mask_m, other=0.0)
-                    b = tl.load(b_ptrs, mask=mask_n, other=0.0)
-                else:
-                    k_left = K - kt * BLOCK_K
-                    a = tl.load(a_ptrs, mask=mask_m & (offs_k[None, :] < k_left), other=0.0)
-                    b = tl.load(b_ptrs, mask=mask_n & (offs_k[:, None] < k_left), other=0.0)
-                if UPCAST:
-                    # The CPU interpreter mis-computes bf16 x bf16 dots; fp32 operands are exact.
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                acc = tl.dot(a, b, acc)
-                a_ptrs += BLOCK_K * stride_ak
-                b_ptrs += BLOCK_K * stride_bk
-            if SCALED:  # fp8: per-row scale of A, per-(group, column) scale of B
-                sa = tl.load(as_ptr + rows * stride_as, mask=rm < m_g, other=0.0)
-                bs_base = bs_ptr + tl.cast(g, tl.int64) * stride_bsg
-                sb = tl.load(bs_base + rn64 * stride_bsn, mask=rn < N, other=0.0)
-                acc = acc * sa[:, None] * sb[None, :]
-            c_ptrs = c_ptr + rows[:, None] * stride_cm + rn64[None, :] * stride_cn
-            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
-        rot = (rot + tiles_g) % num_programs
+        pid_m, pid_n = _tile_coords(t, num_pid_m, num_pid_n, GROUP_M)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        # 64-bit row indices from plain aranges keep the contiguity visible to Triton's axis
+        # analysis (vector loads) while rows past 2**31 / M*K past 2**31 stay addressable.
+        rows = start + rm.to(tl.int64)
+        rn64 = rn.to(tl.int64)
+        mask_m = rm[:, None] < m_g
+        mask_n = rn[None, :] < N
+        a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+        b_ptrs = b_base + offs_k[:, None] * stride_bk + rn64[None, :] * stride_bn
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(0, k_end):
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=mask_m, other=0.0)
+                b = tl.load(b_ptrs, mask=mask_n, other=0.0)
+            else:
+                k_left = K - kt * BLOCK_K
+                a = tl.load(a_ptrs, mask=mask_m & (offs_k[None, :] < k_left), other=0.0)
+                b = tl.load(b_ptrs, mask=mask_n & (offs_k[:, None] < k_left), other=0.0)
+            if UPCAST:
+                # The CPU interpreter mis-computes bf16 x bf16 dots; fp32 operands are exact.
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        if SCALED:  # fp8: per-row scale of A, per-(group, column) scale of B
+            sa = tl.load(as_ptr + rows * stride_as, mask=rm < m_g, other=0.0)
+            bs_base = bs_ptr + tl.cast(g, tl.int64) * stride_bsg
+            sb = tl.load(bs_base + rn64 * stride_bsn, mask=rn < N, other=0.0)
+            acc = acc * sa[:, None] * sb[None, :]
+        c_ptrs = c_ptr + rows[:, None] * stride_cm + rn64[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
 
 
 @triton.jit
@@ -299,6 +319,7 @@ def grouped_gemm_triton(
     sb_strides = (sb.stride(0), sb.stride(1)) if scales is not None else (0, 0)
 
     use_tma = scales is None and family == ArchFamily.HOPPER and _tma_usable(a, b, trans_b)
+    g_pad = triton.next_power_of_2(g + 1)  # the group table also holds the tail pseudo-group
 
     def launch(cfg: GemmConfig) -> None:
         bound = (-(-m // cfg.block_m) + g + 1) * -(-n // cfg.block_n)
@@ -335,6 +356,7 @@ def grouped_gemm_triton(
             EVEN_K=k % cfg.block_k == 0,
             UPCAST=_interpreting() and a.dtype == torch.bfloat16,
             SCALED=scales is not None,
+            G_PAD=g_pad,
             **cfg.options,
         )
 
@@ -470,6 +492,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                         "EVEN_K": True,
                         "UPCAST": False,
                         "SCALED": False,
+                        "G_PAD": 64,
                     },
                     options=cfg.options,
                     default=cfg == default and lay == "nt",
