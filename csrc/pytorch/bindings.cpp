@@ -3,6 +3,10 @@
 // the registrations. The kernels themselves live in libprimus_turbo_kernels.so (found through
 // the rpath $ORIGIN: it sits next to this module).
 #include <Python.h>
+#include <execinfo.h>
+#include <unistd.h>
+
+#include <csignal>
 
 #include <stdexcept>
 
@@ -107,7 +111,37 @@ PyObject* py_self_test_throw(PyObject*, PyObject* arg) {
   }
   return nullptr;
 }
+// Diagnostics: on SIGSEGV/SIGBUS/SIGABRT print the native stack (glibc backtrace, symbols from the
+// dynamic tables) to stderr, then hand the signal to the previous handler (faulthandler prints the
+// Python stack). For machines without gdb; the bad-argument child test installs it.
+struct sigaction g_prev[3];
+constexpr int kCrashSignals[3] = {SIGSEGV, SIGBUS, SIGABRT};
+void crash_handler(int sig) {
+  static const char kHead[] = "\n--- primus_turbo native stack ---\n";
+  (void)!write(2, kHead, sizeof(kHead) - 1);
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, n, 2);
+  for (int i = 0; i < 3; ++i) {
+    if (kCrashSignals[i] == sig) sigaction(sig, &g_prev[i], nullptr);
+  }
+  raise(sig);
+}
+PyObject* py_install_crash_handler(PyObject*, PyObject*) {
+  void* warm[1];
+  backtrace(warm, 1);  // loads libgcc_s now, not inside the handler
+  for (int i = 0; i < 3; ++i) {
+    struct sigaction sa {};
+    sa.sa_handler = crash_handler;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_ONSTACK;
+    sigaction(kCrashSignals[i], &sa, &g_prev[i]);
+  }
+  Py_RETURN_NONE;
+}
 PyMethodDef kMethods[] = {
+    {"_install_crash_handler", py_install_crash_handler, METH_NOARGS,
+     "Prints the native stack on SIGSEGV/SIGBUS/SIGABRT (then the previous handler runs)."},
     {"has_gpu_kernels", py_has_gpu_kernels, METH_NOARGS,
      "True when this build carries the CUDA/HIP kernels."},
     {"_self_test_throw", py_self_test_throw, METH_O,

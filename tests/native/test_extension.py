@@ -62,6 +62,7 @@ faulthandler.enable()
 from primus_turbo.build_info import native_ops
 ops = native_ops()
 import primus_turbo.pytorch._C as ext
+ext._install_crash_handler()  # a crash prints the native stack (no gdb needed), then faulthandler's
 for kind in (0, 1):
     print(f"STAGE self-test throw {kind}", flush=True)
     try:
