@@ -5,16 +5,16 @@ Maps (built on device by the op layer, never read on the host):
 - ``src_map: [N]`` int64: ``t * K + k`` feeding permuted row ``n``, ``-1`` for padding rows.
 
 Kernels (gather and reduce: a ``[ROWS, BLOCK_H]`` tile per program, ``BLOCK_H`` up to 1024
-columns so each thread moves 16-byte vectors, ~16 KiB per tile; the backward: one program per
-token; row offsets are int64 so ``rows * hidden`` past 2**31 is safe; no atomics anywhere, so
-every kernel is bitwise deterministic):
+columns so each thread moves 16-byte vectors, ~16 KiB per tile; the backward: ``ROWS`` tokens
+per program over the whole hidden dim; row offsets are int64 so ``rows * hidden`` past 2**31
+is safe; no atomics anywhere, so every kernel is bitwise deterministic):
 - ``gather_rows_kernel``: ``out[n] = x[src_map[n] // K]`` (zeros for padding rows). Permute
   forward, and unpermute's data gradient when no probs are applied.
 - ``reduce_rows_kernel``: ``out[t] = sum_k w[t, k] * y[row_map[t, k]]`` in fp32 with
   ``w = probs[row_map[t, k]]`` (or 1). Unpermute forward, and permute's backward.
 - ``reduce_rows_bwd_kernel``: for each copy, ``dy[row] = w * dout[t]`` and
-  ``dw = <dout[t], y[row]>``: unpermute's backward with probs (programs ``T..T+N`` zero the
-  rows no copy maps to, instead of a memset pass).
+  ``dw = <dout[t], y[row]>``: unpermute's backward with probs (``ROWS`` tokens per program;
+  extra programs zero the rows no copy maps to, instead of a memset pass).
 """
 
 from __future__ import annotations
@@ -106,47 +106,59 @@ def reduce_rows_bwd_kernel(
     dy_ptr,
     dw_ptr,
     T,
+    N,
     H,
     stride_dout,
     stride_y,
     stride_dy,
+    num_tok_programs,
     K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    if pid >= T:
-        # programs T.. cover the permuted rows: zero those no token copy maps to (padding,
-        # dropped copies), so dy/dw need no separate memset pass
-        r = pid - T
-        if tl.load(src_ptr + r) < 0:
+    """Programs ``< num_tok_programs``: ``ROWS`` tokens each, the hidden dim in ``BLOCK_H``
+    chunks; every chunk of ``dout`` is read once for all K copies, ``dw`` sums in a fixed order.
+    The rest: ``ROWS`` permuted rows each, zeroing those no copy maps to (padding, dropped
+    copies), so dy/dw need no separate memset pass."""
+    pid = tl.program_id(0)
+    cols0 = tl.arange(0, BLOCK_H)
+    if pid >= num_tok_programs:
+        r = (pid - num_tok_programs).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        src = tl.load(src_ptr + r, mask=r < N, other=0)
+        dead = (src < 0) & (r < N)
+        if tl.sum(dead.to(tl.int32), axis=0) > 0:
+            zero = tl.zeros([ROWS, BLOCK_H], dtype=dy_ptr.dtype.element_ty)
             for h0 in range(0, H, BLOCK_H):
-                cols = h0 + tl.arange(0, BLOCK_H)
-                zero = tl.zeros([BLOCK_H], dtype=dy_ptr.dtype.element_ty)
-                tl.store(dy_ptr + r * stride_dy + cols, zero, mask=cols < H)
-            tl.store(dw_ptr + r, 0.0)
+                cols = h0 + cols0
+                tl.store(dy_ptr + r[:, None] * stride_dy + cols[None, :], zero,
+                         mask=dead[:, None] & (cols < H)[None, :])  # fmt: skip
+            tl.store(dw_ptr + r, tl.zeros([ROWS], dtype=tl.float32), mask=dead)
         return
-    tok = pid
-    g_row = dout_ptr + tok * stride_dout
-    for k in tl.static_range(K):
-        r = tl.load(map_ptr + tok * K + k)
-        if r >= 0:
-            w = tl.load(w_ptr + r).to(tl.float32)
-            acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-            for h0 in range(0, H, BLOCK_H):
-                cols = h0 + tl.arange(0, BLOCK_H)
-                m = cols < H
-                g = tl.load(g_row + cols, mask=m, other=0.0).to(tl.float32)
-                y = tl.load(y_ptr + r * stride_y + cols, mask=m, other=0.0).to(tl.float32)
-                tl.store(dy_ptr + r * stride_dy + cols, (g * w).to(dy_ptr.dtype.element_ty), mask=m)
-                acc += g * y
-            tl.store(dw_ptr + r, tl.sum(acc, axis=0))
-
-
-def _block_h(h: int, cap: int = 8192) -> tuple[int, int]:
-    """A whole row (up to ``cap``) per iteration, ~8-16 elements per thread; at most 16 warps
-    (an AMD "warp" is a 64-wide wavefront; a workgroup holds at most 1024 threads)."""
-    block = min(max(triton.next_power_of_2(h), 64), cap)
-    return block, min(max(block // 256, 4), 16)
+    toks = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    in_rows = toks < T
+    kk = tl.arange(0, K_PAD)
+    rmap = tl.load(map_ptr + toks[:, None] * K + kk[None, :],
+                   mask=in_rows[:, None] & (kk < K)[None, :], other=-1)  # fmt: skip
+    dw = tl.zeros([ROWS, K_PAD], dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        cols = h0 + cols0
+        col_ok = cols < H
+        g = tl.load(dout_ptr + toks[:, None] * stride_dout + cols[None, :],
+                    mask=in_rows[:, None] & col_ok[None, :], other=0.0).to(tl.float32)  # fmt: skip
+        for k in range(K):  # not unrolled: K tiles of y in flight cost occupancy
+            r = tl.sum(tl.where(kk[None, :] == k, rmap, 0), axis=1)  # [ROWS] row of copy k
+            valid = r >= 0
+            rr = tl.maximum(r, 0)
+            w = tl.load(w_ptr + rr, mask=valid, other=0.0).to(tl.float32)
+            m = valid[:, None] & col_ok[None, :]
+            y = tl.load(y_ptr + rr[:, None] * stride_y + cols[None, :], mask=m, other=0.0)
+            tl.store(dy_ptr + rr[:, None] * stride_dy + cols[None, :],
+                     (g * w[:, None]).to(dy_ptr.dtype.element_ty), mask=m)  # fmt: skip
+            part = tl.sum(g * y.to(tl.float32), axis=1)
+            dw += tl.where(kk[None, :] == k, part[:, None], 0.0)
+    ok = (rmap >= 0) & in_rows[:, None]
+    tl.store(dw_ptr + tl.maximum(rmap, 0), dw, mask=ok)
 
 
 def _tile(h: int, elem: int, rows_total: int) -> tuple[int, int, int]:
@@ -210,10 +222,12 @@ def reduce_rows_bwd_triton(
         return torch.zeros_like(y), torch.zeros((n,), dtype=torch.float32, device=y.device)
     dy = torch.empty((n, h), dtype=y.dtype, device=y.device)
     dw = torch.empty((n,), dtype=torch.float32, device=y.device)
-    block, warps = _block_h(h)
-    reduce_rows_bwd_kernel[(t + n,)](
-        dout, y, row_map, w, src_map, dy, dw, t, h, dout.stride(0), y.stride(0), dy.stride(0),
-        K=k, BLOCK_H=block, num_warps=warps,
+    rows, block, warps = _tile(h, 8, t)  # half the forward's tile: dout, y and dy in flight
+    tok_programs = triton.cdiv(t, rows)
+    reduce_rows_bwd_kernel[(tok_programs + triton.cdiv(n, rows),)](
+        dout, y, row_map, w, src_map, dy, dw, t, n, h, dout.stride(0), y.stride(0),
+        dy.stride(0), tok_programs, K=k, K_PAD=triton.next_power_of_2(k), ROWS=rows,
+        BLOCK_H=block, num_warps=warps,
     )  # fmt: skip
     return dy, dw
 
@@ -245,9 +259,10 @@ def aot_specs(target: str) -> list[AotSpec]:
             fn=reduce_rows_bwd_kernel,
             signature={"dout_ptr": f"*{dt}", "y_ptr": f"*{dt}", "map_ptr": "*i64",
                        "w_ptr": "*fp32", "src_ptr": "*i64", "dy_ptr": f"*{dt}",
-                       "dw_ptr": "*fp32", "T": "i32", "H": "i32",
-                       "stride_dout": "i64", "stride_y": "i64", "stride_dy": "i64"},
-            constexprs={"K": 8, "BLOCK_H": 8192},
-            options={"num_warps": 16},
+                       "dw_ptr": "*fp32", "T": "i32", "N": "i32", "H": "i32",
+                       "stride_dout": "i64:16", "stride_y": "i64:16", "stride_dy": "i64:16",
+                       "num_tok_programs": "i32"},
+            constexprs={"K": 8, "K_PAD": 8, "ROWS": 4, "BLOCK_H": 512},
+            options={"num_warps": 8},
         ),
     ]  # fmt: skip
