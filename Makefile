@@ -75,6 +75,7 @@ help: ## list the targets (default)
 	@echo
 	@echo "Variables: PYTHON=<interpreter> (use it, no venv)  NPROC=<xdist workers, default min(cores,8)>"
 	@echo "           PYTEST_ARGS='<extra pytest args>'  BENCH_ARGS='<extra run_suite.py args>'"
+	@echo "           AOT_ARGS='<extra aot_check.py args, e.g. --sample 2>'"
 
 info: ## show which python the targets use and why
 	@echo "mode:   $(PY_MODE)  (given: PYTHON=...; system: python3 has torch; venv: $(VENV))"
@@ -118,7 +119,7 @@ build: deps ## (re)install in editable mode, building the C++ extension (MAX_JOB
 	@mkdir -p $(STAMPS) && touch $(INSTALL_STAMP)
 
 test: setup ## run the test suite with xdist (NPROC workers, 600 s per-test timeout)
-	$(PY) -m pytest $(TEST_DIR) -n $(NPROC) --timeout=$(TEST_TIMEOUT) $(PYTEST_ARGS)
+	$(PY) -m pytest $(TEST_DIR) -n $(NPROC) --timeout=$(TEST_TIMEOUT) --durations=15 $(PYTEST_ARGS)
 
 test-quick: setup ## quick tier: skip `slow` tests, stop at the first failure
 	$(PY) -m pytest $(TEST_DIR) -n $(NPROC) --timeout=300 -x -m "not slow" $(PYTEST_ARGS)
@@ -131,7 +132,7 @@ test-dist: setup ## only the multi-GPU torch.distributed tests (--dist-only), se
 
 aot-check: setup ## compile Triton kernels ahead of time for gfx942/gfx950 -> build/aot_report.md
 	@mkdir -p build
-	$(PY) scripts/aot_check.py --out build/aot_report.md
+	$(PY) scripts/aot_check.py --out build/aot_report.md $(AOT_ARGS)
 
 bench: setup ## run the benchmark suite (GPU or CPU profile chosen by the suite)
 	$(PY) benchmark/run_suite.py $(BENCH_ARGS)
