@@ -180,15 +180,20 @@ class AttnDispatcher(AutoKernelDispatcher):
 
 def _time_l2_cold(fn, device: torch.device, budget_ms: float) -> float:
     """Median milliseconds of ``fn()`` on a GPU, L2 flushed (256 MiB written) before each run;
-    2 warm-up runs (the first also compiles / tunes), then 3-20 runs within ``budget_ms``."""
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+    2 warm-up runs (the first also compiles / tunes), then 3-20 runs within ``budget_ms``. No
+    flush buffer when memory is short (every backend is then timed alike, L2-warm)."""
+    try:
+        flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+    except torch.OutOfMemoryError:
+        flush = None
     for _ in range(2):
         fn()
     torch.cuda.synchronize(device)
     times: list[float] = []
     reps = 3
     while len(times) < reps:
-        flush.zero_()
+        if flush is not None:
+            flush.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
