@@ -276,3 +276,27 @@ def test_permute_routing_map_with_fewer_than_topk(device):
     assert row_map.tolist() == [[0, 2], [1, -1]]
     u, _ = turbo.ops.moe_unpermute(perm, row_map)
     assert_close(u, x * torch.tensor([[2.0], [1.0]], device=device), torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "t,k,e,pad,n",
+    [(4096, 8, 128, 0, 32768), (4096, 8, 32, 128, 36864), (65536, 8, 256, 0, 524288),
+     (4096, 2, 8, 0, 6000), (3000, 4, 32, 16, 20000)],
+    ids=str,
+)  # fmt: skip
+def test_route_map_kernel_gpu_shapes(t, k, e, pad, n, device):
+    """The GPU compile of the map kernels (E_PAD up to 256, many chunks) at model sizes."""
+    from primus_turbo.pytorch.ops.moe import _build_maps
+    from primus_turbo.triton.moe.route_map_kernel import build_route_maps
+
+    idx = skewed_topk(t, e, k, device)
+    idx[::97, 0] = -1  # some dropped copies
+    probs = torch.rand(t, k, device=device)
+    row_map, src_map, tpe, total, _ = _build_maps(idx, e, pad, n)
+    got = build_route_maps(idx.to(torch.int32), e, pad, n, probs)
+    assert torch.equal(got[0], row_map) and torch.equal(got[1], src_map)
+    assert torch.equal(got[2], tpe)
+    assert int(got[3]) == min(int(total), n) and bool(got[4]) == (int(total) > n)
+    want_pp = probs.reshape(-1).index_select(0, src_map.clamp(min=0)) * (src_map >= 0)
+    assert torch.equal(got[5], want_pp)
