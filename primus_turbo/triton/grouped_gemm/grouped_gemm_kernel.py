@@ -492,7 +492,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                         "EVEN_K": True,
                         "UPCAST": False,
                         "SCALED": False,
-                        "G_PAD": 64,
+                        "G_PAD": 256,  # up to 255 groups (Qwen3-MoE: 128 experts)
                     },
                     options=cfg.options,
                     default=cfg == default and lay == "nt",
