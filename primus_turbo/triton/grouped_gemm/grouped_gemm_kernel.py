@@ -40,7 +40,7 @@ from primus_turbo.pytorch.core.platform import (
 )
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec, triton_dtype_name
 from primus_turbo.triton.gemm.gemm_configs import GemmConfig
-from primus_turbo.triton.gemm.gemm_kernel import _config_tuning_enabled, _tile_coords
+from primus_turbo.triton.gemm.gemm_kernel import _config_tuning_enabled, _tile_coords, _tile_mma
 from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import (
     grouped_gemm_configs,
     select_grouped_config,
@@ -110,7 +110,6 @@ def grouped_gemm_kernel(
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    offs_k = tl.arange(0, BLOCK_K)
     gi, lo, hi, tiles, ends = _group_table(offs_ptr, G, M, num_pid_n, BLOCK_M, G_PAD)
     total = tl.sum(tiles, axis=0)
     for t_glob in range(pid, total, num_programs):
@@ -132,24 +131,10 @@ def grouped_gemm_kernel(
         rn64 = rn.to(tl.int64)
         mask_m = rm[:, None] < m_g
         mask_n = rn[None, :] < N
-        a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
-        b_ptrs = b_base + offs_k[:, None] * stride_bk + rn64[None, :] * stride_bn
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(0, k_end):
-            if EVEN_K:
-                a = tl.load(a_ptrs, mask=mask_m, other=0.0)
-                b = tl.load(b_ptrs, mask=mask_n, other=0.0)
-            else:
-                k_left = K - kt * BLOCK_K
-                a = tl.load(a_ptrs, mask=mask_m & (offs_k[None, :] < k_left), other=0.0)
-                b = tl.load(b_ptrs, mask=mask_n & (offs_k[:, None] < k_left), other=0.0)
-            if UPCAST:
-                # The CPU interpreter mis-computes bf16 x bf16 dots; fp32 operands are exact.
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc)
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += BLOCK_K * stride_bk
+        acc = _tile_mma(
+            a_ptr, b_base, rows, rn64, mask_m, mask_n, 0, k_end, K,
+            stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST,
+        )  # fmt: skip
         if SCALED:  # fp8: per-row scale of A, per-(group, column) scale of B
             sa = tl.load(as_ptr + rows * stride_as, mask=rm < m_g, other=0.0)
             bs_base = bs_ptr + tl.cast(g, tl.int64) * stride_bsg
