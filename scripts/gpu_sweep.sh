@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One budgeted device call covering every op family: install, GPU tests (verbose, so a budget
 # kill still leaves per-test results), then a short benchmark of each family with its own
-# time budget. Outputs under $OUT: build.log, env.txt, tests.log, bench_<name>.log, summary.txt.
+# time budget. Outputs under $OUT: summary.txt and logs.tgz (build.log, env.txt, tests.log,
+# bench_<name>.log): the device tool brings back at most 8 files, so the logs travel as one.
 # Usage: TEST_BUDGET=180 bash scripts/gpu_sweep.sh TEST_PATH...
 set -uo pipefail
 OUT=${OUT:-build/gpu_out}
@@ -44,3 +45,4 @@ bench fp8_block 35 $B/bench_gemm_fp8_turbo.py --granularity blockwise --backend 
 bench quant 30 $B/bench_quantization_turbo.py --profile gpu --max-shapes 2
 bench moe 35 $B/bench_moe_turbo.py --part all
 bench swiglu 20 $B/bench_activation_turbo.py --act swiglu
+(cd "$OUT" && tar czf logs.tgz --remove-files build.log env.txt tests.log bench_*.log)
