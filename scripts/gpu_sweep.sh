@@ -1,48 +1,106 @@
 #!/usr/bin/env bash
-# One budgeted device call covering every op family: install, GPU tests (verbose, so a budget
-# kill still leaves per-test results), then a short benchmark of each family with its own
-# time budget. Outputs under $OUT: summary.txt and logs.tgz (build.log, env.txt, tests.log,
-# bench_<name>.log): the device tool brings back at most 8 files, so the logs travel as one.
-# Usage: TEST_BUDGET=180 bash scripts/gpu_sweep.sh TEST_PATH...
+# One budgeted device call: install, GPU tests (verbose, so a budget kill still leaves per-test
+# results) and benchmarks, each under its own time budget. With two visible GPUs the work runs in
+# two lanes at once: lane 0 = tests then BENCH_A on GPU 0, lane 1 = BENCH_B on GPU 1 (benchmarks
+# of one lane never share a GPU with anything else). With one GPU everything runs in order.
+# Outputs under $OUT: summary.txt and logs.tgz (build.log, env.txt, tests.log, bench_<name>.log,
+# csv/*.csv): the device tool brings back at most 8 files, so the logs travel as one.
+#
+#   TESTS="tests/native tests/pytorch" TEST_BUDGET=330 BENCH_A="rmsnorm moe" \
+#     BENCH_B="gemm_auto attention" bash scripts/gpu_sweep.sh
+#
+# TEST_ARGS adds pytest arguments (e.g. "-k 'gemm and not fp8'"); WORKERS sets xdist workers.
+# Benchmark names: see bench_cmd below.
 set -uo pipefail
 OUT=${OUT:-build/gpu_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
+mkdir -p "$OUT/csv"
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 summary="$OUT/summary.txt"
+B=benchmark/ops/training
+
+say() { echo "$*" | tee -a "$summary"; }
+
+bench_cmd() { # name -> "seconds script args..."
+  local c="$OUT/csv/$1.csv"
+  case $1 in
+  gemm_auto) echo "200 $B/bench_gemm_turbo.py --dtype bf16 --backend auto -o $c" ;;
+  gemm_triton) echo "240 $B/bench_gemm_turbo.py --dtype bf16 --backend TRITON -o $c" ;;
+  gemm_overhead) echo "40 $B/bench_gemm_turbo.py --dtype bf16 --backend auto --overhead -o $c" ;;
+  rmsnorm) echo "50 $B/bench_rmsnorm_turbo.py --dtype bf16 --backends TURBO,TRITON -o $c" ;;
+  rmsnorm_persist | rmsnorm_prev) echo "35 $B/bench_rmsnorm_turbo.py --dtype bf16 --backends TURBO -o $c" ;;
+  attention) echo "200 $B/bench_attention_turbo.py --budget-s 170 -o $c" ;;
+  grouped) echo "100 $B/bench_grouped_gemm_turbo.py --dtype bf16 --backend auto -o $c" ;;
+  grouped_triton) echo "100 $B/bench_grouped_gemm_turbo.py --dtype bf16 --backend TRITON -o $c" ;;
+  grouped_fp8) echo "80 $B/bench_grouped_gemm_turbo.py --dtype bf16 --fp8 --max-cases 4 -o $c" ;;
+  fp8_tr) echo "80 $B/bench_gemm_fp8_turbo.py --granularity tensorwise rowwise --backend auto -o $c" ;;
+  fp8_block) echo "80 $B/bench_gemm_fp8_turbo.py --granularity blockwise --backend TRITON -o $c" ;;
+  fp8_linear) echo "70 $B/bench_gemm_fp8_turbo.py --suite linear --linear-size 8192 -o $c" ;;
+  quant) echo "60 $B/bench_quantization_turbo.py -o $c" ;;
+  moe) echo "60 $B/bench_moe_turbo.py --part all -o $c" ;;
+  swiglu) echo "30 $B/bench_activation_turbo.py --act swiglu -o $c" ;;
+  *) echo "" ;;
+  esac
+}
+
+bench_env() { # name -> extra environment
+  case $1 in
+  rmsnorm_persist) echo "PRIMUS_TURBO_RMSNORM_CPP_PLAN=persist" ;;
+  rmsnorm_prev) echo "PRIMUS_TURBO_RMSNORM_CPP_PLAN=prev" ;;
+  *) echo "PRIMUS_TURBO_NONE=1" ;;
+  esac
+}
+
+run_bench() { # name
+  local spec secs t rc
+  spec=$(bench_cmd "$1")
+  [ -z "$spec" ] && { say "bench $1: unknown name"; return; }
+  secs=${spec%% *}
+  t=$(date +%s)
+  # shellcheck disable=SC2046,SC2086
+  env $(bench_env "$1") timeout "$secs" python3 ${spec#* } >"$OUT/bench_$1.log" 2>&1
+  rc=$?
+  say "bench $1 rc=$rc $(($(date +%s) - t)) s"
+}
+
+run_tests() {
+  local t rc
+  t=$(date +%s)
+  # shellcheck disable=SC2086
+  eval timeout "${TEST_BUDGET:-180}" python3 -m pytest $TESTS -n "${WORKERS:-8}" -v --timeout=300 \
+    -p no:cacheprovider -rfE --durations=40 ${TEST_ARGS:-} >"$OUT/tests.log" 2>&1
+  rc=$?
+  say "tests rc=$rc $(($(date +%s) - t)) s"
+  say "passed: $(grep -cE " PASSED" "$OUT/tests.log")"
+  grep -E " (FAILED|ERROR) " "$OUT/tests.log" | sed 's/.* \(FAILED\|ERROR\) /\1 /' | sort -u |
+    tee -a "$summary"
+}
+
+lane() { # gpu, run-tests?, bench names...
+  local gpu=$1 tests=$2
+  shift 2
+  export CUDA_VISIBLE_DEVICES=$gpu
+  [ "$tests" = 1 ] && [ -n "${TESTS:-}" ] && run_tests
+  for name in "$@"; do run_bench "$name"; done
+}
+
 t0=$(date +%s)
 python3 -m pip install -v --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1
-echo "install rc=$? $(($(date +%s) - t0)) s" | tee -a "$summary"
+say "install rc=$? $(($(date +%s) - t0)) s"
 {
   python3 scripts/env_check.py
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
   g++ --version | head -1
   ldd primus_turbo/pytorch/_C*.so | grep -E 'stdc|gcc_s|gomp'
 } >"$OUT/env.txt" 2>&1
-t0=$(date +%s)
-timeout "${TEST_BUDGET:-180}" python3 -m pytest "$@" -n 8 -v --timeout=300 -p no:cacheprovider \
-  -rfE >"$OUT/tests.log" 2>&1
-echo "tests rc=$? $(($(date +%s) - t0)) s" | tee -a "$summary"
-grep -cE " PASSED" "$OUT/tests.log" | sed 's/^/passed: /' | tee -a "$summary"
-grep -E " (FAILED|ERROR) " "$OUT/tests.log" | sed 's/.* \(FAILED\|ERROR\) /\1 /' | sort -u |
-  tee -a "$summary"
-B=benchmark/ops/training
-bench() { # name seconds script args...
-  local name=$1 secs=$2
-  shift 2
-  local t
-  t=$(date +%s)
-  timeout "$secs" python3 "$@" >"$OUT/bench_$name.log" 2>&1
-  echo "bench $name rc=$? $(($(date +%s) - t)) s" | tee -a "$summary"
-}
-bench rmsnorm 35 $B/bench_rmsnorm_turbo.py --dtype bf16 --backends TURBO,TRITON
-bench gemm_ds 40 $B/bench_gemm_turbo.py --dtype bf16 --backend TRITON --models DeepSeek-V3 \
-  --max-cases 3
-bench attention 50 $B/bench_attention_turbo.py --models Llama-3-8B Llama-3-70B --seqlens 4096 8192
-bench grouped_gemm 50 $B/bench_grouped_gemm_turbo.py --dtype bf16 --backend TRITON --max-cases 4
-bench fp8_tr 40 $B/bench_gemm_fp8_turbo.py --granularity tensorwise rowwise --backend auto \
-  --max-cases 4
-bench fp8_block 35 $B/bench_gemm_fp8_turbo.py --granularity blockwise --backend TRITON --max-cases 3
-bench quant 30 $B/bench_quantization_turbo.py --profile gpu --max-shapes 2
-bench moe 35 $B/bench_moe_turbo.py --part all
-bench swiglu 20 $B/bench_activation_turbo.py --act swiglu
-(cd "$OUT" && tar czf logs.tgz --remove-files build.log env.txt tests.log bench_*.log)
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+say "gpus: $ngpu"
+# shellcheck disable=SC2086
+if [ "$ngpu" -ge 2 ]; then
+  lane 0 1 ${BENCH_A:-} &
+  lane 1 0 ${BENCH_B:-} &
+  wait
+else
+  lane 0 1 ${BENCH_A:-} ${BENCH_B:-}
+fi
+say "total $(($(date +%s) - t0)) s"
+(cd "$OUT" && tar czf logs.tgz --remove-files build.log env.txt tests.log bench_*.log csv)
