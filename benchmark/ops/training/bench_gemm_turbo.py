@@ -285,19 +285,24 @@ def run_overhead(variant: Variant, args: argparse.Namespace, info: DeviceInfo, r
     m, n, k = args.overhead_shape
     device = info.device
     iters = args.overhead_iters or (2000 if info.is_gpu else 20)
-    rounds = 5 if info.is_gpu else 3
+    rounds = 6 if info.is_gpu else 2
     for requires_grad in (False, True):
         torch.manual_seed(0)
         a = torch.randn((m, k), dtype=variant.dtype, device=device, requires_grad=requires_grad)
         b = torch.randn((n, k), dtype=variant.dtype, device=device, requires_grad=requires_grad)
-        per_call_us = {}
-        for name, fn in (("turbo", variant.op), ("torch", variant.peer)):
+        calls = {
+            name: functools.partial(fn, a, b, False, True)
+            for name, fn in (("turbo", variant.op), ("torch", variant.peer))
+        }
+        for call in calls.values():
             for _ in range(20):
-                fn(a, b, False, True)
-            synchronize(device)
-            call = functools.partial(fn, a, b, False, True)
-            samples = [time_loop_ms(call, iters, device) * 1e3 for _ in range(rounds)]
-            per_call_us[name] = statistics.median(samples)
+                call()
+        synchronize(device)
+        samples: dict[str, list[float]] = {name: [] for name in calls}
+        for r in range(rounds):  # interleaved, alternating order: drift reaches both alike
+            for name in calls if r % 2 == 0 else reversed(calls):
+                samples[name].append(time_loop_ms(calls[name], iters, device) * 1e3)
+        per_call_us = {name: statistics.median(v) for name, v in samples.items()}
         row = {
             "Case": "overhead",
             "Mode": "fwd (requires_grad)" if requires_grad else "fwd (no grad)",
