@@ -9,7 +9,11 @@
 #   TESTS="tests/native tests/pytorch" TEST_BUDGET=330 BENCH_A="rmsnorm moe" \
 #     BENCH_B="gemm_auto attention" bash scripts/gpu_sweep.sh
 #
-# TEST_ARGS adds pytest arguments (e.g. "-k 'gemm and not fp8'"); WORKERS sets xdist workers.
+# TEST_ARGS adds pytest arguments (e.g. "-k 'gemm and not fp8'"); WORKERS sets xdist workers;
+# TESTS_B runs a second test set on GPU 1 (lane 1) before BENCH_B. SOLO names benchmarks run
+# first, alone on the machine (dispatch-overhead timings are CPU-bound: nothing else may run).
+# LINES_A / LINES_B name files of extra commands, one per line: "name|seconds|command" (env
+# assignments allowed in front of the command); they run after BENCH_A / BENCH_B.
 # Benchmark names: see bench_cmd below.
 set -uo pipefail
 OUT=${OUT:-build/gpu_out}
@@ -62,25 +66,39 @@ run_bench() { # name
   say "bench $1 rc=$rc $(($(date +%s) - t)) s"
 }
 
-run_tests() {
-  local t rc
+run_tests() { # log-name, test paths...
+  local t rc log="$OUT/$1.log"
+  shift
   t=$(date +%s)
-  # shellcheck disable=SC2086
-  eval timeout "${TEST_BUDGET:-180}" python3 -m pytest $TESTS -n "${WORKERS:-8}" -v --timeout=300 \
-    -p no:cacheprovider -rfE --durations=40 ${TEST_ARGS:-} >"$OUT/tests.log" 2>&1
+  eval "timeout ${TEST_BUDGET:-180} python3 -m pytest $* -n ${WORKERS:-8} -v --timeout=150 \
+    -p no:cacheprovider -rfE --durations=40 ${TEST_ARGS:-}" >"$log" 2>&1
   rc=$?
-  say "tests rc=$rc $(($(date +%s) - t)) s"
-  say "passed: $(grep -cE " PASSED" "$OUT/tests.log")"
-  grep -E " (FAILED|ERROR) " "$OUT/tests.log" | sed 's/.* \(FAILED\|ERROR\) /\1 /' | sort -u |
+  say "$(basename "$log" .log) rc=$rc $(($(date +%s) - t)) s passed: $(grep -cE " PASSED" "$log")"
+  grep -E " (FAILED|ERROR) " "$log" | sed 's/.* \(FAILED\|ERROR\) /\1 /' | sort -u |
     tee -a "$summary"
 }
 
-lane() { # gpu, run-tests?, bench names...
-  local gpu=$1 tests=$2
-  shift 2
+run_lines() { # file of "name|seconds|command" lines
+  local name secs cmd t rc
+  [ -f "$1" ] || return 0
+  while IFS='|' read -r name secs cmd; do
+    [ -z "$name" ] && continue
+    case $name in "#"*) continue ;; esac
+    t=$(date +%s)
+    timeout "$secs" bash -c "$cmd" >"$OUT/bench_$name.log" 2>&1 </dev/null
+    rc=$?
+    say "line $name rc=$rc $(($(date +%s) - t)) s"
+  done <"$1"
+}
+
+lane() { # gpu, test-set (may be empty), lines file, bench names...
+  local gpu=$1 tests=$2 lines=$3
+  shift 3
   export CUDA_VISIBLE_DEVICES=$gpu
-  [ "$tests" = 1 ] && [ -n "${TESTS:-}" ] && run_tests
+  # shellcheck disable=SC2086
+  [ -n "$tests" ] && run_tests "tests_gpu$gpu" $tests
   for name in "$@"; do run_bench "$name"; done
+  run_lines "$lines"
 }
 
 t0=$(date +%s)
@@ -94,13 +112,15 @@ say "install rc=$? $(($(date +%s) - t0)) s"
 } >"$OUT/env.txt" 2>&1
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 say "gpus: $ngpu"
+for name in ${SOLO:-}; do CUDA_VISIBLE_DEVICES=0 run_bench "$name"; done
 # shellcheck disable=SC2086
 if [ "$ngpu" -ge 2 ]; then
-  lane 0 1 ${BENCH_A:-} &
-  lane 1 0 ${BENCH_B:-} &
+  lane 0 "${TESTS:-}" "${LINES_A:-}" ${BENCH_A:-} &
+  lane 1 "${TESTS_B:-}" "${LINES_B:-}" ${BENCH_B:-} &
   wait
 else
-  lane 0 1 ${BENCH_A:-} ${BENCH_B:-}
+  lane 0 "${TESTS:-} ${TESTS_B:-}" "${LINES_A:-}" ${BENCH_A:-} ${BENCH_B:-}
+  run_lines "${LINES_B:-}"
 fi
 say "total $(($(date +%s) - t0)) s"
-(cd "$OUT" && tar czf logs.tgz --remove-files build.log env.txt tests.log bench_*.log csv)
+(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log env.txt csv)
