@@ -23,7 +23,6 @@ from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_impl import (
     grouped_gemm_impl,
     grouped_gemm_variable_k_impl,
 )
-from primus_turbo.pytorch.reference.grouped_gemm import group_offsets
 
 __all__ = ["grouped_gemm"]
 
@@ -37,16 +36,18 @@ class GroupedGemmFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, backend_value):
-        ctx.save_for_backward(a, b, group_lens, group_offs)
-        ctx.trans_b, ctx.backend_value = trans_b, backend_value
         backend = BackendType(backend_value)
-        return grouped_gemm_impl(a, b, group_lens, group_offs, trans_b, out_dtype, backend)
+        # the backend's own offsets (int64 prefix sum / int32 ends), made once for all 3 GEMMs
+        offs = GroupedGemmDispatcher.backend_class(backend).prepare_offsets(group_lens, group_offs)
+        ctx.save_for_backward(a, b, group_lens, offs)
+        ctx.trans_b, ctx.backend_value = trans_b, backend_value
+        return grouped_gemm_impl(a, b, group_lens, offs, trans_b, out_dtype, backend)
 
     @staticmethod
     def backward(ctx, grad_out):
         a, b, group_lens, group_offs = ctx.saved_tensors
         trans_b, backend = ctx.trans_b, BackendType(ctx.backend_value)
-        g = grad_out.to(a.dtype).contiguous()
+        g = grad_out.to(a.dtype).contiguous()  # no-ops for the usual contiguous bf16 grad
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:  # d a = g @ op(b)^T: flip trans_b
             grad_a = grouped_gemm_impl(g, b, group_lens, group_offs, not trans_b, a.dtype, backend)
@@ -95,8 +96,8 @@ def grouped_gemm(
         b: ``[G, K, N]``, or ``[G, N, K]`` when ``trans_b``; same dtype and device as ``a``.
         group_lens: int64 ``[G]`` rows per group, on a's device; ``sum == M`` (see the module
             docstring for when that is checked). Zero-size groups are allowed.
-        group_offs: optional int64 ``[G + 1]`` exclusive prefix sum of ``group_lens``; computed
-            on the device when ``None``.
+        group_offs: optional int64 ``[G + 1]`` exclusive prefix sum of ``group_lens``; derived
+            on the device when ``None`` (in the form the chosen backend needs).
         trans_b: b holds each expert as ``[N, K]`` (the ``GroupedLinear`` weight layout).
         out_dtype: output dtype, default ``a.dtype``.
     Returns:
@@ -130,9 +131,7 @@ def grouped_gemm(
         f"one size per group of b (G={g})",
         f"{group_lens.shape[0]} sizes",
     )
-    if group_offs is None:
-        group_offs = group_offsets(group_lens)
-    else:
+    if group_offs is not None:  # None: each backend derives its offsets (one small kernel)
         check_tensor(_OP, "group_offs", group_offs, ndim=1, dtypes=(torch.int64,))
         check(
             group_offs.shape[0] == g + 1 and group_offs.device == a.device,

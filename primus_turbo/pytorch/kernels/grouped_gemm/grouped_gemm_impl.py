@@ -3,11 +3,16 @@
 Every backend takes the same keywords ``a, b, group_lens, group_offs, trans_b, out_dtype`` and
 returns ``[M, N]`` (``execute``: forward and dgrad); ``variable_k(x, y, group_lens, group_offs,
 out_dtype)`` returns ``[G, P, Q] = x_g^T @ y_g`` (the wgrad). ``group_offs`` is the int64
-``[G + 1]`` exclusive prefix sum, already on the device.
+``[G + 1]`` exclusive prefix sum on the device, or ``None`` (each backend then derives the
+offsets it needs from ``group_lens``). ``prepare_offsets(group_lens, group_offs)`` returns the
+backend's own offsets tensor, which ``execute`` and ``variable_k`` accept as ``group_offs``
+(the autograd function computes it once per forward and reuses it in the backward).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any
 
 import torch
@@ -23,6 +28,7 @@ from primus_turbo.pytorch.core.backend import (
 )
 from primus_turbo.pytorch.core.platform import cuda_capability, is_rocm, triton_interpret
 from primus_turbo.pytorch.reference.grouped_gemm import (
+    group_offsets,
     grouped_gemm_ref,
     grouped_gemm_variable_k_ref,
 )
@@ -90,27 +96,36 @@ class GroupedGemmTritonBackend(KernelBackend):
         return YES
 
     @staticmethod
+    def prepare_offsets(group_lens, group_offs):
+        """The int64 ``[G + 1]`` exclusive prefix sum."""
+        return group_offsets(group_lens) if group_offs is None else group_offs
+
+    @staticmethod
     def execute(a, b, group_lens, group_offs, trans_b, out_dtype, **kwargs) -> torch.Tensor:
         from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import grouped_gemm_triton
 
-        return grouped_gemm_triton(a, b, group_offs, trans_b, out_dtype)
+        offs = GroupedGemmTritonBackend.prepare_offsets(group_lens, group_offs)
+        return grouped_gemm_triton(a, b, offs, trans_b, out_dtype)
 
     @staticmethod
     def variable_k(x, y, group_lens, group_offs, out_dtype) -> torch.Tensor:
         from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import variable_k_triton
 
-        return variable_k_triton(x, y, group_offs, group_lens.shape[0], out_dtype)
-
-
-def _grouped_mm_available() -> bool:
-    return hasattr(torch, "_grouped_mm")
+        offs = GroupedGemmTritonBackend.prepare_offsets(group_lens, group_offs)
+        return variable_k_triton(x, y, offs, group_lens.shape[0], out_dtype)
 
 
 @GroupedGemmDispatcher.register
 class GroupedGemmHipblasltBackend(KernelBackend):
     """The vendor grouped GEMM through ``torch._grouped_mm`` (CUTLASS on CUDA sm_90+, bf16).
 
-    ``torch._grouped_mm`` takes int32 cumulative group ends; it needs 16-byte aligned rows.
+    ``torch._grouped_mm`` takes int32 inclusive group ends ``[G]``: ``prepare_offsets`` makes
+    them with one small kernel (a cumsum of ``group_lens`` or a cast of ``group_offs[1:]``);
+    ``execute`` / ``variable_k`` also take them as ``group_offs`` (an int32 ``[G]`` tensor).
+    Each GEMM is one ``_grouped_mm`` call on views (the transposes are stride swaps), followed
+    by one tiny zero-fill kernel for the regions the vendor kernel leaves unwritten (rows past
+    the last group end; empty groups' wgrad blocks). ``PRIMUS_TURBO_GROUPED_GEMM_VENDOR_FIXUP``
+    = ``kernel`` (default) | ``masked_fill`` (the old full-output pass, for A/B) | ``none``.
     """
 
     backend_type = BackendType.HIPBLASLT
@@ -136,25 +151,66 @@ class GroupedGemmHipblasltBackend(KernelBackend):
         return YES
 
     @staticmethod
+    def prepare_offsets(group_lens, group_offs):
+        """int32 ``[G]`` inclusive group ends (one kernel)."""
+        if group_offs is not None and group_offs.dtype == torch.int32:
+            return group_offs  # already prepared
+        if group_offs is not None:
+            return group_offs[1:].to(torch.int32)
+        return torch.cumsum(group_lens, 0, dtype=torch.int32)
+
+    @staticmethod
     def execute(a, b, group_lens, group_offs, trans_b, out_dtype, **kwargs) -> torch.Tensor:
-        ends = group_offs[1:].to(torch.int32)
-        w = b.transpose(1, 2) if trans_b else b
-        out = torch._grouped_mm(a, w, offs=ends)
-        m = a.shape[0]
-        # rows past the last offset are zero (matches the Triton and TORCH backends)
-        return out if m == 0 else _zero_tail(out, group_offs[-1])
+        ends = GroupedGemmHipblasltBackend.prepare_offsets(group_lens, group_offs)
+        m, n, k, g = grouped_dims(a, b, trans_b)
+        if m == 0 or n == 0 or k == 0 or g == 0:
+            return a.new_zeros((m, n), dtype=out_dtype)
+        out = torch._grouped_mm(a, b.transpose(1, 2) if trans_b else b, offs=ends)
+        return _vendor_fixup(out, ends, tail=True)
 
     @staticmethod
     def variable_k(x, y, group_lens, group_offs, out_dtype) -> torch.Tensor:
-        ends = group_offs[1:].to(torch.int32)
+        ends = GroupedGemmHipblasltBackend.prepare_offsets(group_lens, group_offs)
+        g = group_lens.shape[0]
+        if x.shape[0] == 0 or x.shape[1] == 0 or y.shape[1] == 0 or g == 0:
+            return x.new_zeros((g, x.shape[1], y.shape[1]), dtype=out_dtype)
         out = torch._grouped_mm(x.t(), y, offs=ends)
-        # empty groups are zero blocks (not guaranteed to be written by the vendor kernel)
-        return out.masked_fill_((group_lens == 0)[:, None, None], 0).to(out_dtype)
+        return _vendor_fixup(out, ends, tail=False).to(out_dtype)
 
 
-def _zero_tail(out: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
-    rows = torch.arange(out.shape[0], device=out.device)
-    return out.masked_fill_((rows >= total)[:, None], 0)
+@functools.cache
+def _fixup_mode() -> str:
+    mode = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_VENDOR_FIXUP", "kernel").strip().lower()
+    if mode not in ("kernel", "masked_fill", "none"):
+        raise ValueError(
+            "primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_VENDOR_FIXUP expected one of "
+            f"'kernel', 'masked_fill', 'none', got {mode!r}"
+        )
+    return mode
+
+
+def _vendor_fixup(out: torch.Tensor, ends: torch.Tensor, tail: bool) -> torch.Tensor:
+    """Zero what ``torch._grouped_mm`` leaves unwritten: the rows past ``ends[-1]`` (``tail``,
+    forward and dgrad) or the blocks of empty groups (wgrad)."""
+    mode = _fixup_mode()
+    if mode == "none":
+        return out
+    if mode == "masked_fill":
+        if tail:
+            rows = torch.arange(out.shape[0], device=out.device)
+            return out.masked_fill_((rows >= ends[-1])[:, None], 0)
+        prev = torch.cat([ends.new_zeros(1), ends[:-1]])
+        return out.masked_fill_((ends <= prev)[:, None, None], 0)
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fixup import (
+        zero_empty_groups,
+        zero_tail_rows,
+    )
+
+    return zero_tail_rows(out, ends) if tail else zero_empty_groups(out, ends)
+
+
+def _grouped_mm_available() -> bool:
+    return hasattr(torch, "_grouped_mm")
 
 
 @GroupedGemmDispatcher.register
@@ -167,6 +223,10 @@ class GroupedGemmTorchBackend(KernelBackend):
     @staticmethod
     def can_handle(**kwargs) -> Verdict:
         return YES
+
+    @staticmethod
+    def prepare_offsets(group_lens, group_offs):
+        return group_offs  # unused: the reference reads group_lens on the host
 
     @staticmethod
     def execute(a, b, group_lens, group_offs, trans_b, out_dtype, **kwargs) -> torch.Tensor:
@@ -185,7 +245,7 @@ def _grouped_gemm_op(
     a: torch.Tensor,
     b: torch.Tensor,
     group_lens: torch.Tensor,
-    group_offs: torch.Tensor,
+    group_offs: torch.Tensor | None,
     trans_b: bool,
     out_dtype: torch.dtype,
     backend: int,
@@ -212,7 +272,7 @@ def _variable_k_op(
     x: torch.Tensor,
     y: torch.Tensor,
     group_lens: torch.Tensor,
-    group_offs: torch.Tensor,
+    group_offs: torch.Tensor | None,
     out_dtype: torch.dtype,
     backend: int,
 ) -> torch.Tensor:

@@ -1,0 +1,100 @@
+"""The vendor grouped GEMM wrapper (HIPBLASLT = torch._grouped_mm): its int32 offsets and the
+tiny zero-fill kernels (interpreter on the CPU), and the unwritten regions on the GPU."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from primus_turbo.pytorch.core import BackendType, GlobalBackendManager
+from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_impl import GroupedGemmDispatcher
+from primus_turbo.pytorch.reference import group_offsets, grouped_gemm_ref
+from primus_turbo.triton.grouped_gemm.grouped_gemm_fixup import zero_empty_groups, zero_tail_rows
+from tests.pytorch.test_utils import assert_close, rand
+
+pytestmark = pytest.mark.grouped_gemm
+
+_impl = importlib.import_module("primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_impl")
+VENDOR = GroupedGemmDispatcher.backend_class(BackendType.HIPBLASLT)
+
+
+@pytest.mark.parametrize(
+    "m,n,ends", [(30, 20, [7, 19]), (5, 300, [5]), (40, 8, [0, 0]), (9, 3, [4, 50]), (6, 4, [])]
+)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=str)
+def test_zero_tail_rows(m, n, ends, dtype, device):
+    out = rand(m, n, dtype=torch.bfloat16, device=device)
+    want = out.clone()
+    total = min(max(ends[-1], 0), m) if ends else 0
+    want[total:] = 0
+    got = zero_tail_rows(out, torch.tensor(ends, dtype=dtype, device=device))
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.equal(got.cpu(), want.cpu())
+
+
+@pytest.mark.parametrize("ends", [[3, 3, 10, 10], [0, 4, 4], [2, 5, 9]], ids=str)
+@pytest.mark.parametrize("pq", [(5, 6), (3, 1500)], ids=str)
+def test_zero_empty_groups(ends, pq, device):
+    out = rand(len(ends), *pq, dtype=torch.bfloat16, device=device)
+    want = out.clone()
+    prev = 0
+    for g, e in enumerate(ends):
+        if e <= prev:
+            want[g] = 0
+        prev = e
+    zero_empty_groups(out, torch.tensor(ends, dtype=torch.int32, device=device))
+    assert torch.equal(out.cpu(), want.cpu())
+    # a non-contiguous group block takes the masked_fill fallback
+    base = rand(len(ends), pq[1], pq[0], dtype=torch.bfloat16, device=device)
+    t = base.transpose(1, 2)
+    want_t = t.clone()
+    want_t[want.float().abs().sum((1, 2)) == 0] = 0
+    zero_empty_groups(t, torch.tensor(ends, dtype=torch.int32, device=device))
+    assert torch.equal(t.cpu(), want_t.cpu())
+
+
+def test_vendor_offsets_are_int32_ends(device):
+    lens = torch.tensor([3, 0, 5, 2], device=device)
+    want = torch.tensor([3, 3, 8, 10], dtype=torch.int32)
+    for offs in (None, group_offsets(lens)):
+        got = VENDOR.prepare_offsets(lens, offs)
+        assert got.dtype == torch.int32 and torch.equal(got.cpu(), want)
+    ends = VENDOR.prepare_offsets(lens, None)
+    assert VENDOR.prepare_offsets(lens, ends) is ends  # prepared once, reused by the backward
+
+
+def _vendor_or_skip(device):
+    a = torch.empty(1, 16, dtype=torch.bfloat16, device=device)
+    b = torch.empty(1, 16, 16, dtype=torch.bfloat16, device=device)
+    verdict = VENDOR.can_handle(a=a, b=b, trans_b=False, out_dtype=torch.bfloat16)
+    if not verdict:
+        pytest.skip(f"HIPBLASLT cannot run here: {verdict.reason}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["kernel", "masked_fill"])
+def test_vendor_unwritten_regions_are_zero(mode, monkeypatch, device):
+    """Rows past the last group end and empty groups' wgrad come out zero (on recycled,
+    non-zero memory), with the kernel fix-up and the old masked_fill pass alike."""
+    _vendor_or_skip(device)
+    monkeypatch.setattr(_impl, "_fixup_mode", lambda: mode)
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.HIPBLASLT)
+    junk = torch.full((1 << 20,), float("nan"), dtype=torch.bfloat16, device=device)
+    del junk  # the caching allocator hands these NaN bytes to the next outputs
+    lens = torch.tensor([64, 0, 120, 0], device=device)
+    a = rand(200, 64, dtype=torch.bfloat16, device=device)  # 16 rows past sum(lens)
+    b = rand(4, 32, 64, dtype=torch.bfloat16, device=device)
+    out = GroupedGemmDispatcher.execute(
+        BackendType.HIPBLASLT, a=a, b=b, group_lens=lens, group_offs=None, trans_b=True,
+        out_dtype=torch.bfloat16,
+    )  # fmt: skip
+    assert torch.equal(out[184:].float().cpu(), torch.zeros(16, 32))
+    ref = grouped_gemm_ref(a[:184].float(), b.float(), lens.cpu(), True, torch.float32)
+    assert_close(out[:184], ref, torch.bfloat16)
+    y = rand(200, 48, dtype=torch.bfloat16, device=device)
+    wgrad = VENDOR.variable_k(a, y, lens, None, torch.bfloat16)
+    assert wgrad.shape == (4, 64, 48)
+    assert not wgrad[1].any() and not wgrad[3].any()
+    assert wgrad[0].isfinite().all() and wgrad[2].isfinite().all()
