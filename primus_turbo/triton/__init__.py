@@ -8,6 +8,7 @@ KERNEL_MODULES: tuple[str, ...] = (
     "primus_turbo.triton.activation.glu_kernel",
     "primus_turbo.triton.moe.permute_kernel",
     "primus_turbo.triton.moe.route_map_kernel",
+    "primus_turbo.triton.moe.permute_v2_kernel",
     "primus_turbo.triton.normalization.rmsnorm_kernel",
     "primus_turbo.triton.quantization.quant_kernel",
     "primus_turbo.triton.gemm.gemm_fp8_kernel",

@@ -22,6 +22,8 @@ from primus_turbo.pytorch.kernels.moe.permute_impl import (
     moe_reduce_rows_bwd,
     moe_route_maps,
 )
+from primus_turbo.pytorch.kernels.moe.permute_v2_impl import permute_impl_choice
+from primus_turbo.pytorch.ops.moe_permute_v2 import permute_v2, unpermute_v2
 
 __all__ = [
     "fused_group_topk_routing_with_aux_score",
@@ -291,6 +293,8 @@ def moe_permute(
     if num_out is not None and _impl._use_triton(tokens):
         # two Triton launches build every map (and gather the probs): no sort, no host sync
         ids = expert_map if expert_map.dtype != torch.bool else idx
+        if k > 0 and permute_impl_choice() == "v2":
+            return permute_v2(tokens, ids, probs_tk, num_local_experts, pad_multiple, num_out)
         p_in = probs_tk.detach().contiguous() if probs_tk is not None else None
         row_map, src_map, tpe, dispatched, overflow, pp = moe_route_maps(
             ids, num_local_experts, pad_multiple, num_out, p_in
@@ -379,10 +383,13 @@ def moe_unpermute(
             f"{n} elements (one per row)",
             tuple(permuted_probs.shape),
         )
+    y = permuted_tokens if permuted_tokens.stride(-1) == 1 else permuted_tokens.contiguous()
+    if row_id_map.shape[1] > 0 and _impl._use_triton(y) and permute_impl_choice() == "v2":
+        return unpermute_v2(y, row_id_map, permuted_probs)
+    if permuted_probs is not None:
         valid = row_id_map >= 0
         rows = row_id_map.clamp(min=0).reshape(-1)
         unpermuted_probs = permuted_probs.index_select(0, rows).view_as(row_id_map) * valid
-    y = permuted_tokens if permuted_tokens.stride(-1) == 1 else permuted_tokens.contiguous()
     out = _Unpermute.apply(y, row_id_map, permuted_probs)
     return out, unpermuted_probs
 

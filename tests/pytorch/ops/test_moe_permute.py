@@ -300,3 +300,35 @@ def test_route_map_kernel_gpu_shapes(t, k, e, pad, n, device):
     assert int(got[3]) == min(int(total), n) and bool(got[4]) == (int(total) > n)
     want_pp = probs.reshape(-1).index_select(0, src_map.clamp(min=0)) * (src_map >= 0)
     assert torch.equal(got[5], want_pp)
+
+
+@pytest.mark.parametrize("pad,n_out,with_map", [(0, -1, False), (4, 40, True), (0, 10, False)])
+def test_permute_impls_v1_v2_agree(pad, n_out, with_map, device, monkeypatch):
+    """PRIMUS_TURBO_MOE_PERMUTE_IMPL=v1 and v2 give the same maps, rows and every gradient
+    (strided top-k ids as the router returns them, padding, dropped copies, probs gradient
+    through both permuted and unpermuted probs)."""
+    t, h, e, k = 11, 20, 4, 2
+    x0 = rand(t, h, dtype=torch.bfloat16, device=device)
+    ids = torch.stack([torch.randperm(e + 1, device=device)[:k] for _ in range(t)])
+    wide = torch.zeros(t, 2 * k, dtype=torch.int64, device=device)
+    wide[:, ::2] = ids
+    ids = wide[:, ::2]  # a strided view, as the router returns; id e is dropped (non-local)
+    p0 = torch.rand(t, k, device=device)
+    outs = {}
+    for impl in ("v1", "v2"):
+        monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_IMPL", impl)
+        x = x0.clone().requires_grad_()
+        p = p0.clone().requires_grad_()
+        perm, rmap, tpe, ovf, nd, _, pp = turbo.ops.moe_permute(
+            x, ids, num_local_experts=e, pad_multiple=pad, num_permuted_tokens=n_out, probs=p
+        )
+        u, up = turbo.ops.moe_unpermute(perm * 1.5, rmap, permuted_probs=pp)
+        (u.float().sum() + (pp * 0.5).sum() + (up * 0.25).sum()).backward()
+        outs[impl] = [perm, rmap, tpe, ovf, nd, pp, u, up, x.grad, p.grad]
+        if with_map:  # the unweighted unpermute (no probs) and its backward
+            y = perm.detach().clone().requires_grad_()
+            u2, _ = turbo.ops.moe_unpermute(y, rmap)
+            u2.float().square().sum().backward()
+            outs[impl] += [u2, y.grad]
+    for a, b in zip(outs["v1"], outs["v2"], strict=True):
+        assert torch.equal(a, b) if a.dtype != torch.float32 else torch.allclose(a, b)

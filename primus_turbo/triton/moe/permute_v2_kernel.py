@@ -1,0 +1,462 @@
+"""MoE permute / unpermute, v2: fewer launches per call (``PRIMUS_TURBO_MOE_PERMUTE_IMPL=v2``).
+
+At the MoE sizes (4096 tokens, 16-250 MB moved) a permute is a few tens of microseconds of
+copying, so launches, allocations and small torch ops cost as much as the data. v2 per call:
+
+* permute forward, 2 launches: ``v2_hist_kernel`` (per-chunk expert counts, as in
+  ``route_map_kernel.py``) and ``permute_fused_kernel``: each program turns its chunk of token
+  copies into destination rows (counting sort: all chunk counts summed for the expert starts,
+  earlier chunks for its own start, a one-hot cumsum inside the chunk), writes ``row_map`` and
+  the permuted probs, copies the rows of its copies (each token row is read K times in a row, so
+  from cache) and zeroes its share of the rows no copy fills (padding, dropped copies). The
+  top-k ids and probs are read through their strides (no ``contiguous`` copy); no ``src_map``.
+* unpermute forward / permute backward, 1 launch: ``reduce_v2_kernel``, the weighted gather-sum
+  of ``permute_kernel.reduce_rows_kernel`` that also writes ``p_out[t, k] = w[row_map[t, k]]``
+  (the unpermuted probs, or the gradient of the permuted probs).
+* unpermute backward: ``rows_to_src_kernel`` (the inverse map, into a -1 filled buffer) and
+  ``unpermute_bwd_kernel``, which reads ``y`` only when the probs need a gradient.
+
+Map conventions are those of ``permute_kernel.py``. No atomics: bitwise deterministic.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from primus_turbo.triton.aot import AotSpec, triton_dtype_name
+from primus_turbo.triton.moe.permute_kernel import _tile
+
+
+@triton.jit
+def _copy_ids(idx_ptr, i, TK, s_t, s_k, K: tl.constexpr):
+    """Expert id of flat copy ``i = t * K + k`` read through the ``[T, K]`` strides (-1 past TK)."""
+    return tl.load(idx_ptr + (i // K) * s_t + (i % K) * s_k, mask=i < TK, other=-1).to(tl.int32)
+
+
+@triton.jit
+def v2_hist_kernel(
+    idx_ptr,
+    counts_ptr,
+    TK,
+    E,
+    s_t,
+    s_k,
+    K: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SUB: tl.constexpr,
+    E_PAD: tl.constexpr,
+):
+    c = tl.program_id(0)
+    base = c.to(tl.int64) * CHUNK
+    cols = tl.arange(0, E_PAD)
+    acc = tl.zeros([E_PAD], dtype=tl.int32)
+    for s in range(0, CHUNK, SUB):
+        e = _copy_ids(idx_ptr, base + s + tl.arange(0, SUB), TK, s_t, s_k, K)
+        hot = (e[:, None] == cols[None, :]) & (cols[None, :] < E)
+        acc += tl.sum(hot.to(tl.int32), axis=0)
+    tl.store(counts_ptr + c * E_PAD + cols, acc)
+
+
+@triton.jit
+def permute_fused_kernel(
+    idx_ptr,
+    counts_ptr,
+    probs_ptr,
+    x_ptr,
+    out_ptr,
+    row_map_ptr,
+    pprobs_ptr,
+    tpe_ptr,
+    disp_ptr,
+    flag_ptr,
+    TK,
+    E,
+    C,
+    N_OUT,
+    PAD,
+    H,
+    s_t,
+    s_k,
+    p_t,
+    p_k,
+    stride_x,
+    stride_out,
+    K: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SUB: tl.constexpr,
+    E_PAD: tl.constexpr,
+    CB: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_PROBS: tl.constexpr,
+    HAS_PAD: tl.constexpr,
+    EVEN_H: tl.constexpr,
+):
+    c = tl.program_id(0)
+    cols = tl.arange(0, E_PAD)
+    hcols = tl.arange(0, BLOCK_H)
+    total = tl.zeros([E_PAD], dtype=tl.int32)
+    before = tl.zeros([E_PAD], dtype=tl.int32)
+    for c0 in range(0, C, CB):
+        rows = c0 + tl.arange(0, CB)
+        blk = tl.load(counts_ptr + rows[:, None] * E_PAD + cols[None, :],
+                      mask=(rows < C)[:, None], other=0)  # fmt: skip
+        total += tl.sum(blk, axis=0)
+        before += tl.sum(tl.where((rows < c)[:, None], blk, 0), axis=0)
+    if HAS_PAD:
+        sizes = (total + PAD - 1) // PAD * PAD
+    else:
+        sizes = total
+    pstart = tl.cumsum(sizes, axis=0) - sizes
+    used = tl.sum(sizes, axis=0)
+    if c == 0:
+        tl.store(tpe_ptr + cols, sizes.to(tl.int64), mask=cols < E)
+        tl.store(disp_ptr, tl.minimum(used, N_OUT).to(tl.int64))
+        tl.store(flag_ptr, (used > N_OUT).to(tl.uint8))
+    run = pstart + before
+    base = c.to(tl.int64) * CHUNK
+    for s in range(0, CHUNK, SUB):
+        i = base + s + tl.arange(0, SUB)
+        m = i < TK
+        e = _copy_ids(idx_ptr, i, TK, s_t, s_k, K)
+        hot = (e[:, None] == cols[None, :]) & (cols[None, :] < E)
+        hot_i = hot.to(tl.int32)
+        cum = tl.cumsum(hot_i, axis=0)
+        dst = tl.sum(tl.where(hot, run[None, :] + cum - 1, 0), axis=1)
+        ok = (tl.sum(hot_i, axis=1) > 0) & (dst < N_OUT)
+        dst = tl.where(ok, dst, -1).to(tl.int64)
+        tl.store(row_map_ptr + i, dst, mask=m)
+        if HAS_PROBS:
+            p = tl.load(probs_ptr + (i // K) * p_t + (i % K) * p_k, mask=m & ok, other=0.0)
+            tl.store(pprobs_ptr + dst, p, mask=m & ok)
+        run += tl.sum(hot_i, axis=0)
+        tok = i // K  # consecutive copies share a token row: K reads of it, all but one cached
+        d = tl.maximum(dst, 0)
+        for h0 in range(0, H, BLOCK_H):
+            hc = h0 + hcols
+            if EVEN_H:
+                msk = ok[:, None] & (hc < BLOCK_H + h0)[None, :]
+            else:
+                msk = ok[:, None] & (hc < H)[None, :]
+            v = tl.load(x_ptr + tok[:, None] * stride_x + hc[None, :], mask=msk, other=0.0)
+            tl.store(out_ptr + d[:, None] * stride_out + hc[None, :], v, mask=msk)
+    # output rows [base, base + CHUNK) that no copy fills: padding, or past the used rows
+    fill = pstart + total
+    for s in range(0, CHUNK, SUB):
+        r = base + s + tl.arange(0, SUB)
+        if HAS_PAD:
+            inside = (r[:, None] >= pstart[None, :]) & (r[:, None] < fill[None, :])
+            unused = (tl.sum(inside.to(tl.int32), axis=1) == 0) & (r < N_OUT)
+        else:
+            unused = (r >= used) & (r < N_OUT)
+        if tl.sum(unused.to(tl.int32), axis=0) > 0:
+            if HAS_PROBS:
+                tl.store(pprobs_ptr + r, tl.zeros([SUB], dtype=tl.float32), mask=unused)
+            zero = tl.zeros([SUB, BLOCK_H], dtype=out_ptr.dtype.element_ty)
+            for h0 in range(0, H, BLOCK_H):
+                hc = h0 + hcols
+                tl.store(out_ptr + r[:, None] * stride_out + hc[None, :], zero,
+                         mask=unused[:, None] & (hc < H)[None, :])  # fmt: skip
+
+
+@triton.jit
+def reduce_v2_kernel(
+    y_ptr,
+    map_ptr,
+    w_ptr,
+    out_ptr,
+    p_out_ptr,
+    T,
+    H,
+    stride_y,
+    stride_out,
+    K: tl.constexpr,
+    MUL_W: tl.constexpr,
+    WRITE_P: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    EVEN_H: tl.constexpr,
+):
+    """``out[t] = sum_k w * y[row_map[t, k]]`` (fp32, copy order; ``w = 1`` unless ``MUL_W``)
+    and, with ``WRITE_P``, ``p_out[t, k] = w_ptr[row_map[t, k]]`` (0 for dropped copies) from
+    the programs of the first column block."""
+    toks = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    in_rows = toks < T
+    if EVEN_H:
+        col_ok = cols < BLOCK_H * (tl.program_id(1) + 1)
+    else:
+        col_ok = cols < H
+    acc = tl.zeros([ROWS, BLOCK_H], dtype=tl.float32)
+    for k in tl.static_range(K):
+        r = tl.load(map_ptr + toks * K + k, mask=in_rows, other=-1)
+        valid = r >= 0
+        rr = tl.maximum(r, 0)
+        v = tl.load(y_ptr + rr[:, None] * stride_y + cols[None, :],
+                    mask=valid[:, None] & col_ok[None, :], other=0.0).to(tl.float32)  # fmt: skip
+        if MUL_W or WRITE_P:
+            w = tl.load(w_ptr + rr, mask=valid, other=0.0).to(tl.float32)
+            if MUL_W:
+                v = v * w[:, None]
+            if WRITE_P:
+                tl.store(p_out_ptr + toks * K + k, w, mask=in_rows & (tl.program_id(1) == 0))
+        acc += v
+    tl.store(out_ptr + toks[:, None] * stride_out + cols[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=in_rows[:, None] & col_ok[None, :])  # fmt: skip
+
+
+@triton.jit
+def rows_to_src_kernel(map_ptr, src_ptr, TK, BLOCK: tl.constexpr):
+    """``src[row_map[i]] = i`` for the copies that have a row (``src`` pre-filled with -1)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    r = tl.load(map_ptr + i, mask=i < TK, other=-1)
+    tl.store(src_ptr + tl.maximum(r, 0), i, mask=(i < TK) & (r >= 0))
+
+
+@triton.jit
+def unpermute_bwd_kernel(
+    dout_ptr,
+    y_ptr,
+    map_ptr,
+    w_ptr,
+    src_ptr,
+    dy_ptr,
+    dw_ptr,
+    T,
+    N,
+    H,
+    stride_dout,
+    stride_y,
+    stride_dy,
+    num_tok_programs,
+    K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    NEED_DW: tl.constexpr,
+):
+    """``permute_kernel.reduce_rows_bwd_kernel`` with ``y`` read only when ``NEED_DW``: tokens
+    ``[ROWS]`` per program write ``dy[row] = w * dout[t]`` for their K copies (and ``dw``); the
+    programs past ``num_tok_programs`` zero the rows no copy maps to (``src < 0``)."""
+    pid = tl.program_id(0)
+    cols0 = tl.arange(0, BLOCK_H)
+    if pid >= num_tok_programs:
+        r = (pid - num_tok_programs).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        src = tl.load(src_ptr + r, mask=r < N, other=0)
+        dead = (src < 0) & (r < N)
+        if tl.sum(dead.to(tl.int32), axis=0) > 0:
+            zero = tl.zeros([ROWS, BLOCK_H], dtype=dy_ptr.dtype.element_ty)
+            for h0 in range(0, H, BLOCK_H):
+                cols = h0 + cols0
+                tl.store(dy_ptr + r[:, None] * stride_dy + cols[None, :], zero,
+                         mask=dead[:, None] & (cols < H)[None, :])  # fmt: skip
+            if NEED_DW:
+                tl.store(dw_ptr + r, tl.zeros([ROWS], dtype=tl.float32), mask=dead)
+        return
+    toks = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    in_rows = toks < T
+    kk = tl.arange(0, K_PAD)
+    rmap = tl.load(map_ptr + toks[:, None] * K + kk[None, :],
+                   mask=in_rows[:, None] & (kk < K)[None, :], other=-1)  # fmt: skip
+    dw = tl.zeros([ROWS, K_PAD], dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        cols = h0 + cols0
+        col_ok = cols < H
+        g = tl.load(dout_ptr + toks[:, None] * stride_dout + cols[None, :],
+                    mask=in_rows[:, None] & col_ok[None, :], other=0.0).to(tl.float32)  # fmt: skip
+        for k in range(K):
+            r = tl.sum(tl.where(kk[None, :] == k, rmap, 0), axis=1)
+            valid = r >= 0
+            rr = tl.maximum(r, 0)
+            w = tl.load(w_ptr + rr, mask=valid, other=0.0).to(tl.float32)
+            m = valid[:, None] & col_ok[None, :]
+            tl.store(dy_ptr + rr[:, None] * stride_dy + cols[None, :],
+                     (g * w[:, None]).to(dy_ptr.dtype.element_ty), mask=m)  # fmt: skip
+            if NEED_DW:
+                y = tl.load(y_ptr + rr[:, None] * stride_y + cols[None, :], mask=m, other=0.0)
+                part = tl.sum(g * y.to(tl.float32), axis=1)
+                dw += tl.where(kk[None, :] == k, part[:, None], 0.0)
+    if NEED_DW:
+        ok = (rmap >= 0) & in_rows[:, None]
+        tl.store(dw_ptr + tl.maximum(rmap, 0), dw, mask=ok)
+
+
+# ---- launchers -------------------------------------------------------------------------------
+
+
+def _plan_v2(work: int, e: int) -> tuple[int, int, int, int, int]:
+    """``(E_PAD, SUB, CHUNK, C, CB)``: 16-copy sub-blocks; up to 512 chunks (256 for 64+
+    experts, where every program sums a ``[C, E_PAD]`` count table)."""
+    e_pad = triton.next_power_of_2(max(e, 2))
+    sub = 16
+    max_c = 256 if e_pad >= 64 else 512
+    chunk = max(sub, triton.next_power_of_2(-(-max(work, 1) // max_c)))
+    grid = -(-max(work, 1) // chunk)
+    cb = max(1, min(64, 4096 // e_pad))
+    return e_pad, sub, chunk, grid, cb
+
+
+def permute_fused_triton(
+    x: torch.Tensor,
+    idx: torch.Tensor,
+    num_experts: int,
+    pad_multiple: int,
+    num_out: int,
+    probs: torch.Tensor | None,
+):
+    """``x [T, H]``, ``idx [T, K]`` (any strides), ``probs [T, K]`` fp32 or None ->
+    ``(out [N, H], row_map [T, K] int64, tokens_per_expert [E] int64, num_dispatched 0-d int64,
+    overflow 0-d bool, permuted_probs [N] fp32 | None)``."""
+    t, k = idx.shape
+    h = x.shape[1]
+    dev = x.device
+    tk = t * k
+    out = torch.empty((num_out, h), dtype=x.dtype, device=dev)
+    row_map = torch.empty((t, k), dtype=torch.int64, device=dev)
+    tpe = torch.empty((num_experts,), dtype=torch.int64, device=dev)
+    disp = torch.empty((), dtype=torch.int64, device=dev)
+    flag = torch.empty((), dtype=torch.bool, device=dev)
+    pprobs = torch.empty((num_out,), dtype=torch.float32, device=dev) if probs is not None else None
+    e_pad, sub, chunk, grid, cb = _plan_v2(max(tk, num_out), num_experts)
+    counts = torch.empty((grid, e_pad), dtype=torch.int32, device=dev)
+    if h > 0 and x.stride(1) != 1:
+        x = x.contiguous()
+    v2_hist_kernel[(grid,)](idx, counts, tk, num_experts, idx.stride(0), idx.stride(1), K=k,
+                            CHUNK=chunk, SUB=sub, E_PAD=e_pad, num_warps=4)  # fmt: skip
+    block = min(max(triton.next_power_of_2(max(h, 1)), 16), 1024 if x.element_size() <= 2 else 512)
+    p_strides = (probs.stride(0), probs.stride(1)) if probs is not None else (0, 0)
+    permute_fused_kernel[(grid,)](
+        idx, counts, probs if probs is not None else counts, x, out, row_map,
+        pprobs if pprobs is not None else counts, tpe, disp, flag.view(torch.uint8),
+        tk, num_experts, grid, num_out, max(pad_multiple, 1), h, idx.stride(0), idx.stride(1),
+        *p_strides, x.stride(0), out.stride(0), K=k, CHUNK=chunk, SUB=sub, E_PAD=e_pad, CB=cb,
+        BLOCK_H=block, HAS_PROBS=probs is not None, HAS_PAD=pad_multiple > 0,
+        EVEN_H=h % block == 0, num_warps=8,
+    )  # fmt: skip
+    return out, row_map, tpe, disp, flag, pprobs
+
+
+def reduce_v2_triton(
+    y: torch.Tensor,
+    row_map: torch.Tensor,
+    w: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    mul_w: bool,
+    write_p: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(out [T, H], p_out [T, K] fp32 | None)``; see ``reduce_v2_kernel``."""
+    t, k = row_map.shape
+    h = y.shape[1]
+    out = torch.empty((t, h), dtype=out_dtype, device=y.device)
+    p_out = torch.empty((t, k), dtype=torch.float32, device=y.device) if write_p else None
+    if t == 0 or k == 0:
+        if k == 0:
+            out.zero_()
+        return out, p_out
+    if h == 0:  # no column block to write p_out: a torch gather (rare)
+        if write_p:
+            p_out.copy_(w.index_select(0, row_map.clamp(min=0).reshape(-1)).view(t, k))
+            p_out.mul_(row_map >= 0)
+        return out, p_out
+    rows, block, warps = _tile(h, 4, t)
+    grid = (triton.cdiv(t, rows), triton.cdiv(h, block))
+    reduce_v2_kernel[grid](
+        y, row_map, w if w is not None else y, out, p_out if p_out is not None else out, t, h,
+        y.stride(0), out.stride(0), K=k, MUL_W=mul_w, WRITE_P=write_p, ROWS=rows,
+        BLOCK_H=block, EVEN_H=h % block == 0, num_warps=warps,
+    )  # fmt: skip
+    return out, p_out
+
+
+def src_from_rows_triton(row_map: torch.Tensor, n: int) -> torch.Tensor:
+    """The inverse map ``src [N]`` (-1 where no copy lands) of ``row_map``: fill + 1 launch."""
+    src = torch.full((n,), -1, dtype=torch.int64, device=row_map.device)
+    tk = row_map.numel()
+    if tk and n:
+        block = 1024
+        rows_to_src_kernel[(triton.cdiv(tk, block),)](row_map, src, tk, BLOCK=block, num_warps=4)
+    return src
+
+
+def unpermute_bwd_triton(
+    dout: torch.Tensor,
+    y: torch.Tensor,
+    row_map: torch.Tensor,
+    w: torch.Tensor,
+    need_dw: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(dy [N, H], dw [N] fp32 | None)`` of the weighted unpermute."""
+    n, h = y.shape
+    t, k = row_map.shape
+    dw = torch.empty((n,), dtype=torch.float32, device=y.device) if need_dw else None
+    if t == 0 or k == 0 or h == 0 or n == 0:
+        return torch.zeros_like(y), (dw.zero_() if dw is not None else None)
+    src = src_from_rows_triton(row_map, n)
+    dy = torch.empty((n, h), dtype=y.dtype, device=y.device)
+    rows, block, warps = _tile(h, 8 if need_dw else 4, t)
+    tok_programs = triton.cdiv(t, rows)
+    unpermute_bwd_kernel[(tok_programs + triton.cdiv(n, rows),)](
+        dout, y, row_map, w, src, dy, dw if dw is not None else w, t, n, h, dout.stride(0),
+        y.stride(0), dy.stride(0), tok_programs, K=k, K_PAD=triton.next_power_of_2(k),
+        ROWS=rows, BLOCK_H=block, NEED_DW=need_dw, num_warps=warps,
+    )  # fmt: skip
+    return dy, dw
+
+
+def aot_specs(target: str) -> list[AotSpec]:
+    """bf16 rows; the fused permute at Qwen3-MoE's 128 experts (T=4096, K=8, with probs)."""
+    dt = triton_dtype_name(torch.bfloat16)
+    e_pad, sub, chunk, _, cb = _plan_v2(4096 * 8, 128)
+    return [
+        AotSpec(
+            name="moe_v2_permute_fused_e128_probs",
+            fn=permute_fused_kernel,
+            signature={"idx_ptr": "*i64", "counts_ptr": "*i32", "probs_ptr": "*fp32",
+                       "x_ptr": f"*{dt}", "out_ptr": f"*{dt}", "row_map_ptr": "*i64",
+                       "pprobs_ptr": "*fp32", "tpe_ptr": "*i64", "disp_ptr": "*i64",
+                       "flag_ptr": "*u8", "TK": "i32", "E": "i32", "C": "i32", "N_OUT": "i32",
+                       "PAD": "i32", "H": "i32", "s_t": "i32", "s_k": "i32", "p_t": "i32",
+                       "p_k": "i32", "stride_x": "i64:16", "stride_out": "i64:16"},
+            constexprs={"K": 8, "CHUNK": chunk, "SUB": sub, "E_PAD": e_pad, "CB": cb,
+                        "BLOCK_H": 1024, "HAS_PROBS": True, "HAS_PAD": False, "EVEN_H": True},
+            options={"num_warps": 8},
+            default=True,
+        ),
+        AotSpec(
+            name="moe_v2_hist_e128",
+            fn=v2_hist_kernel,
+            signature={"idx_ptr": "*i64", "counts_ptr": "*i32", "TK": "i32", "E": "i32",
+                       "s_t": "i32", "s_k": "i32"},
+            constexprs={"K": 8, "CHUNK": chunk, "SUB": sub, "E_PAD": e_pad},
+            options={"num_warps": 4},
+        ),
+        AotSpec(
+            name="moe_v2_reduce_bf16_wp",
+            fn=reduce_v2_kernel,
+            signature={"y_ptr": f"*{dt}", "map_ptr": "*i64", "w_ptr": "*fp32",
+                       "out_ptr": f"*{dt}", "p_out_ptr": "*fp32", "T": "i32", "H": "i32",
+                       "stride_y": "i64:16", "stride_out": "i64:16"},
+            constexprs={"K": 8, "MUL_W": True, "WRITE_P": True, "ROWS": 8, "BLOCK_H": 512,
+                        "EVEN_H": True},
+            options={"num_warps": 8},
+        ),
+        AotSpec(
+            name="moe_v2_unpermute_bwd_bf16",
+            fn=unpermute_bwd_kernel,
+            signature={"dout_ptr": f"*{dt}", "y_ptr": f"*{dt}", "map_ptr": "*i64",
+                       "w_ptr": "*fp32", "src_ptr": "*i64", "dy_ptr": f"*{dt}",
+                       "dw_ptr": "*fp32", "T": "i32", "N": "i32", "H": "i32",
+                       "stride_dout": "i64:16", "stride_y": "i64:16", "stride_dy": "i64:16",
+                       "num_tok_programs": "i32"},
+            constexprs={"K": 8, "K_PAD": 8, "ROWS": 8, "BLOCK_H": 512, "NEED_DW": False},
+            options={"num_warps": 8},
+        ),
+        AotSpec(
+            name="moe_v2_rows_to_src",
+            fn=rows_to_src_kernel,
+            signature={"map_ptr": "*i64", "src_ptr": "*i64", "TK": "i32"},
+            constexprs={"BLOCK": 1024},
+            options={"num_warps": 4},
+        ),
+    ]  # fmt: skip
