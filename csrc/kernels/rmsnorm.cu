@@ -1,21 +1,14 @@
-// RMSNorm on the GPU (CUDA, and HIP through hipify; math in primus_turbo/rmsnorm.h).
+// RMSNorm on the GPU (CUDA, and HIP through hipify; math in primus_turbo/rmsnorm.h): the
+// public entry points, the launch-plan choice (see "launch plans" below), the "persist" plan's
+// kernels, the generic scalar kernels and the dw reduce. Nothing here throws: host functions
+// return a Status (common.h).
 //
-// Launch plans, chosen by PRIMUS_TURBO_RMSNORM_CPP_PLAN (read once per process):
-//   tiles (default): rmsnorm_tiles.cu: row groups of few threads with many 16-byte vectors each.
-//   persist: the persistent double-buffered kernels below (one 512-thread row per block).
-//   prev: the one-row-per-block forward and the backward without row prefetch below.
-// (PRIMUS_TURBO_RMSNORM_CPP_PERSIST=0, the older switch, still means "prev".) The generic scalar
-// kernels below serve every plan where the vector path does not apply. Nothing here throws: host
-// functions return a Status (common.h).
-//
-// Forward, vectorised path (hidden % (16 / sizeof(T)) == 0, 16-byte aligned rows): one row per
-// block; each thread keeps VPT 16-byte vectors of the row in registers, so x is read once; one
-// block reduction gives rstd; y = x * rstd * w is written with 16-byte stores.
-// Backward, vectorised path: a grid sized to fill the device (SMs x resident blocks) walks the rows
-// with a fixed stride; each thread keeps its slice of w and fp32 dw partial sums in registers, so
-// per row it reads x and dy once and writes dx once. Each block writes its dw partial row; a
-// second kernel sums the partial rows in a fixed order (deterministic for a given device).
-// Generic path (any hidden, e.g. 1 or 127): the same math with scalar loads.
+// Persistent kernels (vector path: hidden % (16 / sizeof(T)) == 0, 16-byte aligned rows): a grid
+// that fills the device walks the rows with a fixed stride; each thread keeps VPT 16-byte vectors
+// of its row in registers (x, and dy in the backward, read once) and, in the backward, its fp32
+// dw sums. Each backward block writes one dw partial row; dw_reduce_kernel sums the partial rows
+// in a fixed order (deterministic for a given device and shape). Generic path (any hidden, e.g.
+// 1 or 127): the same math with scalar loads.
 #include <algorithm>
 #include <cstdlib>
 #include <type_traits>
@@ -30,49 +23,7 @@ namespace {
 constexpr int kMaxThreads = 512;  // 128 registers per thread on NVIDIA: no spills
 constexpr int kScratch = kMaxThreads / kWarpSize;
 
-template <typename T, int VPT>
-__global__ void __launch_bounds__(kMaxThreads)
-    fwd_vec_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
-                   float* __restrict__ rstd, int64_t hidden, float eps) {
-  __shared__ float scratch[kScratch];
-  constexpr int N = Vec16<T>::N;
-  const int64_t nvec = hidden / N;
-  const int64_t row = blockIdx.x;
-  const T* xr = x + row * hidden;
-  Vec16<T> xv[VPT];
-  float ss = 0.f;
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int64_t v = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
-    if (v < nvec) {
-      load16(xv[i], xr + v * N);
-#pragma unroll
-      for (int j = 0; j < N; ++j) {
-        const float f = to_float(xv[i].v()[j]);
-        ss += f * f;
-      }
-    }
-  }
-  ss = block_sum(ss, scratch);
-  const float rs = rsqrtf(ss / static_cast<float>(hidden) + eps);
-  if (threadIdx.x == 0) rstd[row] = rs;
-  T* yr = y + row * hidden;
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int64_t v = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
-    if (v < nvec) {
-      Vec16<T> wv, out;
-      load16(wv, w + v * N);
-#pragma unroll
-      for (int j = 0; j < N; ++j) {
-        out.v()[j] = from_float<T>(to_float(xv[i].v()[j]) * rs * to_float(wv.v()[j]));
-      }
-      store16(yr + v * N, out);
-    }
-  }
-}
-
-// Persistent forward (default): a grid that fills the device walks the rows with stride
+// Persistent forward (plan "persist"): a grid that fills the device walks the rows with stride
 // gridDim.x; the next row's x is loaded before the current row's reduction, so loads stay in
 // flight across the block reduction and the stores (double buffering in registers). w is re-read
 // per row from L1/L2 (small, hot); it is not __restrict__ so the compiler does not hoist it (and
@@ -228,7 +179,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   }
 }
 
-// Persistent backward (default): like bwd_vec_kernel, but the next row's x and dy are loaded
+// Persistent backward (plan "persist"): like bwd_vec_kernel, but the next row's x and dy are loaded
 // before the current row's reduction (double buffering in registers, loads in flight across the
 // reduction and the dx stores). w is re-read per row from L1/L2 (it is small and hot) instead of
 // held in registers, which keeps the two row buffers plus the fp32 dw sums without spills.
@@ -393,10 +344,10 @@ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 1
 // `aligned`: every row pointer is 16-byte aligned (base pointers aligned, hidden % N == 0).
 // `max_vpt`: 8 for the forward (it holds only x); 4 for the backward, which also holds w, dy and
 // the fp32 dw sums per vector and would spill at 8. `fill`: the thread count a block grows to
-// before VPT doubles (256 for the one-row-per-block kernels; 512 for the persistent ones, whose
+// before VPT doubles (256 for the non-persistent backward; 512 for the persistent kernels, whose
 // double buffers make a smaller VPT with more threads the better use of registers).
 template <typename T>
-Plan make_plan(bool aligned, int64_t hidden, int max_vpt, int fill = 256) {
+Plan make_plan(bool aligned, int64_t hidden, int max_vpt, int fill) {
   constexpr int N = Vec16<T>::N;
   const int64_t nvec = hidden / N;
   if (aligned && hidden % N == 0 && nvec <= static_cast<int64_t>(max_vpt) * kMaxThreads) {
@@ -411,21 +362,31 @@ Plan make_plan(bool aligned, int64_t hidden, int max_vpt, int fill = 256) {
 
 constexpr int kFwdMaxVpt = 8, kBwdMaxVpt = 4;
 
-enum class PlanKind { kTiles, kPersist, kPrev };
+constexpr int64_t kNarrowRowBytes = 8192;  // auto: "narrow" rows (bf16 hidden <= 4096)
 
-inline PlanKind plan_kind() {
-  static const PlanKind kind = [] {
-    const char* old = std::getenv("PRIMUS_TURBO_RMSNORM_CPP_PERSIST");
-    if (old != nullptr && old[0] == '0') return PlanKind::kPrev;
-    const char* v = std::getenv("PRIMUS_TURBO_RMSNORM_CPP_PLAN");
-    if (v == nullptr || v[0] == '\0' || v[0] == 't') return PlanKind::kTiles;
-    return v[0] == 'p' && v[1] == 'r' ? PlanKind::kPrev : PlanKind::kPersist;
-  }();
-  return kind;
+template <typename T>
+PlanKind fwd_plan(int64_t hidden) {
+  static const PlanKind env = env_plan("PRIMUS_TURBO_RMSNORM_CPP_FWD_PLAN");
+  if (env == PlanKind::kTiles || env == PlanKind::kPersist) return env;
+  if (env == PlanKind::kPrev) return PlanKind::kPersist;
+  return hidden * static_cast<int64_t>(sizeof(T)) > kNarrowRowBytes ? PlanKind::kTiles
+                                                                     : PlanKind::kPersist;
 }
-// The persistent kernels of this file (plan "persist"); "tiles" and "prev" use the one-row-per-
-// block / non-prefetching kernels here only for what rmsnorm_tiles.cu does not handle.
-inline bool use_persist() { return plan_kind() == PlanKind::kPersist; }
+
+template <typename T>
+constexpr DType dtype_of() {
+  return sizeof(T) == 4 ? DType::kFloat32
+                        : (std::is_same<T, pt_half>::value ? DType::kFloat16 : DType::kBFloat16);
+}
+
+template <typename T>
+PlanKind bwd_plan_kind(int64_t hidden) {
+  static const PlanKind env = env_plan("PRIMUS_TURBO_RMSNORM_CPP_BWD_PLAN");
+  if (env != PlanKind::kAuto) return env;
+  const bool narrow = hidden * static_cast<int64_t>(sizeof(T)) <= kNarrowRowBytes;
+  return narrow && rmsnorm_bwd_rows_applies(hidden, dtype_of<T>()) ? PlanKind::kRows
+                                                                   : PlanKind::kPersist;
+}
 
 // Resident blocks of `k` on the whole device (at most `max_per_sm` per SM), into *out.
 template <typename Kernel>
@@ -442,16 +403,17 @@ Status resident_blocks(Kernel k, int threads, int max_per_sm, int64_t* out) {
   return kOk;
 }
 
+// Forward of the "persist" plan (and the generic fallback of both plans).
 template <typename T>
 Status fwd_launch(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t hidden,
                   float eps, ptStream_t s) {
   const bool al = aligned16(x) && aligned16(w) && aligned16(y);
-  const Plan p = make_plan<T>(al, hidden, kFwdMaxVpt, use_persist() ? kMaxThreads : 256);
+  const Plan p = make_plan<T>(al, hidden, kFwdMaxVpt, kMaxThreads);
   auto X = static_cast<const T*>(x);
   auto W = static_cast<const T*>(w);
   auto Y = static_cast<T*>(y);
   dim3 block(p.threads);
-  if (p.vpt > 0 && use_persist()) {
+  if (p.vpt > 0) {
     int64_t cap = 1;
     Status st = kOk;
     switch (p.vpt) {
@@ -472,21 +434,21 @@ Status fwd_launch(const void* x, const void* w, void* y, float* rstd, int64_t ro
     return kOk;
   }
   dim3 grid(static_cast<unsigned>(rows));
-  switch (p.vpt) {
-    case 1: fwd_vec_kernel<T, 1><<<grid, block, 0, s>>>(X, W, Y, rstd, hidden, eps); break;
-    case 2: fwd_vec_kernel<T, 2><<<grid, block, 0, s>>>(X, W, Y, rstd, hidden, eps); break;
-    case 4: fwd_vec_kernel<T, 4><<<grid, block, 0, s>>>(X, W, Y, rstd, hidden, eps); break;
-    case 8: fwd_vec_kernel<T, 8><<<grid, block, 0, s>>>(X, W, Y, rstd, hidden, eps); break;
-    default: fwd_generic_kernel<T><<<grid, block, 0, s>>>(X, W, Y, rstd, hidden, eps);
-  }
+  fwd_generic_kernel<T><<<grid, block, 0, s>>>(X, W, Y, rstd, hidden, eps);
   PT_RETURN_LAUNCH_STATUS();
   return kOk;
 }
 
 template <typename T>
-constexpr DType dtype_of() {
-  return sizeof(T) == 4 ? DType::kFloat32
-                        : (std::is_same<T, pt_half>::value ? DType::kFloat16 : DType::kBFloat16);
+Status fwd_dispatch(const void* x, const void* w, void* y, float* rstd, int64_t rows,
+                    int64_t hidden, float eps, ptStream_t s) {
+  if (fwd_plan<T>(hidden) == PlanKind::kTiles) {
+    bool handled = false;
+    const Status st = rmsnorm_fwd_tiles(x, w, y, rstd, rows, hidden, eps, dtype_of<T>(), s,
+                                        &handled);
+    if (st != kOk || handled) return st;
+  }
+  return fwd_launch<T>(x, w, y, rstd, rows, hidden, eps, s);
 }
 
 // dw from `nparts` partial rows (0: dw = 0).
@@ -498,22 +460,24 @@ Status dw_reduce(const float* part, void* dw, int64_t nparts, int64_t hidden, pt
   return kOk;
 }
 
-// Grid of the backward (= number of dw partial rows): every SM filled with resident blocks, at
-// most 4 per SM (enough loads in flight, while the fp32 dw partial rows stay a few percent of the
-// traffic). The same function sizes the scratch and the launch, so they always agree.
-// Backward plan; the persistent kernel runs for VPT 1 and 2 (at VPT 4 its two row buffers plus
-// the dw sums spill on sm_90), bwd_vec_kernel otherwise.
+// Backward of the "persist" and "prev" plans (and the generic fallback of every plan): grid =
+// number of dw partial rows = every SM filled with resident blocks, at most 4 per SM (enough
+// loads in flight, while the fp32 dw partial rows stay a few percent of the traffic). The
+// persistent kernel runs for VPT 1 and 2 (at VPT 4 its two row buffers plus the dw sums spill on
+// sm_90), bwd_vec_kernel otherwise. The same functions size the scratch and the launch.
 template <typename T>
-Plan bwd_plan(bool aligned, int64_t hidden) {
-  return make_plan<T>(aligned, hidden, kBwdMaxVpt, use_persist() ? kMaxThreads : 256);
+Plan bwd_plan(bool aligned, int64_t hidden, PlanKind kind) {
+  return make_plan<T>(aligned, hidden, kBwdMaxVpt, kind == PlanKind::kPersist ? kMaxThreads : 256);
 }
-inline bool bwd_persist(const Plan& p) { return use_persist() && (p.vpt == 1 || p.vpt == 2); }
+inline bool bwd_persist(const Plan& p, PlanKind kind) {
+  return kind == PlanKind::kPersist && (p.vpt == 1 || p.vpt == 2);
+}
 
 template <typename T>
-Status bwd_grid(const Plan& p, int64_t rows, int64_t* grid) {
+Status bwd_grid(const Plan& p, PlanKind kind, int64_t rows, int64_t* grid) {
   int64_t cap = 1;
   Status st = kOk;
-  const bool persist = bwd_persist(p);
+  const bool persist = bwd_persist(p, kind);
   switch (p.vpt) {
     case 1: st = persist ? resident_blocks(bwd_persist_kernel<T, 1>, p.threads, 4, &cap)
                          : resident_blocks(bwd_vec_kernel<T, 1>, p.threads, 4, &cap); break;
@@ -527,39 +491,45 @@ Status bwd_grid(const Plan& p, int64_t rows, int64_t* grid) {
   return kOk;
 }
 
-// Scratch rows for dw: the larger grid of the two paths, so a caller can size it before knowing
-// which path the pointers allow.
+// Scratch rows for dw: the larger grid of the plan's vector path and the generic fallback, so a
+// caller can size it before knowing which path the pointers allow.
 template <typename T>
 Status bwd_partials(int64_t rows, int64_t hidden, int64_t* nparts) {
-  int64_t a = 1, b = 1, t = 0;
-  Status st = bwd_grid<T>(bwd_plan<T>(false, hidden), rows, &b);  // the generic fallback
+  const PlanKind kind = bwd_plan_kind<T>(hidden);
+  int64_t a = 1, b = 1;
+  Status st = bwd_grid<T>(bwd_plan<T>(false, hidden, kind), kind, rows, &b);  // generic
   if (st != kOk) return st;
-  if (plan_kind() == PlanKind::kTiles) {
-    st = rmsnorm_bwd_tiles_partials(rows, hidden, dtype_of<T>(), &t);
+  if (kind == PlanKind::kTiles) {
+    st = rmsnorm_bwd_tiles_partials(rows, hidden, dtype_of<T>(), &a);
+  } else if (kind == PlanKind::kRows) {
+    st = rmsnorm_bwd_rows_partials(rows, hidden, dtype_of<T>(), &a);
   } else {
-    st = bwd_grid<T>(bwd_plan<T>(true, hidden), rows, &a);
+    st = bwd_grid<T>(bwd_plan<T>(true, hidden, kind), kind, rows, &a);
   }
   if (st != kOk) return st;
-  *nparts = std::max(std::max(a, b), t);
+  *nparts = std::max(a, b);
   return kOk;
 }
 
 template <typename T>
 Status bwd_launch(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
                   void* dw, float* part, int64_t rows, int64_t hidden, ptStream_t s) {
-  int64_t tiles_parts = -1;
-  if (plan_kind() == PlanKind::kTiles) {
-    const Status st = rmsnorm_bwd_tiles(dy, x, w, rstd, dx, part, rows, hidden, dtype_of<T>(), s,
-                                        &tiles_parts);
+  const PlanKind kind = bwd_plan_kind<T>(hidden);
+  if (kind == PlanKind::kTiles || kind == PlanKind::kRows) {
+    int64_t n = -1;
+    const Status st =
+        kind == PlanKind::kTiles
+            ? rmsnorm_bwd_tiles(dy, x, w, rstd, dx, part, rows, hidden, dtype_of<T>(), s, &n)
+            : rmsnorm_bwd_rows(dy, x, w, rstd, dx, part, rows, hidden, dtype_of<T>(), s, &n);
     if (st != kOk) return st;
-    if (tiles_parts >= 0) return dw_reduce<T>(part, dw, tiles_parts, hidden, s);
+    if (n >= 0) return dw_reduce<T>(part, dw, n, hidden, s);
   }
   const bool al = aligned16(dy) && aligned16(x) && aligned16(w) && aligned16(dx);
-  // tiles plan, path not applicable: the generic kernel (as sized by bwd_partials)
-  const Plan p = plan_kind() == PlanKind::kTiles ? bwd_plan<T>(false, hidden)
-                                                  : bwd_plan<T>(al, hidden);
+  // tiles/rows plan, path not applicable: the generic kernel (as sized by bwd_partials)
+  const bool own = kind == PlanKind::kPersist || kind == PlanKind::kPrev;
+  const Plan p = bwd_plan<T>(own && al, hidden, kind);
   int64_t g = 1;
-  const Status st = bwd_grid<T>(p, rows, &g);
+  const Status st = bwd_grid<T>(p, kind, rows, &g);
   if (st != kOk) return st;
   auto DY = static_cast<const T*>(dy);
   auto X = static_cast<const T*>(x);
@@ -567,7 +537,7 @@ Status bwd_launch(const void* dy, const void* x, const void* w, const float* rst
   auto DX = static_cast<T*>(dx);
   dim3 grid(static_cast<unsigned>(g)), block(p.threads);
   if (rows > 0) {
-    if (bwd_persist(p)) {
+    if (bwd_persist(p, kind)) {
       if (p.vpt == 1) {
         bwd_persist_kernel<T, 1><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden);
       } else {
@@ -593,15 +563,10 @@ Status rmsnorm_fwd_gpu(const void* x, const void* w, void* y, float* rstd, int64
   if (rows < 0 || hidden < 0) return kBadArgument;
   if (rows == 0 || hidden == 0) return kOk;
   auto s = static_cast<ptStream_t>(stream);
-  if (plan_kind() == PlanKind::kTiles) {
-    bool handled = false;
-    const Status st = rmsnorm_fwd_tiles(x, w, y, rstd, rows, hidden, eps, dtype, s, &handled);
-    if (st != kOk || handled) return st;
-  }
   switch (dtype) {
-    case DType::kFloat32: return fwd_launch<float>(x, w, y, rstd, rows, hidden, eps, s);
-    case DType::kFloat16: return fwd_launch<pt_half>(x, w, y, rstd, rows, hidden, eps, s);
-    case DType::kBFloat16: return fwd_launch<pt_bf16>(x, w, y, rstd, rows, hidden, eps, s);
+    case DType::kFloat32: return fwd_dispatch<float>(x, w, y, rstd, rows, hidden, eps, s);
+    case DType::kFloat16: return fwd_dispatch<pt_half>(x, w, y, rstd, rows, hidden, eps, s);
+    case DType::kBFloat16: return fwd_dispatch<pt_bf16>(x, w, y, rstd, rows, hidden, eps, s);
   }
   return kUnsupportedDType;
 }

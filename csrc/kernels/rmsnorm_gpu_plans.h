@@ -1,10 +1,12 @@
-// Internal to the kernels library: the "tiles" launch plan of the RMSNorm GPU kernels
-// (rmsnorm_tiles.cu), called by the public entry points in rmsnorm.cu. Each returns kOk without
-// launching when its vector path does not apply (*handled false / *nparts -1): unaligned
-// pointers, hidden not a multiple of 16 bytes, or rows longer than the register-cached path holds.
+// Internal to the kernels library: the launch-plan names (env parsing) and the "tiles"
+// (rmsnorm_tiles.cu) and "rows" (rmsnorm_rows.cu) plans of the RMSNorm GPU kernels, called by the
+// public entry points in rmsnorm.cu. Each returns kOk without launching when its vector path does
+// not apply (*handled false / *nparts -1): unaligned pointers, hidden not a multiple of 16 bytes,
+// or rows longer than the register-cached path holds.
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "primus_turbo/device.h"
 
@@ -20,5 +22,56 @@ Status rmsnorm_bwd_tiles_partials(int64_t rows, int64_t hidden, DType dtype,
 Status rmsnorm_bwd_tiles(const void* dy, const void* x, const void* w, const float* rstd,
                          void* dx, float* part, int64_t rows, int64_t hidden, DType dtype,
                          ptStream_t s, int64_t* nparts) noexcept;
+
+// "rows" backward (one warp per row, narrow rows): whether it applies to `hidden` (vector path,
+// at most 16 vectors per lane), the partial dw rows it writes, and the launch (*nparts -1: not
+// handled, e.g. unaligned pointers).
+bool rmsnorm_bwd_rows_applies(int64_t hidden, DType dtype) noexcept;
+Status rmsnorm_bwd_rows_partials(int64_t rows, int64_t hidden, DType dtype,
+                                 int64_t* nparts) noexcept;
+Status rmsnorm_bwd_rows(const void* dy, const void* x, const void* w, const float* rstd,
+                        void* dx, float* part, int64_t rows, int64_t hidden, DType dtype,
+                        ptStream_t s, int64_t* nparts) noexcept;
+
+// ---- launch plans ----------------------------------------------------------------------------
+// PRIMUS_TURBO_RMSNORM_CPP_FWD_PLAN / PRIMUS_TURBO_RMSNORM_CPP_BWD_PLAN, else
+// PRIMUS_TURBO_RMSNORM_CPP_PLAN (both directions), read once per process:
+//   auto (default): per shape, from the H200 measurements (bf16, x0.9 copy target):
+//     forward: tiles for rows longer than 8 KB (16384x8192 0.96x copy vs persist 0.91x; 7168
+//     0.94 vs 0.91), persist otherwise (2880: 0.90 vs tiles 0.69; 4096: 0.93 vs 0.89);
+//     backward: rows for rows up to 8 KB (one warp per row, rmsnorm_rows.cu; the others reached
+//     only 0.41-0.62x at 2880 and 0.52-0.72x at 4096), persist otherwise (8192: 0.91 vs tiles
+//     0.88; 7168: 0.85 vs 0.83).
+//   tiles: rmsnorm_tiles.cu. persist: the persistent kernels of rmsnorm.cu. rows: rmsnorm_rows.cu
+//   (backward only; the forward takes auto's choice). prev: forward = persist, backward = the
+//   non-persistent bwd_vec_kernel (4 blocks per SM).
+// (PRIMUS_TURBO_RMSNORM_CPP_PERSIST=0, the oldest switch, still means "prev".) Where a plan's
+// vector path does not apply (unaligned pointers, hidden % (16 / sizeof(T)) != 0), the generic
+// scalar kernels run.
+enum class PlanKind { kAuto, kTiles, kPersist, kPrev, kRows };
+
+inline bool plan_starts(const char* v, const char* word) {
+  for (; *word != '\0'; ++v, ++word) {
+    if (*v != *word) return false;
+  }
+  return true;
+}
+
+inline PlanKind parse_plan(const char* v) {
+  if (v == nullptr) return PlanKind::kAuto;
+  if (plan_starts(v, "tiles")) return PlanKind::kTiles;
+  if (plan_starts(v, "persist")) return PlanKind::kPersist;
+  if (plan_starts(v, "prev")) return PlanKind::kPrev;
+  if (plan_starts(v, "rows")) return PlanKind::kRows;
+  return PlanKind::kAuto;  // "auto", empty or unknown
+}
+
+inline PlanKind env_plan(const char* direction_var) {
+  const char* v = std::getenv(direction_var);
+  if (v != nullptr && v[0] != '\0') return parse_plan(v);
+  const char* old = std::getenv("PRIMUS_TURBO_RMSNORM_CPP_PERSIST");
+  if (old != nullptr && old[0] == '0') return PlanKind::kPrev;
+  return parse_plan(std::getenv("PRIMUS_TURBO_RMSNORM_CPP_PLAN"));
+}
 
 }  // namespace primus_turbo

@@ -64,6 +64,17 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_meta(const at::Tensor& dy, const 
   return {at::empty_like(x), at::empty_like(w)};
 }
 
+// Diagnostics (tests/native): throws from inside a dispatcher call of this library, so a crash on
+// the error path can be pinned to the exception kind. 0: std::runtime_error, 1: TORCH_CHECK
+// (c10::Error from libc10), 2: c10::ValueError via TORCH_CHECK_VALUE; any other kind returns.
+void throw_test(int64_t kind) {
+  if (kind == 0) {
+    throw std::runtime_error("primus_turbo self-test: std::runtime_error via dispatcher");
+  }
+  TORCH_CHECK(kind != 1, "primus_turbo self-test: c10::Error via dispatcher");
+  TORCH_CHECK_VALUE(kind != 2, "primus_turbo self-test: c10::ValueError via dispatcher");
+}
+
 bool has_gpu_kernels() {
 #ifdef PRIMUS_TURBO_WITH_GPU
   return true;
@@ -78,6 +89,7 @@ bool has_gpu_kernels() {
 TORCH_LIBRARY(primus_turbo_cpp, m) {
   m.def("rmsnorm_fwd(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rmsnorm_bwd(Tensor dy, Tensor x, Tensor weight, Tensor rstd) -> (Tensor, Tensor)");
+  m.def("_throw_test(int kind) -> ()", &primus_turbo::pytorch::throw_test);  // diagnostics
 }
 
 TORCH_LIBRARY_IMPL(primus_turbo_cpp, CPU, m) {
