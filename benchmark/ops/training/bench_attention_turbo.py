@@ -8,7 +8,11 @@ MHA, qk 192 / v 128); seqlen 2k-16k with batch chosen so that batch * seqlen = 1
 Budget: cases run in rounds (every model at 4096 causal and not, then 8192, 16384, 2048), and no
 new case starts once ``--budget-s`` (default 40 s on a GPU, 0 = no limit) has passed, so a short
 device call still gets every model; the cases not reached are listed. Timings use ``--warmup-ms``
-/ ``--rep-ms`` (default 25 / 100 ms per mode: every call here takes milliseconds).
+/ ``--rep-ms`` (default 25 / 100 ms per mode: every call here takes milliseconds); SDPA flash and
+mem-efficient (no target) get ``--peer-rep-ms`` (default a quarter of it), SDPA flash is skipped
+where it cannot run (Dqk != Dv). Kernel configs can be pinned for A/B runs by env var, see
+primus_turbo/triton/attention/attn_launch.py (``PRIMUS_TURBO_ATTN_{FWD,DQ,DKDV}_CONFIG``,
+``PRIMUS_TURBO_ATTN_BWD_SPLIT``).
 
 FLOPs: forward ``2*B*Sq*Sk*Hq*(Dqk+Dv)``, halved when causal; backward
 ``2.5x`` forward; fwd+bwd TFLOPS = total FLOPs over fwd + bwd time.
@@ -31,6 +35,7 @@ import math
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
@@ -201,10 +206,18 @@ def run_case(idx, case, info, args):
         if vname == "sdpa_efficient" and not all(math.isnan(x) for x in fast_sdpa):
             row.update({f"{vname} {m} TFLOPS": math.nan for m in ("fwd", "bwd", "fwd+bwd")})
             continue
+        if vname == "sdpa_flash" and dqk != dv:  # SDPA flash needs Dqk == Dv: skip the try
+            print("  sdpa_flash: n/a (Dqk != Dv)")
+            row.update({f"{vname} {m} TFLOPS": math.nan for m in ("fwd", "bwd", "fwd+bwd")})
+            continue
+        # the slower SDPA kernels are context only (no target): a quarter of the timing budget
+        slow_peer = vname in ("sdpa_flash", "sdpa_efficient")
+        warm, rep = (args.peer_rep_ms / 4, args.peer_rep_ms) if slow_peer else (
+            args.warmup_ms, args.rep_ms)  # fmt: skip
         try:
             t = paired.get(vname) or bench_modes(
                 lambda fn=fn: fn(*leaves, causal), grad, leaves, (Mode.FWD, Mode.BWD),
-                args.warmup_ms, args.rep_ms, device=dev)  # fmt: skip
+                warm, rep, device=dev)  # fmt: skip
             f_ms, b_ms = t[Mode.FWD].median_ms, t[Mode.BWD].median_ms
         except Exception as e:  # noqa: BLE001 - e.g. SDPA flash with Dqk != Dv
             print(f"  {vname}: n/a ({type(e).__name__}: {str(e).splitlines()[0][:100]})")
@@ -238,11 +251,16 @@ def parse_args(argv=None):
     p.add_argument("--budget-s", type=float, default=None,
                    help=f"start no case after this many seconds (default {GPU_BUDGET_S:g} on a "
                    "GPU, none on CPU; 0 = no limit)")  # fmt: skip
+    p.add_argument("--peer-rep-ms", type=float, default=None,
+                   help="timing budget (ms per mode) of SDPA flash / mem-efficient, which are "
+                   "reported but carry no target (default: a quarter of --rep-ms)")  # fmt: skip
     args = p.parse_args(argv)
     if args.warmup_ms is None:
         args.warmup_ms = 25.0
     if args.rep_ms is None:
         args.rep_ms = 100.0
+    if args.peer_rep_ms is None:
+        args.peer_rep_ms = args.rep_ms / 4
     return args
 
 
@@ -255,6 +273,9 @@ COLUMNS = ["Model", "B", "S", "causal", "Check", "TRITON fwd TFLOPS", "TRITON bw
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # SDPA's "kernel not used because ..." warnings, once per pinned call: noise in the table log
+    noise = r".*(kernel not used|runtime disabled|requires q,k,v)"
+    warnings.filterwarnings("ignore", message=noise)
     profile, info = resolve_profile(args.profile)
     GlobalBackendManager.reset()
     print(info.banner())

@@ -29,8 +29,10 @@ from primus_turbo.triton.attention.attn_common import (
 @triton.jit
 def _dkdv_steps(
     dk,
+    dk2,
     dv,
     k,
+    k2,
     v,
     q_base,
     do_base,
@@ -41,6 +43,7 @@ def _dkdv_steps(
     stride_lm,
     offs_n,
     offs_dk,
+    offs_dk2,
     offs_dv,
     start,
     end,
@@ -52,6 +55,7 @@ def _dkdv_steps(
     DQK: tl.constexpr,
     DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    SPLIT: tl.constexpr,
     MASK: tl.constexpr,
     HAS_L: tl.constexpr,
     HAS_R: tl.constexpr,
@@ -70,7 +74,14 @@ def _dkdv_steps(
         if UPCAST:
             qt = qt.to(tl.float32)
             do = do.to(tl.float32)
-        st = tl.dot(k, qt) * qk_scale  # [BLOCK_N, BLOCK_M]
+        st = tl.dot(k, qt)  # [BLOCK_N, BLOCK_M]
+        if SPLIT:  # the qk dim's second chunk (e.g. 192 = 128 + 64: no padding to 256)
+            qt2_ptrs = q_base + offs_m[None, :].to(tl.int64) * stride_qm + offs_dk2[:, None]
+            qt2 = tl.load(qt2_ptrs, mask=row_ok[None, :] & (offs_dk2[:, None] < DQK), other=0.0)
+            if UPCAST:
+                qt2 = qt2.to(tl.float32)
+            st = tl.dot(k2, qt2, st)
+        st = st * qk_scale
         pt = tl.math.exp2(st - lse2[None, :])
         if MASK:
             ok = visible(offs_m, offs_n, seqlen_q, seqlen_k, win_l, win_r, HAS_L, HAS_R)
@@ -79,10 +90,12 @@ def _dkdv_steps(
         dpt = tl.dot(v, tl.trans(do))
         dst = pt * (dpt - delta[None, :])
         dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk)
-    return dk, dv
+        if SPLIT:
+            dk2 = tl.dot(dst.to(qt2.dtype), tl.trans(qt2), dk2)
+    return dk, dk2, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_kv_heads", "group"])
 def attn_bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_q_ptr, cu_k_ptr,
     stride_qb, stride_qs, stride_qh,
@@ -96,8 +109,11 @@ def attn_bwd_dkdv_kernel(
     DQK: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr,
     BLOCK_DV: tl.constexpr, VARLEN: tl.constexpr, HAS_L: tl.constexpr, HAS_R: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_DQK2: tl.constexpr = 0,
 ):  # fmt: skip
+    # BLOCK_DQK2 > 0: the qk dim is two chunks [0, BLOCK_DQK) + [BLOCK_DQK, BLOCK_DQK + BLOCK_DQK2)
+    # (192 = 128 + 64), so neither the K tile nor the dK accumulator is padded to 256 columns
+    SPLIT: tl.constexpr = BLOCK_DQK2 > 0
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_kv_heads
@@ -110,22 +126,30 @@ def attn_bwd_dkdv_kernel(
         return
     offs_n = n_start + tl.arange(0, BLOCK_N)
     offs_dk = tl.arange(0, BLOCK_DQK)
+    offs_dk2 = BLOCK_DQK + tl.arange(0, BLOCK_DQK2 if SPLIT else 16)
     offs_dv = tl.arange(0, BLOCK_DV)
     b64 = b.to(tl.int64)
     sq64 = start_q.to(tl.int64)
     sk64 = start_k.to(tl.int64)
     n_ok = offs_n[:, None] < seqlen_k
-    k_ptrs = k_ptr + b64 * stride_kb + sk64 * stride_ks + hk * stride_kh
-    k_ptrs += offs_n[:, None].to(tl.int64) * stride_ks + offs_dk[None, :]
+    k_base = k_ptr + b64 * stride_kb + sk64 * stride_ks + hk * stride_kh
+    k_rows = k_base + offs_n[:, None].to(tl.int64) * stride_ks
     v_ptrs = v_ptr + b64 * stride_vb + sk64 * stride_vs + hk * stride_vh
     v_ptrs += offs_n[:, None].to(tl.int64) * stride_vs + offs_dv[None, :]
-    k = tl.load(k_ptrs, mask=n_ok & (offs_dk[None, :] < DQK), other=0.0)
+    k = tl.load(k_rows + offs_dk[None, :], mask=n_ok & (offs_dk[None, :] < DQK), other=0.0)
     v = tl.load(v_ptrs, mask=n_ok & (offs_dv[None, :] < DV), other=0.0)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     dk = tl.zeros([BLOCK_N, BLOCK_DQK], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    k2 = k
+    dk2 = dk
+    if SPLIT:
+        k2 = tl.load(k_rows + offs_dk2[None, :], mask=n_ok & (offs_dk2[None, :] < DQK), other=0.0)
+        if UPCAST:
+            k2 = k2.to(tl.float32)
+        dk2 = tl.zeros([BLOCK_N, BLOCK_DQK2], dtype=tl.float32)
     lo, full_lo, full_hi, hi = query_ranges(
         n_start, seqlen_q, seqlen_k, win_l, win_r, BLOCK_M, BLOCK_N, HAS_L, HAS_R
     )
@@ -135,31 +159,40 @@ def attn_bwd_dkdv_kernel(
         do_base = do_ptr + b64 * stride_dob + sq64 * stride_dos + h * stride_doh
         lse_base = lse_ptr + b64 * stride_lb + h.to(tl.int64) * stride_lh + sq64 * stride_ls
         delta_base = delta_ptr + b64 * stride_lb + h.to(tl.int64) * stride_lh + sq64 * stride_ls
-        dk, dv = _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qs,
-                             stride_dos, stride_ls, offs_n, offs_dk, offs_dv, full_lo, full_hi,
-                             seqlen_q, seqlen_k, win_l, win_r, qk_scale, DQK, DV, BLOCK_M, False,
-                             HAS_L, HAS_R, UPCAST)  # fmt: skip
-        dk, dv = _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qs,
-                             stride_dos, stride_ls, offs_n, offs_dk, offs_dv, lo, full_lo,
-                             seqlen_q, seqlen_k, win_l, win_r, qk_scale, DQK, DV, BLOCK_M, True,
-                             HAS_L, HAS_R, UPCAST)  # fmt: skip
-        dk, dv = _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qs,
-                             stride_dos, stride_ls, offs_n, offs_dk, offs_dv, full_hi, hi,
-                             seqlen_q, seqlen_k, win_l, win_r, qk_scale, DQK, DV, BLOCK_M, True,
-                             HAS_L, HAS_R, UPCAST)  # fmt: skip
-    dk = dk * sm_scale
-    dk_ptrs = dk_ptr + b64 * stride_dkb + sk64 * stride_dks + hk * stride_dkh
-    dk_ptrs += offs_n[:, None].to(tl.int64) * stride_dks + offs_dk[None, :]
+        dk, dk2, dv = _dkdv_steps(dk, dk2, dv, k, k2, v, q_base, do_base, lse_base, delta_base,
+                                  stride_qs, stride_dos, stride_ls, offs_n, offs_dk, offs_dk2,
+                                  offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, win_l, win_r,
+                                  qk_scale, DQK, DV, BLOCK_M, SPLIT, False, HAS_L, HAS_R,
+                                  UPCAST)  # fmt: skip
+        dk, dk2, dv = _dkdv_steps(dk, dk2, dv, k, k2, v, q_base, do_base, lse_base, delta_base,
+                                  stride_qs, stride_dos, stride_ls, offs_n, offs_dk, offs_dk2,
+                                  offs_dv, lo, full_lo, seqlen_q, seqlen_k, win_l, win_r,
+                                  qk_scale, DQK, DV, BLOCK_M, SPLIT, True, HAS_L, HAS_R,
+                                  UPCAST)  # fmt: skip
+        dk, dk2, dv = _dkdv_steps(dk, dk2, dv, k, k2, v, q_base, do_base, lse_base, delta_base,
+                                  stride_qs, stride_dos, stride_ls, offs_n, offs_dk, offs_dk2,
+                                  offs_dv, full_hi, hi, seqlen_q, seqlen_k, win_l, win_r,
+                                  qk_scale, DQK, DV, BLOCK_M, SPLIT, True, HAS_L, HAS_R,
+                                  UPCAST)  # fmt: skip
+    dk_rows = dk_ptr + b64 * stride_dkb + sk64 * stride_dks + hk * stride_dkh
+    dk_rows += offs_n[:, None].to(tl.int64) * stride_dks
+    dk_ty = dk_ptr.dtype.element_ty
+    tl.store(dk_rows + offs_dk[None, :], (dk * sm_scale).to(dk_ty),
+             mask=n_ok & (offs_dk[None, :] < DQK))  # fmt: skip
+    if SPLIT:
+        tl.store(dk_rows + offs_dk2[None, :], (dk2 * sm_scale).to(dk_ty),
+                 mask=n_ok & (offs_dk2[None, :] < DQK))  # fmt: skip
     dv_ptrs = dv_ptr + b64 * stride_dvb + sk64 * stride_dvs + hk * stride_dvh
     dv_ptrs += offs_n[:, None].to(tl.int64) * stride_dvs + offs_dv[None, :]
-    tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=n_ok & (offs_dk[None, :] < DQK))
     tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=n_ok & (offs_dv[None, :] < DV))
 
 
 @triton.jit
 def _dq_steps(
     dq,
+    dq2,
     q,
+    q2,
     do,
     lse2,
     delta,
@@ -169,6 +202,7 @@ def _dq_steps(
     stride_vn,
     offs_m,
     offs_dk,
+    offs_dk2,
     offs_dv,
     start,
     end,
@@ -180,6 +214,7 @@ def _dq_steps(
     DQK: tl.constexpr,
     DV: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
     MASK: tl.constexpr,
     HAS_L: tl.constexpr,
     HAS_R: tl.constexpr,
@@ -188,25 +223,33 @@ def _dq_steps(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n[None, :] < seqlen_k
-        kt_ptrs = k_base + offs_n[None, :].to(tl.int64) * stride_kn + offs_dk[:, None]
+        k_cols = k_base + offs_n[None, :].to(tl.int64) * stride_kn
         vt_ptrs = v_base + offs_n[None, :].to(tl.int64) * stride_vn + offs_dv[:, None]
-        kt = tl.load(kt_ptrs, mask=n_ok & (offs_dk[:, None] < DQK), other=0.0)
+        kt = tl.load(k_cols + offs_dk[:, None], mask=n_ok & (offs_dk[:, None] < DQK), other=0.0)
         vt = tl.load(vt_ptrs, mask=n_ok & (offs_dv[:, None] < DV), other=0.0)
         if UPCAST:
             kt = kt.to(tl.float32)
             vt = vt.to(tl.float32)
-        s = tl.dot(q, kt) * qk_scale
-        p = tl.math.exp2(s - lse2[:, None])
+        s = tl.dot(q, kt)
+        if SPLIT:
+            kt2 = tl.load(k_cols + offs_dk2[:, None], mask=n_ok & (offs_dk2[:, None] < DQK),
+                          other=0.0)  # fmt: skip
+            if UPCAST:
+                kt2 = kt2.to(tl.float32)
+            s = tl.dot(q2, kt2, s)
+        p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if MASK:
             ok = visible(offs_m, offs_n, seqlen_q, seqlen_k, win_l, win_r, HAS_L, HAS_R)
             p = tl.where(ok, p, 0.0)
         dp = tl.dot(do, vt)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq)
-    return dq
+        if SPLIT:
+            dq2 = tl.dot(ds.to(kt2.dtype), tl.trans(kt2), dq2)
+    return dq, dq2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_heads", "group"])
 def attn_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr,
     stride_qb, stride_qs, stride_qh,
@@ -220,8 +263,9 @@ def attn_bwd_dq_kernel(
     DQK: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr,
     BLOCK_DV: tl.constexpr, VARLEN: tl.constexpr, HAS_L: tl.constexpr, HAS_R: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_DQK2: tl.constexpr = 0,
 ):  # fmt: skip
+    SPLIT: tl.constexpr = BLOCK_DQK2 > 0  # qk dim in two chunks, as in the dK/dV kernel
     # last query block first: with a causal / right-bounded mask it sees the most keys, so the
     # heaviest programs start first and the last wave is made of light ones (shorter tail)
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -237,19 +281,21 @@ def attn_bwd_dq_kernel(
         return
     offs_m = m_start + tl.arange(0, BLOCK_M)
     offs_dk = tl.arange(0, BLOCK_DQK)
+    offs_dk2 = BLOCK_DQK + tl.arange(0, BLOCK_DQK2 if SPLIT else 16)
     offs_dv = tl.arange(0, BLOCK_DV)
     b64 = b.to(tl.int64)
     sq64 = start_q.to(tl.int64)
     sk64 = start_k.to(tl.int64)
     m_ok = offs_m < seqlen_q
-    q_ptrs = q_ptr + b64 * stride_qb + sq64 * stride_qs + h * stride_qh
-    q_ptrs += offs_m[:, None].to(tl.int64) * stride_qs + offs_dk[None, :]
+    q_rows = q_ptr + b64 * stride_qb + sq64 * stride_qs + h * stride_qh
+    q_rows += offs_m[:, None].to(tl.int64) * stride_qs
     do_ptrs = do_ptr + b64 * stride_dob + sq64 * stride_dos + h * stride_doh
     do_ptrs += offs_m[:, None].to(tl.int64) * stride_dos + offs_dv[None, :]
     o_ptrs = o_ptr + b64 * stride_ob + sq64 * stride_os + h * stride_oh
     o_ptrs += offs_m[:, None].to(tl.int64) * stride_os + offs_dv[None, :]
     dv_ok = m_ok[:, None] & (offs_dv[None, :] < DV)
-    q = tl.load(q_ptrs, mask=m_ok[:, None] & (offs_dk[None, :] < DQK), other=0.0)
+    q = tl.load(q_rows + offs_dk[None, :], mask=m_ok[:, None] & (offs_dk[None, :] < DQK),
+                other=0.0)  # fmt: skip
     do = tl.load(do_ptrs, mask=dv_ok, other=0.0)
     o = tl.load(o_ptrs, mask=dv_ok, other=0.0)
     l_off = b64 * stride_lb + h.to(tl.int64) * stride_lh + (sq64 + offs_m) * stride_ls
@@ -259,24 +305,39 @@ def attn_bwd_dq_kernel(
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
+    q2 = q
+    dq = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=tl.float32)
+    dq2 = dq
+    if SPLIT:
+        q2 = tl.load(q_rows + offs_dk2[None, :], mask=m_ok[:, None] & (offs_dk2[None, :] < DQK),
+                     other=0.0)  # fmt: skip
+        if UPCAST:
+            q2 = q2.to(tl.float32)
+        dq2 = tl.zeros([BLOCK_M, BLOCK_DQK2], dtype=tl.float32)
     lse = tl.load(lse_ptr + l_off, mask=m_ok, other=0.0)
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
     k_base = k_ptr + b64 * stride_kb + sk64 * stride_ks + hk * stride_kh
     v_base = v_ptr + b64 * stride_vb + sk64 * stride_vs + hk * stride_vh
-    dq = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=tl.float32)
     lo, full_lo, full_hi, hi = key_ranges(
         m_start, seqlen_q, seqlen_k, win_l, win_r, BLOCK_M, BLOCK_N, HAS_L, HAS_R
     )
-    dq = _dq_steps(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_dk,
-                   offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, win_l, win_r, qk_scale, DQK, DV,
-                   BLOCK_N, False, HAS_L, HAS_R, UPCAST)  # fmt: skip
-    dq = _dq_steps(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_dk,
-                   offs_dv, lo, full_lo, seqlen_q, seqlen_k, win_l, win_r, qk_scale, DQK, DV,
-                   BLOCK_N, True, HAS_L, HAS_R, UPCAST)  # fmt: skip
-    dq = _dq_steps(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_dk,
-                   offs_dv, full_hi, hi, seqlen_q, seqlen_k, win_l, win_r, qk_scale, DQK, DV,
-                   BLOCK_N, True, HAS_L, HAS_R, UPCAST)  # fmt: skip
-    dq = dq * sm_scale
-    dq_ptrs = dq_ptr + b64 * stride_dqb + sq64 * stride_dqs + h * stride_dqh
-    dq_ptrs += offs_m[:, None].to(tl.int64) * stride_dqs + offs_dk[None, :]
-    tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_dk[None, :] < DQK))
+    dq, dq2 = _dq_steps(dq, dq2, q, q2, do, lse2, delta, k_base, v_base, stride_ks, stride_vs,
+                        offs_m, offs_dk, offs_dk2, offs_dv, full_lo, full_hi, seqlen_q, seqlen_k,
+                        win_l, win_r, qk_scale, DQK, DV, BLOCK_N, SPLIT, False, HAS_L, HAS_R,
+                        UPCAST)  # fmt: skip
+    dq, dq2 = _dq_steps(dq, dq2, q, q2, do, lse2, delta, k_base, v_base, stride_ks, stride_vs,
+                        offs_m, offs_dk, offs_dk2, offs_dv, lo, full_lo, seqlen_q, seqlen_k,
+                        win_l, win_r, qk_scale, DQK, DV, BLOCK_N, SPLIT, True, HAS_L, HAS_R,
+                        UPCAST)  # fmt: skip
+    dq, dq2 = _dq_steps(dq, dq2, q, q2, do, lse2, delta, k_base, v_base, stride_ks, stride_vs,
+                        offs_m, offs_dk, offs_dk2, offs_dv, full_hi, hi, seqlen_q, seqlen_k,
+                        win_l, win_r, qk_scale, DQK, DV, BLOCK_N, SPLIT, True, HAS_L, HAS_R,
+                        UPCAST)  # fmt: skip
+    dq_rows = dq_ptr + b64 * stride_dqb + sq64 * stride_dqs + h * stride_dqh
+    dq_rows += offs_m[:, None].to(tl.int64) * stride_dqs
+    dq_ty = dq_ptr.dtype.element_ty
+    tl.store(dq_rows + offs_dk[None, :], (dq * sm_scale).to(dq_ty),
+             mask=m_ok[:, None] & (offs_dk[None, :] < DQK))  # fmt: skip
+    if SPLIT:
+        tl.store(dq_rows + offs_dk2[None, :], (dq2 * sm_scale).to(dq_ty),
+                 mask=m_ok[:, None] & (offs_dk2[None, :] < DQK))  # fmt: skip

@@ -38,12 +38,16 @@ def _amd(bm, bn, warps, stages=1, waves=2):
     return AttnConfig(bm, bn, warps, stages, (("waves_per_eu", waves),))
 
 
-# kind -> head-dim class ("small" <= 128, "large" = 256 padded, also 192/128) -> configs.
+# kind -> head-dim class -> configs. Classes by the padded width the kernel works on: "small"
+# (<= 128), "mid" (the backward's split qk dim, e.g. 192 = 128 + 64 chunks, see
+# attn_launch._split_dim) and "large" (256: d256, the forward's padded 192, and the backward's
+# 192 with PRIMUS_TURBO_ATTN_BWD_SPLIT=0).
 # Register budget (AOT check, build/aot_report.md): per thread, the fp32 accumulators take
 # rows * BLOCK_D / threads; 4 warps with a 128x128 fp32 accumulator spill on sm_90, so every
 # d128 tile that holds two such accumulators (dK and dV) uses 8 warps.
-def _cdna(kind: str, large: bool) -> list[AttnConfig]:
+def _cdna(kind: str, dclass: str) -> list[AttnConfig]:
     """gfx942/gfx950: 64-wide wavefronts (4 warps = 256 lanes), 64 KiB / 160 KiB LDS."""
+    large = dclass != "small"  # the split 192 needs fewer registers than 256: same tiles
     if kind == "fwd":
         if large:
             return [_amd(64, 64, 8), _amd(64, 32, 4)]
@@ -64,8 +68,28 @@ def _cdna(kind: str, large: bool) -> list[AttnConfig]:
     return [_amd(64, 32, 4, waves=1), _amd(32, 64, 4, waves=1), _amd(64, 64, 8, waves=1)]
 
 
-def _hopper(kind: str, large: bool) -> list[AttnConfig]:
+def _hopper(kind: str, dclass: str) -> list[AttnConfig]:
     """sm_90: 228 KiB shared memory, wgmma needs BLOCK_M >= 64 per 4 warps."""
+    large = dclass != "small"
+    if dclass == "mid" and kind == "dkdv":
+        # split 192 = 128 + 64 (AOT sm_90, 2026-11-29): dK + dV accumulators take 80 regs at
+        # BLOCK_N 64 / 8 warps; m16n64w8s1 (223 regs) and m16n64w8s2 (255) are clean wgmma
+        # tiles; m32n64w8s1 spills 64 B, m16n128w8s1 16 B (timed candidates); every wider
+        # tile spills 170-1800 B. m16n32w8s1 (mma.sync) is the padded path's old default.
+        return [
+            AttnConfig(16, 64, 8, 1),
+            AttnConfig(16, 64, 8, 2),
+            AttnConfig(32, 64, 8, 1),
+            AttnConfig(16, 128, 8, 1),
+            AttnConfig(16, 32, 8, 1),
+        ]
+    if dclass == "mid":  # dq, split 192: all clean on sm_90 (171-255 regs)
+        return [
+            AttnConfig(64, 64, 8, 2),
+            AttnConfig(128, 32, 8, 2),
+            AttnConfig(64, 32, 8, 2),
+            AttnConfig(128, 64, 8, 2),
+        ]
     if kind == "fwd":
         if large:
             # AOT sm_90 (d256 / 192-padded): 128x64 w8 s2 clean, 64x64 w8 s2 spills 20 B
@@ -99,7 +123,7 @@ def _hopper(kind: str, large: bool) -> list[AttnConfig]:
     ]
 
 
-def _interpreter(kind: str, large: bool) -> list[AttnConfig]:
+def _interpreter(kind: str, dclass: str) -> list[AttnConfig]:
     """CPU interpreter: tiny tiles (masks and edge blocks matter, speed does not)."""
     return [AttnConfig(16, 16, 1, 1)]
 
@@ -113,11 +137,32 @@ CONFIGS_BY_FAMILY = {
 }
 
 
+def dim_class(block_d: int) -> str:
+    """``small`` (<= 128), ``mid`` (a split width such as 192 = 128 + 64) or ``large`` (256)."""
+    if block_d <= 128:
+        return "small"
+    return "mid" if block_d & (block_d - 1) else "large"
+
+
 @functools.cache
 def attn_configs(family: ArchFamily, kind: str, block_d: int) -> tuple[AttnConfig, ...]:
-    """Configs of one kernel kind (``fwd``, ``dkdv``, ``dq``) for a padded head dim."""
+    """Configs of one kernel kind (``fwd``, ``dkdv``, ``dq``) for a padded head dim (the sum of
+    the chunk widths when the backward splits the qk dim)."""
     assert kind in ("fwd", "dkdv", "dq"), kind
-    return tuple(CONFIGS_BY_FAMILY[family](kind, block_d > 128))
+    return tuple(CONFIGS_BY_FAMILY[family](kind, dim_class(block_d)))
+
+
+def parse_config(name: str, like: AttnConfig) -> AttnConfig:
+    """``m32n64w8s1`` -> that tile (extra backend options taken from ``like``), for pinning a
+    config by env var (``PRIMUS_TURBO_ATTN_DKDV_CONFIG`` etc., see attn_launch)."""
+    import re
+
+    hit = re.fullmatch(r"m(\d+)n(\d+)w(\d+)s(\d+)", name.strip())
+    if hit is None:
+        want = "m<BLOCK_M>n<BLOCK_N>w<warps>s<stages>"
+        raise ValueError(f"attention config {name!r}: expected {want}")
+    bm, bn, warps, stages = (int(x) for x in hit.groups())
+    return AttnConfig(bm, bn, warps, stages, like.extra)
 
 
 def select_config(family: ArchFamily, kind: str, block_d: int) -> AttnConfig:

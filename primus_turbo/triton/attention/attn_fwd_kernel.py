@@ -58,6 +58,9 @@ def _fwd_steps(
     SCALE_BLK: tl.constexpr = 64,
     P_MAX: tl.constexpr = 448.0,
     P_FP8: tl.constexpr = False,
+    q2=None,
+    offs_dk2=None,
+    SPLIT: tl.constexpr = False,
 ):
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -73,7 +76,20 @@ def _fwd_steps(
             kt = tl.load(kt_ptrs, mask=kmask, other=0.0)
         if UPCAST:
             kt = kt.to(tl.float32)
-        s = tl.dot(q, kt) * qk_scale
+        s = tl.dot(q, kt)
+        if SPLIT:  # the qk dim's second chunk (192 = 128 + 64: no padding to 256)
+            kt2_ptrs = k_base + offs_n[None, :].to(tl.int64) * stride_kn + offs_dk2[:, None]
+            if MASK:
+                k2_ok = (offs_dk2[:, None] < DQK) & (offs_n[None, :] < seqlen_k)
+                kt2 = tl.load(kt2_ptrs, mask=k2_ok, other=0.0)
+            elif EVEN_DQK:
+                kt2 = tl.load(kt2_ptrs)
+            else:
+                kt2 = tl.load(kt2_ptrs, mask=offs_dk2[:, None] < DQK, other=0.0)
+            if UPCAST:
+                kt2 = kt2.to(tl.float32)
+            s = tl.dot(q2, kt2, s)
+        s = s * qk_scale
         if FP8:  # dequant: per-row Q scale x per-(head, key block) K scale
             s = s * (qs[:, None] * tl.load(ks_base + n0 // SCALE_BLK))
         if MASK:
@@ -113,7 +129,7 @@ def _fwd_steps(
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_heads", "group"])  # no recompile per GQA ratio
 def attn_fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, qs_ptr, ks_ptr, vs_ptr,
     n_sblk_q, n_sblk_k,
@@ -131,6 +147,7 @@ def attn_fwd_kernel(
     SCALE_BLK: tl.constexpr = 64,
     P_MAX: tl.constexpr = 448.0,
     P_FP8: tl.constexpr = False,
+    BLOCK_DQK2: tl.constexpr = 0,
 ):  # fmt: skip
     # last query block first: with a causal / right-bounded mask it sees the most keys, so the
     # heaviest programs start first and the last wave is made of light ones (shorter tail)
@@ -145,7 +162,9 @@ def attn_fwd_kernel(
     m_start = pid_m * BLOCK_M
     if m_start >= seqlen_q:
         return
-    EVEN_DQK: tl.constexpr = BLOCK_DQK == DQK
+    # BLOCK_DQK2 > 0: the qk dim runs as two chunks [0, BLOCK_DQK) + [BLOCK_DQK, +BLOCK_DQK2)
+    SPLIT: tl.constexpr = BLOCK_DQK2 > 0
+    EVEN_DQK: tl.constexpr = BLOCK_DQK + BLOCK_DQK2 == DQK
     EVEN_DV: tl.constexpr = BLOCK_DV == DV
     offs_m = m_start + tl.arange(0, BLOCK_M)
     offs_dk = tl.arange(0, BLOCK_DQK)
@@ -158,6 +177,14 @@ def attn_fwd_kernel(
     q = tl.load(q_ptrs, mask=(offs_m[:, None] < seqlen_q) & (offs_dk[None, :] < DQK), other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
+    offs_dk2 = BLOCK_DQK + tl.arange(0, BLOCK_DQK2 if SPLIT else 16)
+    q2 = q
+    if SPLIT:
+        q2_ptrs = q_base + offs_m[:, None].to(tl.int64) * stride_qs + offs_dk2[None, :]
+        q2 = tl.load(q2_ptrs, mask=(offs_m[:, None] < seqlen_q) & (offs_dk2[None, :] < DQK),
+                     other=0.0)  # fmt: skip
+        if UPCAST:
+            q2 = q2.to(tl.float32)
     ks_base = ks_ptr
     vs_base = vs_ptr
     qs = None
@@ -178,17 +205,17 @@ def attn_fwd_kernel(
                                offs_dk, offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, win_l,
                                win_r, qk_scale, DQK, DV, BLOCK_N, False, HAS_L, HAS_R, EVEN_DQK,
                                EVEN_DV, UPCAST, ks_base, vs_base, qs, FP8, SCALE_BLK,
-                               P_MAX, P_FP8)  # fmt: skip
+                               P_MAX, P_FP8, q2, offs_dk2, SPLIT)  # fmt: skip
     acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, offs_m,
                                offs_dk, offs_dv, lo, full_lo, seqlen_q, seqlen_k, win_l,
                                win_r, qk_scale, DQK, DV, BLOCK_N, True, HAS_L, HAS_R, EVEN_DQK,
                                EVEN_DV, UPCAST, ks_base, vs_base, qs, FP8, SCALE_BLK,
-                               P_MAX, P_FP8)  # fmt: skip
+                               P_MAX, P_FP8, q2, offs_dk2, SPLIT)  # fmt: skip
     acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, offs_m,
                                offs_dk, offs_dv, full_hi, hi, seqlen_q, seqlen_k, win_l,
                                win_r, qk_scale, DQK, DV, BLOCK_N, True, HAS_L, HAS_R, EVEN_DQK,
                                EVEN_DV, UPCAST, ks_base, vs_base, qs, FP8, SCALE_BLK,
-                               P_MAX, P_FP8)  # fmt: skip
+                               P_MAX, P_FP8, q2, offs_dk2, SPLIT)  # fmt: skip
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]

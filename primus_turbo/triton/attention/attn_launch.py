@@ -22,7 +22,12 @@ from primus_turbo.pytorch.core.platform import (
 )
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec, triton_dtype_name
 from primus_turbo.triton.attention.attn_bwd_kernel import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel
-from primus_turbo.triton.attention.attn_configs import AttnConfig, attn_configs, select_config
+from primus_turbo.triton.attention.attn_configs import (
+    AttnConfig,
+    attn_configs,
+    parse_config,
+    select_config,
+)
 from primus_turbo.triton.attention.attn_fwd_kernel import LOG2E, attn_fwd_kernel
 
 _tuned: dict[tuple, AttnConfig] = {}
@@ -54,6 +59,28 @@ def _pow2(d: int) -> int:
     return max(16, 1 << (d - 1).bit_length())
 
 
+def _split_dim(d: int, kind: str = "bwd") -> tuple[int, int]:
+    """``(BLOCK_DQK, BLOCK_DQK2)``: a qk head dim that is not a power of two runs as two
+    power-of-two chunks when that pads less (192 = 128 + 64 instead of 256: 25% fewer dot
+    columns, Q/K registers and dK/dQ accumulator registers); ``(pow2, 0)`` otherwise, or when
+    ``PRIMUS_TURBO_ATTN_SPLIT_D`` (``1`` default: fwd and bwd; ``fwd``; ``bwd``; ``0``: none,
+    the padded kernels of before) leaves ``kind`` (``fwd``/``bwd``) out."""
+    p = _pow2(d)
+    if p == d or kind not in _split_kinds():
+        return p, 0
+    hi = p // 2
+    lo = _pow2(d - hi)
+    return (hi, lo) if hi + lo < p else (p, 0)
+
+
+@functools.cache
+def _split_kinds() -> tuple[str, ...]:
+    import os
+
+    val = os.environ.get("PRIMUS_TURBO_ATTN_SPLIT_D", "1").strip().lower()
+    return {"0": (), "none": (), "fwd": ("fwd",), "bwd": ("bwd",)}.get(val, ("fwd", "bwd"))
+
+
 def _strides3(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
     """(batch, seq, head) strides; varlen tensors have no batch stride."""
     return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
@@ -68,7 +95,11 @@ def _window_flags(causal: bool, window: tuple[int, int]) -> tuple[int, int, bool
 
 def _pick(kind: str, family: ArchFamily, block_d: int, key: tuple, launch,
           max_block_n: int = 1 << 30) -> AttnConfig:  # fmt: skip
-    """Heuristic config, or the fastest candidate for this shape (timed once, cached)."""
+    """Heuristic config, or the fastest candidate for this shape (timed once, cached); a config
+    pinned by ``PRIMUS_TURBO_ATTN_<KIND>_CONFIG`` (e.g. ``m16n64w8s1``) wins over both."""
+    pinned = _pinned(kind)
+    if pinned and family != ArchFamily.CPU:
+        return parse_config(pinned, select_config(family, kind, block_d))
     cands = [c for c in attn_configs(family, kind, block_d) if c.block_n <= max_block_n]
     if not cands:
         cands = [dataclasses.replace(select_config(family, kind, block_d), block_n=max_block_n)]
@@ -88,6 +119,15 @@ def _pick(kind: str, family: ArchFamily, block_d: int, key: tuple, launch,
         cfg = min(timings, key=timings.get)
         _tuned[full_key] = cfg
     return cfg
+
+
+@functools.cache
+def _pinned(kind: str) -> str:
+    """``PRIMUS_TURBO_ATTN_FWD_CONFIG`` / ``_DQ_CONFIG`` / ``_DKDV_CONFIG``: one tile for every
+    shape (no tuning; for A/B timing), empty = tune / heuristic."""
+    import os
+
+    return os.environ.get(f"PRIMUS_TURBO_ATTN_{kind.upper()}_CONFIG", "").strip()
 
 
 def _bucket(x: int) -> int:
@@ -120,7 +160,7 @@ def attn_fwd_triton(q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal, window, 
         lse.fill_(float("-inf"))
         return out.zero_(), lse
     wl, wr, has_l, has_r = _window_flags(causal, window)
-    bdq, bdv = _pow2(dqk), _pow2(dv)
+    (bdq, bdq2), bdv = _split_dim(dqk, "fwd"), _pow2(dv)
     family = arch_family(q.device)
     dummy = cu_q if varlen else q
     if fp8 is None:
@@ -141,12 +181,12 @@ def attn_fwd_triton(q, k, v, cu_q, cu_k, max_sq, max_sk, scale, causal, window, 
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_DQK=bdq, BLOCK_DV=bdv,
             VARLEN=varlen, HAS_L=has_l, HAS_R=has_r,
             UPCAST=_interpreting() and (q.dtype == torch.bfloat16 or fp8 is not None),
-            **fp8_consts, **cfg.options,
+            BLOCK_DQK2=bdq2, **fp8_consts, **cfg.options,
         )  # fmt: skip
 
     key = (batch, _bucket(max_sq), _bucket(max_sk), hq, hkv, dqk, dv, q.dtype, varlen,
            has_l, has_r, q.device, fp8 is not None)  # fmt: skip
-    cfg = _pick("fwd", family, max(bdq, bdv), key, launch,
+    cfg = _pick("fwd", family, max(bdq + bdq2, bdv), key, launch,
                 FP8_SCALE_BLOCK if fp8 is not None else 1 << 30)  # fmt: skip
     launch(cfg)
     return out, lse
@@ -179,6 +219,7 @@ def attn_bwd_triton(do, q, k, v, out, lse, cu_q, cu_k, max_sq, max_sk, scale, ca
     cu_k_arg = cu_k if varlen else dummy
     upcast = _interpreting() and q.dtype == torch.bfloat16
     common = (hq // hkv, max_sq, max_sk, scale * LOG2E, scale, wl, wr, dqk, dvd)
+    bdq, bdq2 = _split_dim(dqk, "bwd")
 
     def launch_dkdv(cfg: AttnConfig):
         grid = (triton.cdiv(max_sk, cfg.block_n), batch * hkv)
@@ -188,7 +229,8 @@ def attn_bwd_triton(do, q, k, v, out, lse, cu_q, cu_k, max_sq, max_sk, scale, ca
             *_strides3(do, varlen), *_strides3(dk, varlen), *_strides3(dv, varlen), *ls,
             hkv, *common,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_DQK=bdq, BLOCK_DV=bdv,
-            VARLEN=varlen, HAS_L=has_l, HAS_R=has_r, UPCAST=upcast, **cfg.options,
+            VARLEN=varlen, HAS_L=has_l, HAS_R=has_r, UPCAST=upcast, BLOCK_DQK2=bdq2,
+            **cfg.options,
         )  # fmt: skip
 
     def launch_dq(cfg: AttnConfig):
@@ -199,13 +241,15 @@ def attn_bwd_triton(do, q, k, v, out, lse, cu_q, cu_k, max_sq, max_sk, scale, ca
             *_strides3(out, varlen), *_strides3(do, varlen), *_strides3(dq, varlen), *ls,
             hq, *common,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_DQK=bdq, BLOCK_DV=bdv,
-            VARLEN=varlen, HAS_L=has_l, HAS_R=has_r, UPCAST=upcast, **cfg.options,
+            VARLEN=varlen, HAS_L=has_l, HAS_R=has_r, UPCAST=upcast, BLOCK_DQK2=bdq2,
+            **cfg.options,
         )  # fmt: skip
 
     key = (batch, _bucket(max_sq), _bucket(max_sk), hq, hkv, dqk, dvd, q.dtype, varlen,
            has_l, has_r, q.device)  # fmt: skip
-    launch_dq(_pick("dq", family, max(bdq, bdv), key, launch_dq))  # also writes delta
-    launch_dkdv(_pick("dkdv", family, max(bdq, bdv), key, launch_dkdv))
+    width = max(bdq + bdq2, bdv)  # 192 when split: the "mid" configs
+    launch_dq(_pick("dq", family, width, key, launch_dq))  # also writes delta
+    launch_dkdv(_pick("dkdv", family, width, key, launch_dkdv))
     return dq, dk, dv
 
 
@@ -245,6 +289,9 @@ def aot_specs(target: str) -> list[AotSpec]:
         const = {"BLOCK_DQK": bdq, "BLOCK_DV": bdv, "DQK": dqk, "DV": dv, "VARLEN": False,
                  "HAS_L": False,
                  "HAS_R": True, "UPCAST": False}  # fmt: skip
+        chunks = _split_dim(dqk)  # the qk chunks (192 = 128 + 64), fwd and bwd alike
+        const.update(BLOCK_DQK=chunks[0], BLOCK_DQK2=chunks[1])
+        width = max(sum(chunks), bdv)
         kinds = {
             "fwd": (
                 attn_fwd_kernel,
@@ -274,7 +321,7 @@ def aot_specs(target: str) -> list[AotSpec]:
         }  # fmt: skip
         for kind, (fn, sig) in kinds.items():
             sig = {a: sig[a] for a in fn.arg_names if a in sig}
-            for i, cfg in enumerate(attn_configs(family, kind, max(bdq, bdv))):
+            for i, cfg in enumerate(attn_configs(family, kind, width)):
                 specs.append(
                     AotSpec(
                         name=f"attn_{kind}_{t}_d{dqk}x{dv}_{cfg.name}",
