@@ -66,8 +66,8 @@ from primus_turbo.pytorch.ops.gemm_fp8 import _quant_dual  # noqa: E402
 G = ScalingGranularity
 GRANS = {"tensorwise": G.TENSORWISE, "rowwise": G.ROWWISE, "blockwise": G.BLOCKWISE}
 BACKENDS = ("auto", "HIPBLASLT", "TRITON", "TORCH")
-GEMM_COLUMNS = ["Case", "Layer", "M", "N", "K", "Granularity", "Resolved Backend", "Check",
-                "TFLOPS", "Peer TFLOPS", "Ratio", "snr", "Note"]  # fmt: skip
+GEMM_COLUMNS = ["Case", "Layer", "M", "N", "K", "Granularity", "Resolved Backend", "Config",
+                "Check", "TFLOPS", "Peer TFLOPS", "Ratio", "snr", "Note"]  # fmt: skip
 LINEAR_COLUMNS = ["M", "N", "K", "Recipe", "Check", "Step TFLOPS", "bf16 Step TFLOPS",
                   "Ratio", "out_snr", "dx_snr", "dw_snr", "Note"]  # fmt: skip
 
@@ -96,7 +96,7 @@ def _peer(qa, qb, g: ScalingGranularity):
 def run_gemm_case(test_id, case, g, args, info) -> dict:
     m, n, k = case.m, case.n, case.k
     row = {"TestID": test_id, "Case": case.case, "Layer": case.layer, "M": m, "N": n, "K": k,
-           "Granularity": g.name, "Backend": args.backend, "Resolved Backend": "",
+           "Granularity": g.name, "Backend": args.backend, "Resolved Backend": "", "Config": "",
            "Check": "ERROR", "TFLOPS": math.nan, "Peer TFLOPS": math.nan, "Ratio": math.nan,
            "snr": math.nan, "Note": ""}  # fmt: skip
     dev = info.device
@@ -119,6 +119,11 @@ def run_gemm_case(test_id, case, g, args, info) -> dict:
             return gemm_fp8_impl(*pos, user)
 
         out = ours()
+        if row["Resolved Backend"] == "TRITON" and g != G.MX_BLOCKWISE:
+            from primus_turbo.triton.gemm import gemm_fp8_kernel
+
+            cfg = gemm_fp8_kernel.last_config  # the tuned (or heuristic) tile of this shape
+            row["Config"] = "" if cfg is None else f"{cfg.name}_cu{cfg.programs_per_cu}"
         ref = a.float() @ w.float().t()
         row["snr"] = compute_snr(ref, out)
         row["Check"] = "PASS" if row["snr"] > 25 else "FAIL"
@@ -140,6 +145,22 @@ def run_gemm_case(test_id, case, g, args, info) -> dict:
         if os.environ.get("BENCH_TRACEBACK"):
             traceback.print_exc()
     return row
+
+
+def _linear_backends(x, w, cfg) -> str:
+    """Which backend the default dispatch gives each GEMM of a Float8Linear step."""
+    g = cfg.granularity
+    dt = fp8_dtypes(x.device)[0]
+    qx, qx_t = _quant_dual(x.detach(), dt, g)
+    qw, qw_t = _quant_dual(w.detach(), dt, g, two_d=g == G.BLOCKWISE)
+    qg, qg_t = _quant_dual(torch.randn(x.shape[0], w.shape[0], device=x.device), dt, g)
+    pairs = {"fwd": (qx, qw), "dgrad": (qg, qw_t), "wgrad": (qg_t, qx_t)}
+    out = []
+    for name, (p, q) in pairs.items():
+        kw = dict(a=p[0], b=q[0], sa=p[1], sb=q[1], granularity=g.value, sa_group=p[2],
+                  sb_group=q[2], out_dtype=x.dtype)  # fmt: skip
+        out.append(f"{name} {GemmFp8Dispatcher.resolve(None, **kw).name}")
+    return ", ".join(out)
 
 
 def run_linear(args, info, results: Results) -> None:
@@ -170,6 +191,10 @@ def run_linear(args, info, results: Results) -> None:
             row["dw_snr"] = compute_snr(base.weight.grad, f8.weight.grad)
             ok = min(row["out_snr"], row["dx_snr"], row["dw_snr"]) > 20
             row["Check"] = "PASS" if ok else "FAIL"
+            try:
+                row["Note"] = _linear_backends(x, f8.weight, cfg)
+            except Exception as e:  # informational only
+                row["Note"] = f"backends unknown ({type(e).__name__})"
             ours = (lambda f=f8, v=x: f(v), (x, f8.weight))
             peer = (lambda f=base, v=x2: f(v), (x2, base.weight))
             t, p = bench_pair(ours, peer, grad, warmup=args.warmup_ms, rep=args.rep_ms, device=dev)
@@ -183,7 +208,7 @@ def run_linear(args, info, results: Results) -> None:
         results.add(row)
         print(f"  Float8Linear {name}: {row['Check']} step {row.get('Step TFLOPS', math.nan):.1f} "
               f"TFLOPS vs bf16 {row.get('bf16 Step TFLOPS', math.nan):.1f} "
-              f"-> x{row.get('Ratio', math.nan):.3f}")  # fmt: skip
+              f"-> x{row.get('Ratio', math.nan):.3f} ({row['Note']})")  # fmt: skip
 
 
 def main(argv=None) -> int:

@@ -93,10 +93,13 @@ class GemmFp8Function(torch.autograd.Function):
         qg, qg_t = _quant_dual(grad_out.contiguous(), gdt, gran)  # g [M, N], g^T [N, M]
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:  # d op(a) = g @ op(b)^T  -> [M, K]
+            # trans_a too (a.grad is [K, M]): computed as [M, K] and returned as a transposed
+            # view. The direct form op(b) @ g^T puts b's 128x128-scaled copy on the left, which
+            # HIPBLASLT refuses (the H200 failures of test_gemm_fp8_snr[4096-4096-4096-True-*-
+            # HIPBLASLT-BLOCKWISE]) and which costs the Triton kernel a per-column scale.
+            grad_a = _mm(qg, qb_t, gran.value, ctx.in_dtypes[0], ctx.backend)
             if trans_a:
-                grad_a = _mm(qb_t, qg, gran.value, ctx.in_dtypes[0], ctx.backend)
-            else:
-                grad_a = _mm(qg, qb_t, gran.value, ctx.in_dtypes[0], ctx.backend)
+                grad_a = grad_a.t()
         if ctx.needs_input_grad[1]:  # d op(b) = op(a)^T @ g -> [K, N]
             if trans_b:
                 grad_b = _mm(qg_t, qa_t, gran.value, ctx.in_dtypes[1], ctx.backend)

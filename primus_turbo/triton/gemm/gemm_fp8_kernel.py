@@ -7,7 +7,19 @@ Hopper's wgmma wants for fp8). Scale modes:
 * ``BLOCK`` (2): per K-block of ``SCALE_K`` (128): ``sa[m // SA_GROUP, kb]``,
   ``sb[n // SB_GROUP, kb]`` multiply each K-tile's partial product in the main loop
   (``SA_GROUP``/``SB_GROUP`` = 1 for 1 x 128 blocks, 128 for 128 x 128 tiles).
-Persistent grid with grouped tile order, as in gemm_kernel.py.
+  Two promotion schemes (constexpr ``RESCALE``):
+  - ``False``: ``acc += dot(a, b) * s_k`` (a fresh fp32 product tile per K-block: two fp32
+    tiles live, 222 registers/thread at 128x128 w8 on sm_90, so 128x256 spills).
+  - ``True``: the accumulator is kept in units of the current K-block's scale,
+    ``acc = dot(a, b, acc * (s_{k-1} / s_k))`` and ``acc * s_last`` at the end: one fp32 tile
+    (sm_90 128x128 w8 162 registers, 125 with ``maxnreg=128`` and no spills, so two programs
+    fit per SM and one's promotion overlaps the other's wgmma; 128x256 w8 fits without spills).
+    Same products; the extra rounding is one fp32 multiply per K-block. Scales must be
+    nonzero (the quantizer floors amax at 1e-12; a zero scale is read as 1), and the running
+    sum divided by ``sa * sb`` must stay within fp32 (true partial sums below ~1e9 even when
+    both scales sit at the 1e-12/448 floor).
+Persistent grid with grouped tile order, as in gemm_kernel.py; ``programs_per_cu`` of the
+config sets how many programs share a CU/SM.
 """
 
 from __future__ import annotations
@@ -62,6 +74,7 @@ def gemm_fp8_kernel(
     SB_GROUP: tl.constexpr = 1,
     SCALE_K: tl.constexpr = 128,
     UPCAST: tl.constexpr = False,
+    RESCALE: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -82,6 +95,16 @@ def gemm_fp8_kernel(
         if SCALE_MODE == 2:
             sa_ptrs = sa_ptr + (rm64 // SA_GROUP) * stride_sam
             sb_ptrs = sb_ptr + (rn64 // SB_GROUP) * stride_sbn
+            # the N tile's weight scale row when the tile lies in one weight scale block
+            sb_tile = sb_ptr + ((pid_n * BLOCK_N) // SB_GROUP) * stride_sbn
+            prev_a = tl.full((BLOCK_M,), 1.0, tl.float32)  # RESCALE: the previous K-block's
+            prev_b = tl.full((BLOCK_N,), 1.0, tl.float32)  # scales (acc is in their units)
+            if RESCALE:  # this K-block's scales, loaded one iteration ahead (they are needed
+                # before the wgmma; Triton does not pipeline non-dot loads)
+                next_a = tl.load(sa_ptrs, mask=mask_m, other=1.0)
+                if SB_GROUP % BLOCK_N == 0:
+                    next_a = next_a * tl.load(sb_tile)
+                next_b = tl.load(sb_ptrs, mask=mask_n, other=1.0)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(0, k_tiles):
             if EVEN_K:
@@ -94,15 +117,27 @@ def gemm_fp8_kernel(
             if UPCAST:  # the interpreter path: exact fp32 products of the fp8 values
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
-            if SCALE_MODE == 2:
+            if SCALE_MODE == 2 and RESCALE:
+                sa = tl.where(next_a == 0.0, 1.0, next_a)
+                sb = tl.where(next_b == 0.0, 1.0, next_b)
+                kb = (tl.minimum(kt + 1, k_tiles - 1) * BLOCK_K) // SCALE_K
+                next_a = tl.load(sa_ptrs + kb * stride_sak, mask=mask_m, other=1.0)
+                if SB_GROUP % BLOCK_N == 0:
+                    next_a = next_a * tl.load(sb_tile + kb * stride_sbk)
+                    acc = tl.dot(a, b, acc * (prev_a / sa)[:, None])
+                else:
+                    next_b = tl.load(sb_ptrs + kb * stride_sbk, mask=mask_n, other=1.0)
+                    acc = tl.dot(a, b, (acc * (prev_a / sa)[:, None]) * (prev_b / sb)[None, :])
+                    prev_b = sb
+                prev_a = sa
+            elif SCALE_MODE == 2:
                 kb = (kt * BLOCK_K) // SCALE_K
                 sa = tl.load(sa_ptrs + kb * stride_sak, mask=mask_m, other=0.0)
                 if SB_GROUP % BLOCK_N == 0:
                     # the N tile lies in one weight scale block: one scalar per K-block, and
                     # the promotion is a single FMA per element with a per-row factor (was a
                     # 2-D scale product + multiply + add, issued while the tensor cores wait)
-                    sb = tl.load(sb_ptr + ((pid_n * BLOCK_N) // SB_GROUP) * stride_sbn
-                                 + kb * stride_sbk)  # fmt: skip
+                    sb = tl.load(sb_tile + kb * stride_sbk)
                     acc += tl.dot(a, b) * (sa * sb)[:, None]
                 else:
                     sb = tl.load(sb_ptrs + kb * stride_sbk, mask=mask_n, other=0.0)
@@ -111,6 +146,10 @@ def gemm_fp8_kernel(
                 acc = tl.dot(a, b, acc)
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
+        if SCALE_MODE == 2 and RESCALE:
+            acc = acc * prev_a[:, None]
+            if SB_GROUP % BLOCK_N != 0:
+                acc = acc * prev_b[None, :]
         if SCALE_MODE == 0:
             acc = acc * (tl.load(sa_ptr) * tl.load(sb_ptr))
         elif SCALE_MODE == 1:
@@ -124,8 +163,11 @@ def gemm_fp8_kernel(
 # ---- configs and launcher ------------------------------------------------------------------
 
 
-def _cfg(bm, bn, bk, warps, stages, **extra) -> GemmConfig:
-    return GemmConfig(bm, bn, bk, 8, warps, stages, 1, tuple(sorted(extra.items())))
+def _cfg(bm, bn, bk, warps, stages, per_cu=1, **extra) -> GemmConfig:
+    """``extra``: compile options (``waves_per_eu``, ``maxnreg``) and UPPERCASE kernel
+    constexprs (``RESCALE``); both travel in ``GemmConfig.extra`` and reach the launch as
+    keywords (the AOT specs split them)."""
+    return GemmConfig(bm, bn, bk, 8, warps, stages, per_cu, tuple(sorted(extra.items())))
 
 
 _CONFIGS: dict[ArchFamily, tuple[GemmConfig, ...]] = {
@@ -162,10 +204,49 @@ _BLOCK_CONFIGS: dict[ArchFamily, tuple[GemmConfig, ...]] = {
 }
 _BLOCK_CONFIGS[ArchFamily.CDNA4] = _BLOCK_CONFIGS[ArchFamily.CDNA3]
 _BLOCK_CONFIGS[ArchFamily.OTHER_GPU] = _BLOCK_CONFIGS[ArchFamily.HOPPER]
+# v2 (sm_90): the rescaled-accumulator promotion (one fp32 tile) and programs_per_cu > 1, so a
+# second resident program's wgmma runs while one program promotes (the promotion itself cannot
+# overlap its own wgmma in Triton: the product is read by non-dot ops, so every K-block ends
+# with a wgmma wait 0). AOT sm_90 (registers/thread, smem): r128 w8 s3 maxnreg128 125/96 KiB
+# (2 per SM: 64K registers, 192 KiB); r128x256 w8 s3 ~220/144 KiB; r256x128 w8 s3 208/145 KiB;
+# r128 w4 s3 220/96 KiB (2 per SM); plain 64x128 w4 s4 238/96 KiB (2 per SM).
+_BLOCK_CONFIGS_V2: dict[ArchFamily, tuple[GemmConfig, ...]] = {
+    ArchFamily.HOPPER: (
+        _cfg(128, 128, 128, 8, 3, per_cu=2, RESCALE=True, maxnreg=128),
+        _cfg(128, 256, 128, 8, 3, RESCALE=True),
+        _cfg(256, 128, 128, 8, 3, RESCALE=True),
+        _cfg(128, 128, 128, 4, 3, per_cu=2, RESCALE=True),
+        _cfg(128, 128, 128, 8, 4),
+        _cfg(64, 128, 128, 4, 4, per_cu=2),
+    ),
+}
+BLOCK_CONFIG_SETS = ("v1", "v2")
 
 
-def fp8_configs(family: ArchFamily, mode: int = TENSOR) -> tuple[GemmConfig, ...]:
-    return (_BLOCK_CONFIGS if mode == BLOCK else _CONFIGS)[family]
+@functools.cache
+def block_config_set() -> str:
+    """``PRIMUS_TURBO_FP8_BLOCK_CONFIGS``: ``v1`` (per-K-block product tile, one program per
+    SM) or ``v2`` (default: adds the rescaled-accumulator tiles and 2 programs per SM on
+    sm_90; other arches have no v2 list yet and use v1). Read once per process."""
+    import os
+
+    value = os.environ.get("PRIMUS_TURBO_FP8_BLOCK_CONFIGS", "v2").strip().lower() or "v2"
+    if value not in BLOCK_CONFIG_SETS:
+        raise ValueError(
+            f"primus_turbo: PRIMUS_TURBO_FP8_BLOCK_CONFIGS expected one of "
+            f"{BLOCK_CONFIG_SETS}, got {value!r}"
+        )
+    return value
+
+
+def fp8_configs(
+    family: ArchFamily, mode: int = TENSOR, config_set: str | None = None
+) -> tuple[GemmConfig, ...]:
+    if mode != BLOCK:
+        return _CONFIGS[family]
+    if (config_set or block_config_set()) == "v2" and family in _BLOCK_CONFIGS_V2:
+        return _BLOCK_CONFIGS_V2[family]
+    return _BLOCK_CONFIGS[family]
 
 
 def select_fp8_config(
@@ -191,7 +272,8 @@ def _launch(a, b, c, sa, sb, mode, sa_group, sb_group, sa_strides, sb_strides, c
     m, k = a.shape
     n = b.shape[0]
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    programs = tiles if family == ArchFamily.CPU else min(tiles, num_compute_units(a.device))
+    resident = num_compute_units(a.device) * cfg.programs_per_cu
+    programs = tiles if family == ArchFamily.CPU else min(tiles, resident)
     gemm_fp8_kernel[(programs,)](
         a, b, c, sa, sb, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         c.stride(0), c.stride(1), *sa_strides, *sb_strides, programs,
@@ -237,7 +319,12 @@ def gemm_fp8_triton(
     args = (a, b, c, sa, sb, mode, sa_group, sb_group, sa_st, sb_st)
     cfg = _pick(args, m, n, k, family)
     _launch(*args, cfg, family)
+    global last_config
+    last_config = cfg
     return c
+
+
+last_config: GemmConfig | None = None  # the config of the latest launch (benchmark tables)
 
 
 def _pick(args, m, n, k, family) -> GemmConfig:
@@ -245,7 +332,8 @@ def _pick(args, m, n, k, family) -> GemmConfig:
     if family == ArchFamily.CPU or not _tuning_enabled():
         return select_fp8_config(m, n, k, family, cus, args[5])
     a, b = args[0], args[1]
-    key = (m, n, k, a.dtype, b.dtype, args[2].dtype, args[5], a.stride(1) == 1, a.device)
+    key = (m, n, k, a.dtype, b.dtype, args[2].dtype, args[5], args[6], args[7],
+           a.stride(1) == 1, a.device, block_config_set())  # fmt: skip
     cfg = _tuned.get(key)
     if cfg is None:
         timings = {}
@@ -294,7 +382,12 @@ def aot_specs(target: str) -> list[AotSpec]:
     specs = []
     modes = ((TENSOR, "tensor", (1, 1)), (ROW, "row", (1, 1)), (BLOCK, "block", (1, 128)))
     for mode, name, groups in modes:
-        for cfg in fp8_configs(family, mode):
+        cands = fp8_configs(family, mode, "v1")
+        if mode == BLOCK:  # both candidate sets, each config once
+            cands = tuple({c.name: c for c in cands + fp8_configs(family, mode, "v2")}.values())
+        for cfg in cands:
+            consts = {k: v for k, v in cfg.extra if k.isupper()}
+            opts = {k: v for k, v in cfg.options.items() if not k.isupper()}
             specs.append(
                 AotSpec(
                     f"gemm_fp8_{name}_{fp8}_{cfg.name}",
@@ -311,8 +404,10 @@ def aot_specs(target: str) -> list[AotSpec]:
                         "SB_GROUP": groups[1],
                         "SCALE_K": 128,
                         "UPCAST": False,
+                        "RESCALE": False,
+                        **consts,
                     },  # fmt: skip
-                    cfg.options,
+                    opts,
                     default=cfg == default and mode == TENSOR,
                 )
             )

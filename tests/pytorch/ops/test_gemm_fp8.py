@@ -45,35 +45,62 @@ def _cfg(g, fmt=Format.E4M3):
     )
 
 
+def _gemm_calls(a, b, ta, tb, g, dtype):
+    """The three NT GEMMs of one fwd+bwd as ops/gemm_fp8.py issues them (name, kwargs)."""
+    from primus_turbo.pytorch.ops.gemm_fp8 import _quant_dual
+
+    two_d = g == G.BLOCKWISE
+    qa, qa_t = _quant_dual((a.t() if ta else a).detach(), E4M3_DEV, g)
+    qb, qb_t = _quant_dual((b if tb else b.t()).detach(), E4M3_DEV, g, two_d)
+    m, n = qa[0].shape[0], qb[0].shape[0]
+    qg, qg_t = _quant_dual(torch.randn(m, n, device=DEV).to(dtype), E4M3_DEV, g)
+    pairs = {"fwd": (qa, qb), "dgrad": (qg, qb_t), "wgrad": (qg_t, qa_t) if tb else (qa_t, qg_t)}
+    return {
+        name: dict(
+            a=x[0],
+            b=y[0],
+            sa=x[1],
+            sb=y[1],
+            granularity=g.value,
+            sa_group=x[2],
+            sb_group=y[2],
+            out_dtype=dtype,
+        )  # fmt: skip
+        for name, (x, y) in pairs.items()
+    }
+
+
 def _run(m, n, k, ta, tb, g, fmt, backend, dtype=torch.bfloat16):
     a = torch.randn(*((k, m) if ta else (m, k)), device=DEV).to(dtype).requires_grad_()
     b = torch.randn(*((n, k) if tb else (k, n)), device=DEV).to(dtype).requires_grad_()
     cfg = _cfg(g, fmt)
     choice = BackendChoice(backend) if backend is not None else None
-    if backend is not None:
-        from primus_turbo.pytorch.ops.gemm_fp8 import _quant_dual
-
-        qa, _ = _quant_dual((a.t() if ta else a).detach(), E4M3_DEV, g)
-        qb, _ = _quant_dual((b if tb else b.t()).detach(), E4M3_DEV, g, g == G.BLOCKWISE)
-        verdict = GemmFp8Dispatcher.backend_class(backend).can_handle(
-            a=qa[0], b=qb[0], sa=qa[1], sb=qb[1], granularity=g.value, sa_group=qa[2],
-            sb_group=qb[2], out_dtype=dtype,
-        )  # fmt: skip
-        if not verdict:
-            pytest.skip(f"{backend.name} cannot handle this case: {verdict.reason}")
-    out = gemm_fp8(a, b, ta, tb, config=cfg, backend=choice)
-    assert out.shape == (m, n) and out.dtype == dtype
+    calls = _gemm_calls(a, b, ta, tb, g, dtype)
+    if backend is not None:  # a pinned backend must handle all three GEMMs, else skip (why)
+        impl = GemmFp8Dispatcher.backend_class(backend)
+        for name, kw in calls.items():
+            verdict = impl.can_handle(**kw)
+            if not verdict:
+                pytest.skip(f"{backend.name} cannot handle the {name} GEMM: {verdict.reason}")
+    resolved = {name: GemmFp8Dispatcher.resolve(choice, **kw).name for name, kw in calls.items()}
+    info = (f"M={m} N={n} K={k} trans_a={ta} trans_b={tb} {g.name} {fmt.name} backends "
+            f"{resolved}")  # fmt: skip
+    try:
+        out = gemm_fp8(a, b, ta, tb, config=cfg, backend=choice)
+        grad = torch.randn(m, n, device=DEV).to(dtype)
+        out.backward(grad)
+    except Exception as e:
+        raise AssertionError(f"{info}: {type(e).__name__}: {e}") from e
+    assert out.shape == (m, n) and out.dtype == dtype, info
     a_ref = a.detach().double().requires_grad_()
     b_ref = b.detach().double().requires_grad_()
     ref = gemm_ref(a_ref, b_ref, ta, tb, torch.float64, acc_dtype=torch.float64)
-    grad = torch.randn(m, n, device=DEV).to(dtype)
-    out.backward(grad)
     ref.backward(grad.double())
-    assert a.grad.shape == a.shape and b.grad.shape == b.shape
+    assert a.grad.shape == a.shape and b.grad.shape == b.shape, info
     gate_out, gate_grad = GATE[fmt]
-    assert snr_db(ref, out) >= gate_out
-    assert snr_db(a_ref.grad, a.grad) >= gate_grad
-    assert snr_db(b_ref.grad, b.grad) >= gate_grad
+    snrs = (snr_db(ref, out), snr_db(a_ref.grad, a.grad), snr_db(b_ref.grad, b.grad))
+    msg = f"{info}: SNR out/da/db {snrs[0]:.1f}/{snrs[1]:.1f}/{snrs[2]:.1f} dB"
+    assert snrs[0] >= gate_out and min(snrs[1:]) >= gate_grad, msg
 
 
 @pytest.mark.parametrize("g", GRANS, ids=lambda g: g.name)
@@ -106,8 +133,25 @@ def test_gemm_fp8_default_backends():
               out_dtype=torch.bfloat16)  # fmt: skip
     want_tw = BackendType.HIPBLASLT if HAS_GPU else BackendType.TRITON
     assert GemmFp8Dispatcher.default_backend(granularity=G.TENSORWISE.value, **kw) == want_tw
-    want_bw = BackendType.TRITON
+    want_bw = BackendType.TRITON  # tensorwise-shaped scales: HIPBLASLT refuses them as blockwise
     assert GemmFp8Dispatcher.default_backend(granularity=G.BLOCKWISE.value, **kw) == want_bw
+
+
+def test_gemm_fp8_blockwise_default_prefers_scaled_mm():
+    """BLOCKWISE default: HIPBLASLT (cuBLASLt) wherever it can handle the GEMM on CUDA, else
+    TRITON; every GEMM of a Linear-like fwd+bwd is checked."""
+    a = torch.randn(512, 512, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(1024, 512, device=DEV, dtype=torch.bfloat16)
+    for name, kw in _gemm_calls(a, b, False, True, G.BLOCKWISE, torch.bfloat16).items():
+        got = GemmFp8Dispatcher.default_backend(**kw)
+        hip = GemmFp8Dispatcher.backend_class(BackendType.HIPBLASLT).can_handle(**kw)
+        if not HAS_GPU:
+            want = BackendType.TRITON
+        elif hip and torch.version.hip is None:
+            want = BackendType.HIPBLASLT
+        else:
+            want = BackendType.TRITON
+        assert got == want, f"{name}: {got} (HIPBLASLT: {hip.reason or 'can handle'})"
 
 
 def test_gemm_fp8_bad_inputs():
@@ -187,3 +231,49 @@ def test_blockwise_scaled_mm_scale_layouts(two_d):
     assert _torch_accepts((m, k), sa2, "1x128") and torch.equal(sa2, qa[1])
     assert _torch_accepts((n, k), sb2.t(), "128x128" if two_d else "1x128")
     assert torch.equal(sb2.t(), qb[1])
+
+
+@pytest.mark.parametrize("m,n,k,two_d", [(40, 48, 300, True), (33, 20, 256, False)])
+def test_gemm_fp8_block_rescale_kernel(m, n, k, two_d):
+    """The rescaled-accumulator promotion (RESCALE, the v2 sm_90 candidates) against the
+    dequantized fp32 product: K tail, edge tiles, scalar (128x128) and per-column (1x128) b
+    scales, rows with very different scales per K-block. Launched directly with the config."""
+    from primus_turbo.pytorch.core.platform import ArchFamily
+    from primus_turbo.pytorch.kernels.gemm.gemm_fp8_impl import dequant_operand
+    from primus_turbo.pytorch.ops.gemm_fp8 import _quant_dual
+    from primus_turbo.triton.gemm import gemm_fp8_kernel as kern
+
+    a = torch.randn(m, k, device=DEV) * torch.logspace(-3, 2, k, device=DEV)
+    b = torch.randn(n, k, device=DEV)
+    qa, _ = _quant_dual(a, E4M3_DEV, G.BLOCKWISE)
+    qb, _ = _quant_dual(b, E4M3_DEV, G.BLOCKWISE, two_d)
+    bw = G.BLOCKWISE.value
+    ref = dequant_operand(qa[0], qa[1], bw, qa[2]) @ dequant_operand(qb[0], qb[1], bw, qb[2]).t()
+    family = ArchFamily.CPU if DEV == "cpu" else ArchFamily.OTHER_GPU
+    size = 32 if DEV == "cpu" else 64
+    cfg = kern._cfg(size, size, 128, 4, 1 if DEV == "cpu" else 3, per_cu=2, RESCALE=True)
+    out = torch.empty(m, n, device=DEV)
+    kern._launch(qa[0], qb[0], out, qa[1], qb[1], kern.BLOCK, qa[2], qb[2],
+                 kern._scale_strides(qa[1]), kern._scale_strides(qb[1]), cfg, family)  # fmt: skip
+    err = float((out - ref).abs().max() / ref.abs().max())
+    assert err < 1e-5, f"relative max error {err:.2e}"
+
+
+def test_gemm_fp8_block_config_sets(monkeypatch):
+    from primus_turbo.pytorch.core.platform import ArchFamily
+    from primus_turbo.triton.gemm import gemm_fp8_kernel as kern
+
+    v1 = kern.fp8_configs(ArchFamily.HOPPER, kern.BLOCK, "v1")
+    v2 = kern.fp8_configs(ArchFamily.HOPPER, kern.BLOCK, "v2")
+    assert not any(dict(c.extra).get("RESCALE") for c in v1)
+    assert any(dict(c.extra).get("RESCALE") for c in v2) and v1 != v2
+    assert kern.fp8_configs(ArchFamily.CDNA3, kern.BLOCK, "v2") == kern.fp8_configs(
+        ArchFamily.CDNA3, kern.BLOCK, "v1"
+    )
+    kern.block_config_set.cache_clear()
+    monkeypatch.setenv("PRIMUS_TURBO_FP8_BLOCK_CONFIGS", "v3")
+    try:
+        with pytest.raises(ValueError, match="PRIMUS_TURBO_FP8_BLOCK_CONFIGS"):
+            kern.block_config_set()
+    finally:
+        kern.block_config_set.cache_clear()
