@@ -13,11 +13,15 @@ ends; the loop peer gets the group sizes on the host for free (no sync counted) 
 ``torch.matmul`` per expert plus ``torch.cat`` (what a plain PyTorch MoE layer does).
 
     python benchmark/ops/training/bench_grouped_gemm_turbo.py --backend TRITON
-    python benchmark/ops/training/bench_grouped_gemm_turbo.py --fp8 rowwise   # vs our bf16 op
+    python benchmark/ops/training/bench_grouped_gemm_turbo.py --fp8            # = --fp8 rowwise
+    python benchmark/ops/training/bench_grouped_gemm_turbo.py --fp8 tensorwise --max-cases 4
 
-With ``--fp8``, "ours" is ``turbo.ops.grouped_gemm_fp8`` (bf16 in and out, quantization timed)
-and the peers are our bf16 grouped GEMM and ``torch._grouped_mm``; the gate is SNR only
-(25 dB, E4M3).
+With ``--fp8 [rowwise|tensorwise]`` (bare ``--fp8`` means rowwise), "ours" is
+``turbo.ops.grouped_gemm_fp8`` (bf16 in and out, quantization timed) and the peers are our bf16
+grouped GEMM (``turbo_bf16``: the target is a forward ratio >= 1.5), ``torch._grouped_mm`` and,
+where torch has it and the GPU runs it, ``torch._scaled_grouped_mm`` (``scaled_grouped_mm``:
+rowwise E4M3 GEMM alone on operands quantized beforehand, forward only, so a strict bound); the
+gate is SNR only (25 dB, E4M3).
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ from primus_turbo.pytorch.reference import grouped_gemm_ref  # noqa: E402
 
 BACKENDS = ("auto", "TRITON", "HIPBLASLT", "TORCH")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-PEERS = ("grouped_mm", "loop", "turbo_bf16")
+PEERS = ("grouped_mm", "loop", "turbo_bf16", "scaled_grouped_mm")
 FP8 = ("none", "tensorwise", "rowwise")
 
 TABLE_COLUMNS = [
@@ -77,11 +81,13 @@ TABLE_COLUMNS = [
     "grouped_mm Step TFLOPS",
     "loop Forward TFLOPS",
     "turbo_bf16 Forward TFLOPS",
+    "scaled_grouped_mm Forward TFLOPS",
     "Forward Ratio grouped_mm",
     "Step Ratio grouped_mm",
     "Forward Ratio loop",
     "Step Ratio loop",
     "Forward Ratio turbo_bf16",
+    "Forward Ratio scaled_grouped_mm",
     "out_snr",
     "da_snr",
     "db_snr",
@@ -110,6 +116,31 @@ def _loop_peer(a, b, lens):
         outs.append(torch.matmul(a[start : start + n], b[g].t()))
         start += n
     return torch.cat(outs)
+
+
+def _scaled_grouped_mm_peer(a, b, ends):
+    """``torch._scaled_grouped_mm`` on rowwise E4M3 operands quantized once, outside the timing
+    (``a`` per row, each expert's ``[N, K]`` weight per output column), bf16 out; or ``None``
+    where this torch has no such op."""
+    fn = getattr(torch, "_scaled_grouped_mm", None)
+    if fn is None:
+        return None
+    f8 = torch.float8_e4m3fn
+    fmax = torch.finfo(f8).max
+
+    def quant(x):
+        scale = x.detach().float().abs().amax(-1, keepdim=True).clamp_min(1e-12) / fmax
+        return (x.detach().float() / scale).to(f8), scale.squeeze(-1).contiguous()
+
+    qa, sa = quant(a)
+    qb, sb = quant(b)  # [G, N, K] rows along K; scales [G, N]
+    mat_b = qb.transpose(-2, -1)  # [G, K, N] column-major, as the op wants
+
+    def run(ap, bp):
+        return fn(qa, mat_b, sa, sb, offs=ends, out_dtype=torch.bfloat16)
+
+    run(a, b)  # raises here (not mid-timing) where the GPU or layout is not supported
+    return run
 
 
 def _fp8_config(kind: str):
@@ -209,18 +240,29 @@ def run_case(
             "grouped_mm": lambda ap, bp: _grouped_mm_peer(ap, bp, ends),
             "loop": lambda ap, bp: _loop_peer(ap, bp, lens),
         }
+        fwd_only = set()
         if args.fp8 != "none":
             del peers["loop"]
             peers["turbo_bf16"] = lambda ap, bp: turbo.ops.grouped_gemm(ap, bp, gl, trans_b=True)
+            try:
+                scaled = _scaled_grouped_mm_peer(a, b, ends)
+            except Exception as e:
+                scaled = None
+                print(f"  peer scaled_grouped_mm unavailable: {type(e).__name__}: {str(e)[:200]}")
+            if scaled is not None:
+                peers["scaled_grouped_mm"] = scaled
+                fwd_only.add("scaled_grouped_mm")
         timings = {}
         for name, fn in peers.items():
             ap = a.detach().clone().requires_grad_()
             bp = b.detach().clone().requires_grad_()
+            modes = (Mode.FWD,) if name in fwd_only else (Mode.FWD, Mode.BWD)
             try:
                 t, p = bench_pair(
                     ours,
                     (lambda fn=fn, ap=ap, bp=bp: fn(ap, bp), (ap, bp)),
                     grad,
+                    modes=modes,
                     warmup=args.warmup_ms,
                     rep=args.rep_ms,
                     device=device,
@@ -228,7 +270,8 @@ def run_case(
             except Exception as e:  # e.g. torch._grouped_mm absent or not for this device
                 print(f"  peer {name} unavailable: {type(e).__name__}: {str(e)[:200]}")
                 continue
-            timings.setdefault("ours", t)
+            if Mode.BWD in t:
+                timings.setdefault("ours", t)
             timings[name] = p
     except Exception as e:
         print(f"  ERROR: {type(e).__name__}: {e}")
@@ -242,6 +285,8 @@ def run_case(
 
     def _fill(prefix: str, t) -> None:
         row[f"{prefix}Forward TFLOPS"] = tflops(fwd_flops, t[Mode.FWD].median_ms)
+        if Mode.BWD not in t:  # a forward-only peer
+            return
         row[f"{prefix}Backward TFLOPS"] = tflops(bwd_flops, t[Mode.BWD].median_ms)
         step_ms = t[Mode.FWD].median_ms + t[Mode.BWD].median_ms
         row[f"{prefix}Step TFLOPS"] = tflops(fwd_flops + bwd_flops, step_ms)
@@ -263,7 +308,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--backend", choices=BACKENDS, default="auto")
-    p.add_argument("--fp8", choices=FP8, default="none", help="time grouped_gemm_fp8")
+    p.add_argument(
+        "--fp8",
+        choices=FP8,
+        nargs="?",
+        const="rowwise",
+        default="none",
+        help="time grouped_gemm_fp8 with this scaling (bare --fp8: rowwise; default none = bf16)",
+    )
     p.add_argument("--models", nargs="+", default=None, help="config.RAGGED_GROUPED_GEMM_SPECS")
     p.add_argument("--max-cases", type=int, default=None)
     p.add_argument("--skip-check", action="store_true", help="time only (no fp32 reference)")
@@ -299,6 +351,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['Forward Ratio grouped_mm']:.3f} / step x{row['Step Ratio grouped_mm']:.3f}"
             f" | vs loop x{row['Forward Ratio loop']:.3f} / step x{row['Step Ratio loop']:.3f}"
             f" | vs turbo bf16 x{row['Forward Ratio turbo_bf16']:.3f}"
+            + (
+                f" | vs _scaled_grouped_mm (GEMM only) x"
+                f"{row['Forward Ratio scaled_grouped_mm']:.3f}"
+                if args.fp8 != "none"
+                else ""
+            )
         )
     print()
     print(results.markdown(TABLE_COLUMNS))

@@ -234,16 +234,30 @@ def _bucket(x: int) -> int:
     return 1 << max(x - 1, 0).bit_length()
 
 
-def _choose(key: tuple, default: GemmConfig, launch, family: ArchFamily) -> GemmConfig:
-    """The heuristic's config, or (on a GPU, first call per key, not while capturing a graph)
-    the fastest of the family's configs timed on this call's inputs. Timing synchronises once
-    per key; ``PRIMUS_TURBO_TRITON_TUNE=0`` keeps the heuristic (no synchronisation at all)."""
+@functools.cache
+def _tune_min_work() -> int:
+    """``M * N * K`` below which the heuristic's config is used untimed (default ``2**30``, about
+    2 GFLOP, a few microseconds on an H200): timing compiles every candidate config (seconds
+    each), which bought nothing on tiny problems and made the small GPU tests run for minutes.
+    ``PRIMUS_TURBO_GROUPED_GEMM_TUNE_MIN_MNK`` overrides it (0: tune every shape)."""
+    import os
+
+    return int(os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_TUNE_MIN_MNK", str(1 << 30)))
+
+
+def _choose(key: tuple, default, launch, family: ArchFamily, work: int = 1 << 62, candidates=None):
+    """The heuristic's config, or (on a GPU, first call per key, not while capturing a graph,
+    ``work = M * N * K`` at least ``_tune_min_work()``) the fastest of the family's configs
+    timed on this call's inputs. Timing synchronises once per key;
+    ``PRIMUS_TURBO_TRITON_TUNE=0`` keeps the heuristic (no synchronisation at all)."""
     if family == ArchFamily.CPU or is_graph_capturing() or not _config_tuning_enabled():
+        return default
+    if work < _tune_min_work():
         return default
     choice = _tuned.get(key)
     if choice is None:
         timings = {}
-        for cand in grouped_gemm_configs(family):
+        for cand in candidates if candidates is not None else grouped_gemm_configs(family):
             try:
                 timings[cand] = triton.testing.do_bench(
                     lambda cand=cand: launch(cand), warmup=5, rep=20, return_mode="median"
@@ -259,6 +273,39 @@ def _tma_usable(a: torch.Tensor, b: torch.Tensor, trans_b: bool) -> bool:
     from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import tma_usable
 
     return tma_usable(a, b, trans_b)
+
+
+@functools.cache
+def kernel_variant() -> str:
+    """``PRIMUS_TURBO_GROUPED_GEMM_KERNEL``: which forward/dgrad kernel runs. ``table`` (the
+    original ``grouped_gemm_kernel``), ``flat`` (``grouped_gemm_flat``: flattened, pipelined
+    tile loop and a one-pass tile lookup), or ``tune`` (default): the config tuner times both
+    kernels' configs on the first call per shape (``table`` with the heuristic's config where
+    nothing is timed)."""
+    import os
+
+    mode = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_KERNEL", "tune").strip().lower()
+    if mode not in ("table", "flat", "tune"):
+        raise ValueError(
+            "primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_KERNEL expected one of 'table', 'flat', "
+            f"'tune', got {mode!r}"
+        )
+    return mode
+
+
+def _plans(family: ArchFamily, mode: str) -> list[tuple[str, GemmConfig]]:
+    """The (kernel, config) candidates the tuner times."""
+    configs = grouped_gemm_configs(family)
+    plans = [("table", cfg) for cfg in configs] if mode != "flat" else []
+    if mode != "table":
+        plans += [("flat", cfg) for cfg in configs if flat_config_ok(cfg)]
+    return plans
+
+
+def flat_config_ok(cfg: GemmConfig) -> bool:
+    """The flat variant keeps more values live across the flattened loop: with one warpgroup a
+    tile above 64x128 spills on sm_90 (255 registers; the AOT report), so those are left out."""
+    return cfg.num_warps >= 8 or cfg.block_m * cfg.block_n <= 64 * 128
 
 
 def _programs(work_bound: int, cfg: GemmConfig, device: torch.device, family: ArchFamily) -> int:
@@ -306,51 +353,44 @@ def grouped_gemm_triton(
     use_tma = scales is None and family == ArchFamily.HOPPER and _tma_usable(a, b, trans_b)
     g_pad = triton.next_power_of_2(g + 1)  # the group table also holds the tail pseudo-group
 
-    def launch(cfg: GemmConfig) -> None:
+    upcast = _interpreting() and a.dtype == torch.bfloat16
+    flags = dict(EVEN_K=False, UPCAST=upcast, SCALED=scales is not None)
+    flatten = family in (ArchFamily.HOPPER, ArchFamily.OTHER_GPU) and torch.version.hip is None
+
+    def launch(plan: tuple[str, GemmConfig]) -> None:
+        variant, cfg = plan
         bound = (-(-m // cfg.block_m) + g + 1) * -(-n // cfg.block_n)
         programs = _programs(bound, cfg, a.device, family)
+        flags["EVEN_K"] = k % cfg.block_k == 0
+        if variant == "flat":
+            from primus_turbo.triton.grouped_gemm.grouped_gemm_flat import launch_flat
+
+            strides = (a.stride(0), a.stride(1), b.stride(0), sbk, sbn, c.stride(0), c.stride(1))
+            return launch_flat(
+                a, b, c, group_offs, m, n, k, g, strides, (sa, sb, sa_stride, *sb_strides),
+                cfg, programs, dict(flags, FLATTEN=flatten),
+            )  # fmt: skip
         if use_tma:
             from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import launch_tma
 
             return launch_tma(a, b, c, group_offs, trans_b, cfg, programs)
         grouped_gemm_kernel[(programs,)](
-            a,
-            b,
-            c,
-            group_offs,
-            m,
-            n,
-            k,
-            g,
-            a.stride(0),
-            a.stride(1),
-            b.stride(0),
-            sbk,
-            sbn,
-            c.stride(0),
-            c.stride(1),
-            programs,
-            sa,
-            sb,
-            sa_stride,
-            *sb_strides,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m,
-            EVEN_K=k % cfg.block_k == 0,
-            UPCAST=_interpreting() and a.dtype == torch.bfloat16,
-            SCALED=scales is not None,
-            G_PAD=g_pad,
-            **cfg.options,
-        )
+            a, b, c, group_offs, m, n, k, g, a.stride(0), a.stride(1), b.stride(0), sbk, sbn,
+            c.stride(0), c.stride(1), programs, sa, sb, sa_stride, *sb_strides,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            G_PAD=g_pad, **flags, **cfg.options,
+        )  # fmt: skip
 
-    if config is None:
-        default = select_grouped_config(m, n, k, g, family, num_compute_units(a.device))
+    mode = "table" if use_tma else kernel_variant()
+    if config is not None:
+        plan = ("flat" if mode == "flat" else "table", config)
+    else:
+        cfg = select_grouped_config(m, n, k, g, family, num_compute_units(a.device))
+        default = ("flat" if mode == "flat" else "table", cfg)
         key = ("fwd", _bucket(m), n, k, g, a.dtype, c.dtype, sbk == 1, a.stride(1) == 1, a.device,
-               use_tma)  # fmt: skip
-        config = _choose(key, default, launch, family)
-    launch(config)
+               use_tma, mode)  # fmt: skip
+        plan = _choose(key, default, launch, family, m * n * k, _plans(family, mode))
+    launch(plan)
     return c
 
 
@@ -420,7 +460,7 @@ def variable_k_triton(
         default = select_variable_k_config(p, q, m, num_groups, family, cus)
         key = ("vk", _bucket(m), p, q, num_groups, x.dtype, c.dtype, x.stride(1) == 1,
                y.stride(1) == 1, x.device)  # fmt: skip
-        config = _choose(key, default, launch, family)
+        config = _choose(key, default, launch, family, m * p * q)
     launch(config)
     return c
 
@@ -534,4 +574,24 @@ def aot_specs(target: str) -> list[AotSpec]:
         name = spec.name.replace(f"_{t}_", "_fp8_", 1)
         constexprs = {**spec.constexprs, "SCALED": True}
         specs.append(AotSpec(name, spec.fn, sig, constexprs, spec.options))
-    return specs
+    specs += _flat_aot_specs(target, [s for s in specs if s.fn is grouped_gemm_kernel])
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fixup import aot_specs as fixup_specs
+
+    return specs + fixup_specs(target)
+
+
+def _flat_aot_specs(target: str, forward_specs: list[AotSpec]) -> list[AotSpec]:
+    """The flat variant with every forward spec's signature and config (flattened loop on
+    sm_90 only, as launched)."""
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_flat import grouped_gemm_flat_kernel
+
+    out = []
+    ok = {cfg.name for cfg in grouped_gemm_configs(_AOT_FAMILY[target]) if flat_config_ok(cfg)}
+    for spec in forward_specs:
+        if not any(spec.name.endswith(f"_{name}") for name in ok):
+            continue
+        constexprs = {**spec.constexprs, "FLATTEN": target == "sm_90"}
+        name = spec.name.replace("grouped_gemm_", "grouped_gemm_flat_", 1)
+        out.append(AotSpec(name, grouped_gemm_flat_kernel, spec.signature, constexprs,
+                           spec.options))  # fmt: skip
+    return out

@@ -226,9 +226,14 @@ def test_grouped_gemm_deterministic(backend, device):
             torch.testing.assert_close(x, y, rtol=0, atol=0)
 
 
-def test_default_dispatch_choice(device):
-    """CPU: TORCH. CUDA: HIPBLASLT (torch._grouped_mm) where it can handle the input (faster on
-    the H200 MoE shapes), TRITON where it cannot (fp16 here; ROCm: always TRITON)."""
+@pytest.mark.parametrize("mode", ["tune", "vendor", "triton"])
+def test_default_dispatch_choice(mode, monkeypatch, device):
+    """CPU: TORCH. CUDA: where HIPBLASLT (torch._grouped_mm) can handle the input, the faster of
+    it and TRITON (timed once per shape key; PRIMUS_TURBO_GROUPED_GEMM_DEFAULT=vendor|triton
+    fixes it), TRITON where it cannot (fp16 here; ROCm: always TRITON)."""
+    impl = importlib.import_module("primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_impl")
+    monkeypatch.setattr(impl, "_default_mode", lambda: mode)
+    GlobalBackendManager.reset()
     a, b, gl = _operands([2, 3], 16, 16, False, torch.bfloat16, device)
     kw = dict(a=a, b=b, group_lens=gl, group_offs=group_offsets(gl), trans_b=False)
     got = GroupedGemmDispatcher.resolve(**kw, out_dtype=torch.bfloat16)
@@ -237,7 +242,9 @@ def test_default_dispatch_choice(device):
         return
     vendor = GroupedGemmDispatcher.backend_class(BackendType.HIPBLASLT)
     ok = vendor.can_handle(**kw, out_dtype=torch.bfloat16)
-    assert got == (BackendType.HIPBLASLT if ok else BackendType.TRITON)
+    want = {"tune": got, "vendor": BackendType.HIPBLASLT, "triton": BackendType.TRITON}[mode]
+    assert got in (BackendType.HIPBLASLT, BackendType.TRITON)
+    assert got == (want if ok else BackendType.TRITON)
     a16, b16 = a.half(), b.half()
     kw16 = dict(kw, a=a16, b=b16)
     assert GroupedGemmDispatcher.resolve(**kw16, out_dtype=torch.float16) == BackendType.TRITON

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from primus_turbo.pytorch.core.autotune import time_fn
 from primus_turbo.pytorch.core.backend import (
     YES,
     AutoKernelDispatcher,
@@ -26,7 +27,13 @@ from primus_turbo.pytorch.core.backend import (
     Verdict,
     no,
 )
-from primus_turbo.pytorch.core.platform import cuda_capability, is_rocm, triton_interpret
+from primus_turbo.pytorch.core.platform import (
+    cuda_capability,
+    device_name,
+    is_graph_capturing,
+    is_rocm,
+    triton_interpret,
+)
 from primus_turbo.pytorch.reference.grouped_gemm import (
     group_offsets,
     grouped_gemm_ref,
@@ -52,22 +59,57 @@ class GroupedGemmDispatcher(AutoKernelDispatcher):
 
     @classmethod
     def default_backend(cls, a, **kwargs) -> BackendType:
-        """On CUDA: the vendor grouped GEMM (``torch._grouped_mm``) wherever it can handle the
-        input, TRITON elsewhere (fp16, fp32 output, K or N not a multiple of 8, ROCm). On the
-        H200 the vendor kernel was 1.1-1.9x faster than our Triton kernel on the four MoE shapes
-        of the benchmark (forward and step). ``PRIMUS_TURBO_AUTO_TUNE=1`` (or
-        ``set_grouped_gemm_backend(auto_tune=True)``) times both per shape instead."""
+        """CPU: TORCH. CUDA: where the vendor grouped GEMM (``torch._grouped_mm``) can handle
+        the input, the faster of it and TRITON for this shape class, timed once (forward, plus
+        dgrad and wgrad when a gradient will be needed) and cached per shape key (memory and
+        disk); TRITON where the vendor cannot (fp16, fp32 output, K or N not a multiple of 8,
+        ROCm). While tracing or capturing a graph, an earlier timing's answer or else the
+        vendor. ``PRIMUS_TURBO_GROUPED_GEMM_DEFAULT`` = ``tune`` (default) | ``vendor`` |
+        ``triton`` fixes the choice for A/B runs."""
         if a.device.type != "cuda":
             return BackendType.TORCH
-        if GroupedGemmHipblasltBackend.can_handle(a=a, **kwargs):
-            return BackendType.HIPBLASLT
-        return BackendType.TRITON
+        if not GroupedGemmHipblasltBackend.can_handle(a=a, **kwargs):
+            return BackendType.TRITON
+        mode = _default_mode()
+        if mode != "tune":
+            return BackendType.TRITON if mode == "triton" else BackendType.HIPBLASLT
+        if torch.compiler.is_compiling() or is_graph_capturing():
+            cached = cls._cache.get(cls.make_key(a=a, **kwargs), device_name(a.device))
+            return BackendType[cached] if cached else BackendType.HIPBLASLT
+        return cls.tune(a=a, **kwargs)
+
+    @classmethod
+    def time_backend(cls, backend: BackendType, device: torch.device, **kwargs) -> float:
+        """Forward time, or forward + dgrad + wgrad (what one training step runs on the
+        backend) when a gradient will be needed."""
+        a, b, trans_b = kwargs["a"], kwargs["b"], kwargs["trans_b"]
+        impl = cls._backends[backend]
+        if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+            return time_fn(lambda: impl.execute(**kwargs), device)
+        lens, offs = kwargs["group_lens"], kwargs["group_offs"]
+        a, b = a.detach(), b.detach()
+        m, n, _, _ = grouped_dims(a, b, trans_b)
+        grad = torch.randn((m, n), device=a.device, dtype=a.dtype)
+
+        def step():
+            o = impl.prepare_offsets(lens, offs)
+            impl.execute(a=a, b=b, group_lens=lens, group_offs=o, trans_b=trans_b,
+                         out_dtype=kwargs["out_dtype"])  # fmt: skip
+            impl.execute(a=grad, b=b, group_lens=lens, group_offs=o, trans_b=not trans_b,
+                         out_dtype=a.dtype)  # fmt: skip
+            x, y = (grad, a) if trans_b else (a, grad)
+            impl.variable_k(x, y, lens, o, b.dtype)
+
+        with torch.no_grad():
+            return time_fn(step, device)
 
     @classmethod
     def make_key(cls, a, b, group_lens, group_offs, trans_b, out_dtype, **kwargs):
         m, n, k, g = grouped_dims(a, b, trans_b)
-        # the unit-stride flags: HIPBLASLT's can_handle (hence the default) depends on them
-        return (m, n, k, g, a.dtype, b.dtype, out_dtype, trans_b, a.device.type,
+        # M in power-of-two buckets: a dropless MoE sees a new M every step, and one timing per
+        # bucket is enough (can_handle does not depend on M). The unit-stride flags:
+        # HIPBLASLT's can_handle (hence the default) depends on them.
+        return (_bucket_rows(m), n, k, g, a.dtype, b.dtype, out_dtype, trans_b, a.device.type,
                 a.stride(1) == 1, b.stride(2) == 1)  # fmt: skip
 
     @classmethod
@@ -207,6 +249,21 @@ def _vendor_fixup(out: torch.Tensor, ends: torch.Tensor, tail: bool) -> torch.Te
     )
 
     return zero_tail_rows(out, ends) if tail else zero_empty_groups(out, ends)
+
+
+def _bucket_rows(m: int) -> int:
+    return 1 << max(m - 1, 0).bit_length()
+
+
+@functools.cache
+def _default_mode() -> str:
+    mode = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_DEFAULT", "tune").strip().lower()
+    if mode not in ("tune", "vendor", "triton"):
+        raise ValueError(
+            "primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_DEFAULT expected one of 'tune', 'vendor', "
+            f"'triton', got {mode!r}"
+        )
+    return mode
 
 
 def _grouped_mm_available() -> bool:
