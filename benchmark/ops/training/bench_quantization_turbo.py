@@ -14,6 +14,7 @@ and "Bound" is the best "vs Copy" it can reach at copy's DRAM rate: 0.6 (0.67 du
 tensorwise, 1.0 for the single-pass recipes.
 
     python benchmark/ops/training/bench_quantization_turbo.py
+    PRIMUS_TURBO_QUANT_IMPL=v1 python ... --no-compile --max-shapes 3   # A/B of the kernels
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from primus_turbo.pytorch.core.low_precision import ScalingGranularity, ScalingR
 from primus_turbo.pytorch.core.platform import fp8_dtypes  # noqa: E402
 from primus_turbo.pytorch.ops.quantization import quantize_fp8, quantize_fp8_with_trans  # noqa: E402
 from primus_turbo.pytorch.reference import quantization as ref  # noqa: E402
+from primus_turbo.triton.quantization.quant_launch import quant_impl_version  # noqa: E402
 
 G = ScalingGranularity
 COLUMNS = ["M", "K", "Recipe", "Check", "Time (us)", "GB/s", "Moved GB/s", "Copy GB/s",
@@ -104,6 +106,11 @@ def main(argv=None) -> int:
     table = recipes(dtype)
     names = args.recipes or list(table)
     results = Results(info)
+    if info.is_gpu:  # clocks up before the first shape (its first rows read low otherwise)
+        w = torch.empty(1 << 27, device=dev, dtype=torch.bfloat16)
+        time_ms(lambda: w.clone(), 300.0, 100.0, device=dev)
+        del w
+    print(f"quantization impl: {quant_impl_version()} (PRIMUS_TURBO_QUANT_IMPL)")
     compiled = {}
     if not args.no_compile and info.is_gpu:
         compiled = {n: torch.compile(table[n][1], dynamic=True) for n in names}

@@ -12,6 +12,7 @@ Output conventions (shared with reference/quantization.py and ops.quantization):
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -27,6 +28,11 @@ from primus_turbo.triton.quantization.quant_kernel import (
     quant_mxfp4_kernel,
     quant_rows_kernel,
     quant_tile_kernel,
+)
+from primus_turbo.triton.quantization.quant_kernel_v2 import (
+    MAXNREG,
+    V2_CONFIGS,
+    quant_tile_v2_kernel,
 )
 
 _EMAX = {
@@ -75,6 +81,45 @@ def _tile(x, q, s, qt, st, amax, bm, bn, mode, dual, dtype, s_strides, st_stride
         BM=bm, BN=bn, MODE=mode, DUAL=dual, FMAX=_fmax(dtype), EMAX=_EMAX[dtype],
         FMT=_interp_fmt(dtype), NP=np_,
         num_warps=warps,
+    )  # fmt: skip
+
+
+def quant_impl_version() -> str:
+    """``PRIMUS_TURBO_QUANT_IMPL``: ``v2`` (default) routes the blockwise 1x128 dual, 128x128
+    and MX recipes of row-contiguous inputs to ``quant_tile_v2_kernel``; ``v1`` keeps every
+    recipe on ``quant_tile_kernel`` (for A/B runs). ``PRIMUS_TURBO_QUANT_STAGES`` and
+    ``PRIMUS_TURBO_QUANT_WARPS`` override the v2 stages / warps of every config."""
+    v = os.environ.get("PRIMUS_TURBO_QUANT_IMPL", "v2").strip().lower()
+    if v not in ("v1", "v2"):
+        raise ValueError(f"PRIMUS_TURBO_QUANT_IMPL must be v1 or v2, got {v!r}")
+    return v
+
+
+def _use_v2(x: torch.Tensor) -> bool:
+    return quant_impl_version() == "v2" and x.stride(1) == 1
+
+
+def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides):
+    """Launch ``quant_tile_v2_kernel`` with ``V2_CONFIGS[name]`` (see quant_kernel_v2)."""
+    mode, bm, bn, dual, warps, stages = V2_CONFIGS[name]
+    interp = triton_interpret()
+    nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
+    stages = int(os.environ.get("PRIMUS_TURBO_QUANT_STAGES", stages if nvidia or interp else 1))
+    warps = int(os.environ.get("PRIMUS_TURBO_QUANT_WARPS", warps))
+    m, n = x.shape
+    if m == 0 or n == 0:
+        return
+    ntiles = _cdiv(m, bm) * _cdiv(n, bn)
+    grid = ntiles
+    if stages > 1:  # persistent: the programs that fit at once (registers capped at MAXNREG)
+        per_sm = max(1, 65536 // (MAXNREG * 32 * warps)) if nvidia else 2
+        grid = min(ntiles, per_sm * num_compute_units(x.device if not interp else None))
+    extra = {"maxnreg": MAXNREG} if nvidia else {}
+    quant_tile_v2_kernel[(grid,)](
+        x, _u8(q), s, _u8(qt if dual else q), st if dual else s,
+        m, n, x.stride(0), q.stride(0), qt.stride(0) if dual else 0, *s_strides, *st_strides,
+        BM=bm, BN=bn, MODE=mode, DUAL=dual, FMAX=_fmax(dtype), EMAX=_EMAX[dtype],
+        FMT=_interp_fmt(dtype), STAGES=stages, SAT=nvidia, num_warps=warps, **extra,
     )  # fmt: skip
 
 
@@ -174,6 +219,10 @@ def quant_blockwise(x: torch.Tensor, dtype: torch.dtype, block: int, axis, dual:
         s = torch.empty((_cdiv(m, block), _cdiv(n, block)), dtype=torch.float32, device=dev)
         qt = _empty_like_t(x, dtype) if dual else None
         st = s.t() if dual else None  # same tiles, transposed: written once
+        if block == 128 and _use_v2(x):
+            name = "tile_dual" if dual else "tile"
+            _tile_v2(x, q, s, qt, s, name, dtype, s.stride(), (0, 0))
+            return (q, s, qt, st) if dual else (q, s)
         _tile(x, q, s, qt, s, None, block, block, TILE, dual, dtype, s.stride(), (0, 0), 8)
         return (q, s, qt, st) if dual else (q, s)
     if axis == 0 and not dual:
@@ -189,6 +238,9 @@ def quant_blockwise(x: torch.Tensor, dtype: torch.dtype, block: int, axis, dual:
     qt = _empty_like_t(x, dtype)
     st = _outer_major(n, _cdiv(m, block), dev)  # scales of x.T: [N, ceil(M/b)]
     st_strides = (st.stride(1), st.stride(0))  # the kernel indexes (m-block, n)
+    if block == 128 and _use_v2(x):
+        _tile_v2(x, q, s, qt, st, "block_dual", dtype, s.stride(), st_strides)
+        return q, s, qt, st
     _tile(x, q, s, qt, st, None, block, block, ROWS, True, dtype, s.stride(), st_strides, 8)
     return q, s, qt, st
 
@@ -208,6 +260,10 @@ def quant_mx(x: torch.Tensor, dtype: torch.dtype, dual: bool = False, block: int
     qt = _empty_like_t(x, dtype) if dual else None
     st = torch.empty((n, m // block), dtype=torch.uint8, device=dev) if dual else None
     st_strides = (st.stride(1), st.stride(0)) if dual else (0, 0)
+    if _use_v2(x):
+        name = "mx_dual" if dual else "mx_rows"
+        _tile_v2(x, q, s, qt, st, name, dtype, s.stride(), st_strides)
+        return (q, s, qt, st) if dual else (q, s)
     bm, bn, warps = _MX_TILE_DUAL if dual else _MX_TILE
     _tile(x, q, s, qt, st, None, bm, bn, MX, dual, dtype, s.stride(), st_strides, warps)
     return (q, s, qt, st) if dual else (q, s)

@@ -300,3 +300,47 @@ def test_support_probes_return_reasons():
     for probe in (check_fp8_support, check_mxfp8_support, check_mxfp4_support):
         ok, reason = probe()
         assert isinstance(ok, bool) and (ok or reason)
+
+
+V2_CASES = [  # (id, granularity, block, 2-D tiles, dual)
+    ("block1x128_dual", G.BLOCKWISE, 128, False, True),
+    ("block2d", G.BLOCKWISE, 128, True, False),
+    ("block2d_dual", G.BLOCKWISE, 128, True, True),
+    ("mx", G.MX_BLOCKWISE, 32, False, False),
+    ("mx_dual", G.MX_BLOCKWISE, 32, False, True),
+]
+
+
+@pytest.mark.parametrize("impl,stages", [("v1", None), ("v2", None), ("v2", "2")])
+@pytest.mark.parametrize("case", V2_CASES, ids=[c[0] for c in V2_CASES])
+def test_quant_impl_versions_match_reference(monkeypatch, case, impl, stages):
+    """PRIMUS_TURBO_QUANT_IMPL=v1|v2 (and v2 forced persistent + pipelined with STAGES=2, so a
+    program walks several tiles) give the reference results, special values included."""
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", impl)
+    if stages:
+        monkeypatch.setenv("PRIMUS_TURBO_QUANT_STAGES", stages)
+    _, g, block, two_d, dual = case
+    m, n = (160, 288) if not HAS_GPU else (4096 + 64, 2048 + 96)  # edge tiles both ways
+    x = _x(m, n)
+    x[1, 3], x[2, 4], x[3, 5] = float("inf"), float("-inf"), float("nan")
+    x[64:96, 128:160] = 0.0  # an all-zero block
+    recipe = ScalingRecipe(use_2d_block=two_d)
+    kw = {"block_size": block, "scaling_recipe": recipe}
+    if dual:
+        q, s, qt, st = quantize_fp8_with_trans(x, E4M3, g, **kw)
+    else:
+        q, s = quantize_fp8(x, E4M3, g, **kw, **({} if two_d else {"axis": -1}))
+    rkw = {"block_size": block, "scaling_recipe": recipe} if two_d else {"block_size": block,
+                                                                          "axis": -1}  # fmt: skip
+    q1, s1 = _ref(x, E4M3, g, rkw)
+    _assert_q_close(q, q1, s, s1)
+    if dual:
+        q2, s2 = _ref(x.t().contiguous(), E4M3, g, rkw)
+        _assert_q_close(qt, q2, st, s2)
+        assert qt.is_contiguous() and qt.shape == (n, m)
+
+
+def test_quant_impl_env_is_validated(monkeypatch):
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v3")
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_IMPL"):
+        quantize_fp8_with_trans(_x(64, 128), E4M3, G.BLOCKWISE, block_size=128)

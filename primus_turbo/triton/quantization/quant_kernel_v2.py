@@ -1,0 +1,200 @@
+"""Quantization kernels, version 2 (``PRIMUS_TURBO_QUANT_IMPL=v2``, the default).
+
+``quant_tile_v2_kernel`` covers the one-pass blockwise recipes (1x128 + dual 128x1, 128x128
+tiles, MX 1x32 + dual 32x1) of a row-contiguous input. Against ``quant_tile_kernel`` (v1):
+* ``SAT`` (NVIDIA): the fp32 -> fp8 conversion is ``cvt.rn.satfinite``, which already clamps
+  to +-max (inf included) and keeps NaN, so the clamp + NaN select (4 of ~30 instructions per
+  element and output on sm_90) is dropped; the launcher caps registers (``maxnreg``) so two
+  8-warp programs share an SM.
+* ``STAGES >= 2``: persistent programs walk the tiles ``pid, pid + P, ...`` in a
+  software-pipelined loop (cp.async on NVIDIA: the next tile is in flight while this one is
+  reduced and stored). Used only where no output is transposed: a transposed read of the
+  (unswizzled) staging buffer is bank-conflicted 16 ways on sm_90. ``STAGES == 1``: one tile
+  per program, no loop.
+Per tile the input is read once, both outputs come from registers, the dual copy is
+transposed in registers (its ``[N, M]`` store runs along M in 16-byte vectors when M % 16 == 0)
+and scales are written once. Semantics are those of v1 (same ``_scale_of``/``_finite_abs``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
+from primus_turbo.triton.quantization.quant_kernel import (
+    MX,
+    ROWS,
+    TILE,
+    _cast,
+    _finite_abs,
+    _scale_of,
+)
+
+
+@triton.jit
+def _cast2(x, scale, FMAX: tl.constexpr, dtype, FMT: tl.constexpr, SAT: tl.constexpr):
+    """``_cast``; with ``SAT`` (NVIDIA: the fp32 -> fp8 conversion is ``cvt.rn.satfinite``,
+    which already clamps finite values and inf to +-max and keeps NaN) the clamp is skipped."""
+    if SAT:
+        return (x * scale).to(dtype)
+    return _cast(x, scale, FMAX, dtype, FMT)
+
+
+@triton.jit
+def _one_tile(
+    t, grid_n, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xm, stride_qm, stride_qtn,
+    stride_sm, stride_sn, stride_stm, stride_stn, BM: tl.constexpr, BN: tl.constexpr,
+    MODE: tl.constexpr, DUAL: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr,
+    FMT: tl.constexpr, SAT: tl.constexpr,
+):  # fmt: skip
+    qty = q_ptr.dtype.element_ty
+    pid_m = t // grid_n
+    pid_n = t - pid_m * grid_n
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rm64 = rm.to(tl.int64)
+    mask_m = rm < M
+    mask_n = rn < N
+    mask = mask_m[:, None] & mask_n[None, :]
+    x = tl.load(x_ptr + rm64[:, None] * stride_xm + rn[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    a = _finite_abs(x)
+    q_ptrs = q_ptr + rm64[:, None] * stride_qm + rn[None, :]
+    qt_ptrs = qt_ptr + rn.to(tl.int64)[:, None] * stride_qtn + rm[None, :]
+    mask_t = mask_n[:, None] & mask_m[None, :]
+    if MODE == 4:  # MX: E8M0 scale per 32 along N (dual: per 32 along M)
+        G: tl.constexpr = BN // 32
+        scale, sinv = _scale_of(tl.max(tl.reshape(a, (BM, G, 32)), axis=2), FMAX, True, EMAX)
+        q = _cast2(tl.reshape(x, (BM, G, 32)), scale[:, :, None], FMAX, qty, FMT, SAT)
+        tl.store(q_ptrs, tl.reshape(q, (BM, BN)), mask=mask)
+        rg = pid_n * G + tl.arange(0, G)
+        tl.store(s_ptr + rm64[:, None] * stride_sm + rg[None, :] * stride_sn,
+                 sinv.to(s_ptr.dtype.element_ty),
+                 mask=mask_m[:, None] & (rg[None, :] * 32 < N))  # fmt: skip
+        if DUAL:
+            GM: tl.constexpr = BM // 32
+            sc, sinv_c = _scale_of(tl.max(tl.reshape(a, (GM, 32, BN)), axis=1), FMAX, True,
+                                   EMAX)  # fmt: skip
+            qc = _cast2(tl.reshape(x, (GM, 32, BN)), sc[:, None, :], FMAX, qty, FMT, SAT)
+            tl.store(qt_ptrs, tl.trans(tl.reshape(qc, (BM, BN))), mask=mask_t)
+            rgm = pid_m * GM + tl.arange(0, GM)
+            tl.store(st_ptr + rgm[:, None] * stride_stm + rn[None, :] * stride_stn,
+                     sinv_c.to(st_ptr.dtype.element_ty),
+                     mask=(rgm[:, None] * 32 < M) & mask_n[None, :])  # fmt: skip
+    elif MODE == 0:  # ROWS: one scale per row of the tile (1 x BN blocks)
+        scale, sinv = _scale_of(tl.max(a, axis=1), FMAX, False, EMAX)
+        tl.store(q_ptrs, _cast2(x, scale[:, None], FMAX, qty, FMT, SAT), mask=mask)
+        tl.store(s_ptr + rm64 * stride_sm + pid_n * stride_sn, sinv, mask=mask_m)
+        if DUAL:  # one scale per column of the tile (BM x 1 blocks) into the copy
+            sc, sinv_c = _scale_of(tl.max(a, axis=0), FMAX, False, EMAX)
+            tl.store(qt_ptrs, tl.trans(_cast2(x, sc[None, :], FMAX, qty, FMT, SAT)), mask=mask_t)
+            tl.store(st_ptr + pid_m * stride_stm + rn * stride_stn, sinv_c, mask=mask_n)
+    else:  # TILE: one scale for the tile, shared by the dual copy
+        scale, sinv = _scale_of(tl.max(tl.max(a, axis=1), axis=0), FMAX, False, EMAX)
+        q = _cast2(x, scale, FMAX, qty, FMT, SAT)
+        tl.store(q_ptrs, q, mask=mask)
+        tl.store(s_ptr + pid_m * stride_sm + pid_n * stride_sn, sinv)
+        if DUAL:
+            tl.store(qt_ptrs, tl.trans(q), mask=mask_t)
+
+
+@triton.jit
+def quant_tile_v2_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    qt_ptr,
+    st_ptr,
+    M,
+    N,
+    stride_xm,
+    stride_qm,
+    stride_qtn,
+    stride_sm,
+    stride_sn,
+    stride_stm,
+    stride_stn,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    MODE: tl.constexpr,
+    DUAL: tl.constexpr,
+    FMAX: tl.constexpr,
+    EMAX: tl.constexpr,
+    FMT: tl.constexpr = (0, 0, 0, 0),
+    STAGES: tl.constexpr = 1,
+    SAT: tl.constexpr = False,
+):
+    """``x`` [M, N] (unit column stride) -> ``q`` [M, N] (unit column stride) and, with
+    ``DUAL``, ``qt`` [N, M] (unit column stride). Scale tensors are addressed by strides
+    (``s``: (row, block) for ROWS/MX, (tile row, tile col) for TILE; ``st``: (M block, column)
+    for ROWS/MX; TILE shares ``s``)."""
+    pid = tl.program_id(0)
+    grid_n = tl.cdiv(N, BN)
+    if STAGES == 1:  # one tile per program (no loop: fewer registers)
+        _one_tile(pid, grid_n, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xm, stride_qm,
+                  stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn, BM, BN, MODE, DUAL,
+                  FMAX, EMAX, FMT, SAT)  # fmt: skip
+    else:  # persistent, software-pipelined over the tiles pid, pid + P, ...
+        ntiles = tl.cdiv(M, BM) * grid_n
+        for t in tl.range(pid, ntiles, tl.num_programs(0), num_stages=STAGES):
+            _one_tile(t, grid_n, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xm,
+                      stride_qm, stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn, BM,
+                      BN, MODE, DUAL, FMAX, EMAX, FMT, SAT)  # fmt: skip
+
+
+# ---- ahead-of-time check -------------------------------------------------------------------
+
+# (name, mode, BM, BN, dual, warps, stages) as quant_launch picks them for v2 by default.
+# Stages 1: one tile per program; >= 2: persistent + cp.async-pipelined (only where no output
+# is transposed: the pipelined tile sits in an unswizzled shared buffer, and a transposed read
+# of it is bank-conflicted 16 ways on sm_90, as the AOT PTX shows).
+V2_CONFIGS = {
+    "block_dual": (ROWS, 128, 128, True, 8, 1),
+    "tile": (TILE, 128, 128, False, 8, 2),
+    "tile_dual": (TILE, 128, 128, True, 8, 1),
+    "mx_dual": (MX, 64, 64, True, 4, 1),
+    "mx_rows": (MX, 32, 128, False, 4, 2),
+}
+MAXNREG = 128  # NVIDIA: registers/thread cap, so two 8-warp programs fit on an SM
+
+
+def aot_specs(target: str) -> list[AotSpec]:
+    """bf16 input, the target's e4m3 output (FNUZ on gfx942); MX only on gfx950 / sm_90.
+    ``M`` carries the ``:16`` hint the JIT gives model shapes (it lets the transposed store
+    vectorise along M)."""
+    assert target in AOT_TARGETS, target
+    fp8, fmax = ("fp8e4b8", 240.0) if target == "gfx942" else ("fp8e4nv", 448.0)
+    sig = {
+        "x_ptr": "*bf16",
+        "q_ptr": f"*{fp8}",
+        "s_ptr": "*fp32",
+        "qt_ptr": f"*{fp8}",
+        "st_ptr": "*fp32",
+        "M": "i32:16",
+        "N": "i32:16",
+        "stride_xm": "i32:16",
+        "stride_qm": "i32:16",
+        "stride_qtn": "i32:16",
+        "stride_sm": "i32",
+        "stride_sn": "i32",
+        "stride_stm": "i32",
+        "stride_stn": "i32",
+    }
+    specs = []
+    for name, (mode, bm, bn, dual, warps, stages) in V2_CONFIGS.items():
+        if mode == MX and target == "gfx942":
+            continue
+        s = dict(sig)
+        if mode == MX:
+            s.update({"s_ptr": "*u8", "st_ptr": "*u8"})
+        if target != "sm_90":
+            stages = 1  # the launcher pipelines on NVIDIA only (gfx950 tile: 24 SGPR spills)
+        cx = {"BM": bm, "BN": bn, "MODE": mode, "DUAL": dual, "FMAX": fmax, "EMAX": 8,
+              "FMT": (0, 0, 0, 0), "STAGES": stages, "SAT": target == "sm_90"}  # fmt: skip
+        specs.append(
+            AotSpec(f"quant_v2_{name}_{fp8}", quant_tile_v2_kernel, s, cx,
+                    {"num_warps": warps, **({"maxnreg": MAXNREG} if target == "sm_90" else {})},
+                    default=name == "block_dual")
+        )  # fmt: skip
+    return specs
