@@ -130,20 +130,52 @@ def select_config(m: int, n: int, k: int, family: ArchFamily, num_cus: int) -> G
     return best
 
 
-def select_split_k(m: int, n: int, k: int, cfg: GemmConfig, num_cus: int) -> int:
-    """Split K when the output has fewer tiles than CUs and K is long enough to share.
+# Split-K rule (pure; the tuner times the plan it gives next to the plain one).
+SPLIT_K_MIN_K = 2048  # shorter K: the per-slice epilogue outweighs the better CU fill
+SPLIT_K_MAX = 8
+SPLIT_K_MIN_SLICE = 8  # K tiles per slice at least (shorter slices are epilogue-bound)
+SPLIT_K_ITEM_COST = 2  # modelled cost of one slice's partial write + reduction, in K tiles
+SPLIT_K_MIN_GAIN = 0.9  # split only if the model predicts at least a 10% shorter kernel
 
-    Returns a power of two <= 8 such that tiles * split roughly fills the CUs and every slice
-    keeps at least 8 K-tiles of work (shorter slices lose more to the fp32 partial sums).
-    """
+
+def split_k_eligible(m: int, n: int, k: int, cfg: GemmConfig, num_cus: int) -> bool:
+    """Few output tiles (under two waves of the persistent grid) and a long K."""
     tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
+    return k >= SPLIT_K_MIN_K and tiles < 2 * num_cus * cfg.programs_per_cu
+
+
+def split_k_cost(m: int, n: int, k: int, cfg: GemmConfig, num_cus: int, split: int) -> int:
+    """Modelled kernel time in K-tile iterations of one program: the number of waves of
+    ``tiles * split`` work items over ``num_cus * programs_per_cu`` slots, times the longest
+    slice plus the fixed cost of a partial (workspace store, counter, reduction)."""
+    tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
+    slots = num_cus * cfg.programs_per_cu
+    per_slice = _cdiv(_cdiv(k, cfg.block_k), split)
+    extra = SPLIT_K_ITEM_COST if split > 1 else 0
+    return _cdiv(tiles * split, slots) * (per_slice + extra)
+
+
+def select_split_k(m: int, n: int, k: int, cfg: GemmConfig, num_cus: int) -> int:
+    """Number of K slices for ``cfg`` (1 = no split).
+
+    Only for eligible shapes (``split_k_eligible``); the split in ``2..SPLIT_K_MAX`` with the
+    lowest modelled time (``split_k_cost``), smallest on ties, every slice keeping at least
+    ``SPLIT_K_MIN_SLICE`` K tiles, and only if it beats the plain kernel by 10% in the model.
+    E.g. DeepSeek-V3 kv_a 4096x576x7168 with 128x64 tiles and 2 programs per SM on 132 SMs:
+    288 tiles (1.09 waves) -> split 4 gives 1152 items (4.4 waves) of 28 K tiles each.
+    """
+    if not split_k_eligible(m, n, k, cfg, num_cus):
+        return 1
     k_tiles = _cdiv(k, cfg.block_k)
-    split = 1
-    while split < 8 and tiles * split * 2 <= num_cus * 2 and k_tiles // (split * 2) >= 8:
-        if tiles * split >= num_cus:
+    best, best_cost = 1, split_k_cost(m, n, k, cfg, num_cus, 1)
+    plain = best_cost
+    for split in range(2, SPLIT_K_MAX + 1):
+        if _cdiv(k_tiles, split) < SPLIT_K_MIN_SLICE:
             break
-        split *= 2
-    return split
+        cost = split_k_cost(m, n, k, cfg, num_cus, split)
+        if cost < best_cost:
+            best, best_cost = split, cost
+    return best if best_cost <= SPLIT_K_MIN_GAIN * plain else 1
 
 
 STREAM_K_MAX_TILE = 128 * 128

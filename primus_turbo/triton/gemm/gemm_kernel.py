@@ -9,19 +9,25 @@ with stride ``num_programs``; tile ids are swizzled in groups of ``GROUP_M`` row
 consecutive programs share B columns in L2. With ``num_programs == num_tiles`` this is the classic
 one-tile-per-program launch. Row/column offsets are int64 so outputs past 2**31 elements are safe.
 
-Split-K (``SPLIT_K > 1``, for outputs with fewer tiles than CUs): work item ``w`` is tile
-``w % num_tiles`` over the K slice ``w // num_tiles``; each writes an fp32 partial to
-``c + slice * stride_cs`` and the launcher sums the slices in a fixed order (deterministic).
+Split-K (``SPLIT``, for outputs with few tiles and a long K), one launch: work item ``w`` is
+K slice ``w % split_k`` of tile ``w // split_k`` (the slices of one tile run side by side, so
+their partials are still in L2 when summed). Every slice stores its fp32 partial in the
+workspace ``ws[tile, slice]`` and bumps the tile's arrival counter (acq_rel); the program that
+arrives last adds the ``split_k`` partials in slice order 0, 1, ... (bitwise deterministic,
+whichever program finishes last), writes the output dtype and puts the counter back to zero
+for the next call. No program ever waits, so no residency assumption is needed.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import triton
 import triton.language as tl
 
+from primus_turbo.pytorch.core.logging import get_logger
 from primus_turbo.pytorch.core.platform import (
     ArchFamily,
     arch_family,
@@ -84,43 +90,30 @@ def _tile_mma(
 
 @triton.jit
 def gemm_kernel(
-    a_ptr,
-    b_ptr,
-    c_ptr,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
-    stride_cs,
-    num_programs,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    UPCAST: tl.constexpr,
-    SPLIT_K: tl.constexpr = 1,
-):
+    a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    num_programs, split_k, k_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
+    SPLIT: tl.constexpr = False, RED_M: tl.constexpr = 16,
+):  # fmt: skip
+    """``split_k`` slices of ``k_per_split`` K tiles per output tile when ``SPLIT`` (else
+    ``split_k == 1`` and ``ws_ptr``/``cnt_ptr``/``k_per_split`` are unused)."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
-    k_per_split = tl.cdiv(k_tiles, SPLIT_K)
-    for work_id in range(pid, num_tiles * SPLIT_K, num_programs):
-        if SPLIT_K == 1:
+    for work_id in range(pid, num_tiles * split_k, num_programs):
+        if SPLIT:
+            tile_id = work_id // split_k
+            k_slice = work_id % split_k
+            kt_start = k_slice * k_per_split
+            kt_end = tl.minimum(kt_start + k_per_split, k_tiles)
+        else:
             tile_id = work_id
             kt_start = 0
             kt_end = k_tiles
-        else:
-            tile_id = work_id % num_tiles
-            kt_start = (work_id // num_tiles) * k_per_split
-            kt_end = tl.minimum(kt_start + k_per_split, k_tiles)
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -135,11 +128,31 @@ def gemm_kernel(
             a_ptr, b_ptr, rm64, rn64, mask_m, mask_n, kt_start, kt_end, K,
             stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST,
         )  # fmt: skip
-        c = acc.to(c_ptr.dtype.element_ty)
-        c_ptrs = c_ptr + rm64[:, None] * stride_cm + rn64[None, :] * stride_cn
-        if SPLIT_K > 1:
-            c_ptrs += (work_id // num_tiles).to(tl.int64) * stride_cs
-        tl.store(c_ptrs, c, mask=mask_m & mask_n)
+        if SPLIT:
+            offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            ws_tile = ws_ptr + tile_id.to(tl.int64) * split_k * (BLOCK_M * BLOCK_N)
+            tl.store(ws_tile + k_slice * (BLOCK_M * BLOCK_N) + offs_tile, acc)
+            tl.debug_barrier()  # all threads' partial stores precede the release below
+            arrived = tl.atomic_add(cnt_ptr + tile_id, 1, sem="acq_rel")
+            if arrived == split_k - 1:
+                # last slice of this tile to finish: fixed-order sum, read from L2 (.cg), in
+                # chunks of RED_M rows so that the sum never holds a whole fp32 tile (spills)
+                for r in range(0, BLOCK_M, RED_M):
+                    rows = r + tl.arange(0, RED_M)
+                    offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+                    total = tl.load(ws_tile + offs, cache_modifier=".cg")
+                    for q in range(1, split_k):
+                        total += tl.load(ws_tile + q * (BLOCK_M * BLOCK_N) + offs,
+                                         cache_modifier=".cg")  # fmt: skip
+                    rm_r = pid_m * BLOCK_M + rows
+                    c_ptrs = c_ptr + rm_r.to(tl.int64)[:, None] * stride_cm
+                    c_ptrs += rn64[None, :] * stride_cn
+                    mask = (rm_r[:, None] < M) & mask_n
+                    tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
+                tl.atomic_xchg(cnt_ptr + tile_id, 0)
+        else:
+            c_ptrs = c_ptr + rm64[:, None] * stride_cm + rn64[None, :] * stride_cn
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
 
 
 @triton.jit
@@ -211,53 +224,51 @@ _flags: dict[tuple, torch.Tensor] = {}
 
 
 def _launch(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily, split_k: int = 1):
-    """Launch one config; with ``split_k > 1`` partials go to an fp32 workspace, then summed."""
+    """Launch one config; with ``split_k > 1`` the K range of every tile is cut into that many
+    slices (fewer if K is short) and reduced inside the same launch (see the module doc)."""
     # plain integer ceil-div: triton.cdiv is a @jit function, slow to call from the host
-    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n) * split_k
-    if family == ArchFamily.CPU:
-        programs = tiles
-    else:
-        programs = min(tiles, num_compute_units(a.device) * cfg.programs_per_cu)
-    out = c if split_k == 1 else torch.empty((split_k, m, n), device=c.device, dtype=torch.float32)
-    gemm_kernel[(programs,)](
-        a,
-        b,
-        out,
-        m,
-        n,
-        k,
-        sa[0],
-        sa[1],
-        sb[0],
-        sb[1],
-        out.stride(-2),
-        out.stride(-1),
-        out.stride(0) if split_k > 1 else 0,
-        programs,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m,
-        EVEN_K=k % cfg.block_k == 0,
-        UPCAST=_interpreting() and a.dtype == torch.bfloat16,
-        SPLIT_K=split_k,
-        **cfg.options,
-    )
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    k_per_split = 0
     if split_k > 1:
-        torch.sum(out, dim=0, out=c) if c.dtype == torch.float32 else c.copy_(out.sum(dim=0))
+        k_tiles = -(-k // cfg.block_k)
+        k_per_split = -(-k_tiles // min(split_k, k_tiles))
+        split_k = -(-k_tiles // k_per_split)  # no empty slices
+    items = tiles * split_k
+    if family == ArchFamily.CPU:
+        programs = items
+    else:
+        programs = min(items, num_compute_units(a.device) * cfg.programs_per_cu)
+    if split_k > 1:
+        ws = torch.empty(items * cfg.block_m * cfg.block_n, device=c.device, dtype=torch.float32)
+        counters = _zeroed_counters(c.device, tiles)
+    else:
+        ws = counters = c  # unused by the kernel
+    gemm_kernel[(programs,)](
+        a, b, c, ws, counters, m, n, k,
+        sa[0], sa[1], sb[0], sb[1], c.stride(0), c.stride(1),
+        programs, split_k, k_per_split,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        EVEN_K=k % cfg.block_k == 0, UPCAST=_interpreting() and a.dtype == torch.bfloat16,
+        SPLIT=split_k > 1, RED_M=_red_m(cfg), **cfg.options,
+    )  # fmt: skip
 
 
-def _stream_k_flags(device: torch.device, programs: int) -> torch.Tensor:
-    """Zeroed int32 flags, one per program, kept per (device, stream) across calls.
+def _red_m(cfg: GemmConfig) -> int:
+    """Rows per chunk of the split-K reduction: 4096 fp32 values at most (a power of two)."""
+    return max(1, min(cfg.block_m, 4096 // cfg.block_n))
 
-    The kernel leaves every flag it sets back at zero, so one zeroing at allocation suffices;
-    a separate buffer per stream keeps concurrent GEMMs on different streams apart.
+
+def _zeroed_counters(device: torch.device, count: int) -> torch.Tensor:
+    """Zeroed int32 counters/flags (at least ``count``), kept per (device, stream) across calls.
+
+    The split-K and stream-K kernels leave every entry they touch back at zero, so one zeroing
+    at allocation suffices; a separate buffer per stream keeps concurrent GEMMs apart.
     """
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device, stream)
     flags = _flags.get(key)
-    if flags is None or flags.numel() < programs:
-        flags = torch.zeros(max(programs, 512), dtype=torch.int32, device=device)
+    if flags is None or flags.numel() < count:
+        flags = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
         _flags[key] = flags
     return flags
 
@@ -273,7 +284,7 @@ def _launch_stream_k(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFami
     programs = -(-total // per_program)  # no empty programs
     ws = torch.empty((programs, cfg.block_m * cfg.block_n), device=c.device, dtype=torch.float32)
     gemm_streamk_kernel[(programs,)](
-        a, b, c, ws, _stream_k_flags(c.device, programs), m, n, k,
+        a, b, c, ws, _zeroed_counters(c.device, programs), m, n, k,
         sa[0], sa[1], sb[0], sb[1], c.stride(0), c.stride(1), per_program,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         EVEN_K=k % cfg.block_k == 0, UPCAST=_interpreting() and a.dtype == torch.bfloat16,
@@ -299,24 +310,32 @@ def _tune_key(m, n, k, a, b, c, sa, sb):
 
 
 def _candidates(m: int, n: int, k: int, family: ArchFamily, cus: int) -> list[Plan]:
-    """Every plan the tuner times: each config, plus split-K (opt-in) and stream-K where the
-    tile count leaves the last wave of CUs poorly filled."""
-    plans: list[Plan] = []
+    """Every plan the tuner times: each config, plus split-K where ``select_split_k`` splits
+    (``PRIMUS_TURBO_GEMM_SPLIT_K``: ``auto`` = both, ``1`` = only the split plans if any config
+    splits, ``0`` = none), plus stream-K (opt-in) where the last wave of CUs is poorly filled."""
+    mode = _split_k_mode()
+    plain: list[Plan] = []
+    split: list[Plan] = []
     for cand in gemm_configs(family):
-        plans.append((cand, 1, False))
-        split = select_split_k(m, n, k, cand, cus) if _split_k_enabled() else 1
-        if split > 1:
-            plans.append((cand, split, False))
+        plain.append((cand, 1, False))
+        factor = select_split_k(m, n, k, cand, cus) if mode != "0" else 1
+        if factor > 1:
+            split.append((cand, factor, False))
         if _stream_k_enabled() and use_stream_k(m, n, k, cand, cus):
-            plans.append((cand, 1, True))
-    return plans
+            plain.append((cand, 1, True))
+    if mode == "1" and split:
+        return split
+    return plain + split
 
 
 def _pick_config(a, b, c, m, n, k, sa, sb, family: ArchFamily) -> Plan:
     cus = num_compute_units(a.device)
-    if family == ArchFamily.CPU or is_graph_capturing() or not _config_tuning_enabled():
+    if is_graph_capturing():
+        # no split-K while capturing: its counter buffer must not be first allocated in a graph
+        return select_config(m, n, k, family, cus), 1, False
+    if family == ArchFamily.CPU or not _config_tuning_enabled():
         cfg = select_config(m, n, k, family, cus)
-        return cfg, select_split_k(m, n, k, cfg, cus) if _split_k_enabled() else 1, False
+        return cfg, select_split_k(m, n, k, cfg, cus) if _split_k_mode() != "0" else 1, False
     key = _tune_key(m, n, k, a, b, c, sa, sb)
     choice = _tuned.get(key)
     if choice is None:
@@ -333,6 +352,12 @@ def _pick_config(a, b, c, m, n, k, sa, sb, family: ArchFamily) -> Plan:
                 continue
         choice = min(timings, key=timings.get)
         _tuned[key] = choice
+        log = get_logger()
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "gemm tune M=%d N=%d K=%d: %s split_k=%d stream_k=%s (%.1f us)",
+                m, n, k, choice[0].name, choice[1], choice[2], timings[choice] * 1e3,
+            )  # fmt: skip
     return choice
 
 
@@ -342,14 +367,21 @@ def _interpreting() -> bool:
     return triton_interpret()
 
 
+SPLIT_K_MODES = ("0", "1", "auto")
+
+
 @functools.cache
-def _split_k_enabled() -> bool:
-    """Split-K is opt-in (``PRIMUS_TURBO_GEMM_SPLIT_K=1``): on the H200 (2026-11-29) it made the
-    CPU-launch-bound 4096x576x7168 case slower (extra workspace and sum launches), so the
-    default keeps one launch per GEMM until the launch path is cheaper."""
+def _split_k_mode() -> str:
+    """``PRIMUS_TURBO_GEMM_SPLIT_K``: ``0`` never split K, ``1`` split wherever the rule
+    (``select_split_k``) splits for some config, ``auto`` (default) let the tuner time the split
+    plans next to the plain ones. Without tuning (CPU, ``PRIMUS_TURBO_TRITON_TUNE=0``) ``auto``
+    follows the rule for the heuristic's config. Read once per process."""
     import os
 
-    return os.environ.get("PRIMUS_TURBO_GEMM_SPLIT_K", "0").strip() == "1"
+    value = os.environ.get("PRIMUS_TURBO_GEMM_SPLIT_K", "auto").strip().lower() or "auto"
+    if value not in SPLIT_K_MODES:
+        raise ValueError(f"PRIMUS_TURBO_GEMM_SPLIT_K must be one of {SPLIT_K_MODES}, got {value!r}")
+    return value
 
 
 @functools.cache
@@ -424,6 +456,8 @@ def aot_specs(target: str) -> list[AotSpec]:
             "a_ptr": f"*{t}",
             "b_ptr": f"*{t}",
             "c_ptr": f"*{t}",
+            "ws_ptr": f"*{t}",  # the launcher passes c for the unused workspace/counters
+            "cnt_ptr": f"*{t}",
             "M": "i32:16",
             "N": "i32:16",
             "K": "i32:16",
@@ -431,58 +465,49 @@ def aot_specs(target: str) -> list[AotSpec]:
             **strides,
             "stride_cm": "i32:16",
             "stride_cn": "i32:1",
-            "stride_cs": "i32",
             "num_programs": "i32",
+            "split_k": "i32:1",
+            "k_per_split": "i32",
         }
         signature = {k: signature[k] for k in _KERNEL_ARGS}
+        split_sig = {**signature, "ws_ptr": "*fp32", "cnt_ptr": "*i32", "split_k": "i32"}
         for cfg in gemm_configs(family):
-            specs.append(
-                AotSpec(
-                    name=f"gemm_{t}_{cfg.name}",
-                    fn=gemm_kernel,
-                    signature=signature,
-                    constexprs={
-                        "BLOCK_M": cfg.block_m,
-                        "BLOCK_N": cfg.block_n,
-                        "BLOCK_K": cfg.block_k,
-                        "GROUP_M": cfg.group_m,
-                        "EVEN_K": True,
-                        "UPCAST": False,
-                        "SPLIT_K": 1,
-                    },
-                    options=cfg.options,
-                    default=cfg == default,
-                )
-            )
+            constexprs = {
+                "BLOCK_M": cfg.block_m,
+                "BLOCK_N": cfg.block_n,
+                "BLOCK_K": cfg.block_k,
+                "GROUP_M": cfg.group_m,
+                "EVEN_K": True,
+                "UPCAST": False,
+                "SPLIT": False,
+                "RED_M": _red_m(cfg),
+            }
+            name = f"gemm_{t}_{cfg.name}"
+            specs.append(AotSpec(name, gemm_kernel, signature, constexprs, cfg.options,
+                                 default=cfg == default))  # fmt: skip
             if cfg == streamk_cfg:  # the largest tile the stream-K candidates use
                 sk_sig = {
-                    k: v for k, v in signature.items() if k not in ("stride_cs", "num_programs")
-                }
-                sk_sig = {
-                    **sk_sig,
-                    "ws_ptr": "*fp32",
-                    "flag_ptr": "*i32",
-                    "iters_per_program": "i32",
-                }
+                    "a_ptr": f"*{t}", "b_ptr": f"*{t}", "c_ptr": f"*{t}", "ws_ptr": "*fp32",
+                    "flag_ptr": "*i32", "iters_per_program": "i32",
+                    **{k: v for k, v in signature.items() if k in _STREAMK_ARGS},
+                }  # fmt: skip
                 specs.append(
                     AotSpec(f"gemm_streamk_{t}_{cfg.name}", gemm_streamk_kernel,
                             {k: sk_sig[k] for k in _STREAMK_ARGS},
-                            {k: v for k, v in specs[-1].constexprs.items() if k != "SPLIT_K"},
+                            {k: v for k, v in constexprs.items() if k not in ("SPLIT", "RED_M")},
                             cfg.options)
                 )  # fmt: skip
-            if cfg == default:  # the split-K specialisation writes fp32 partials
-                split_sig = {**signature, "c_ptr": "*fp32"}
-                constexprs = {**specs[-1].constexprs, "SPLIT_K": 4}
+            if dtype == torch.bfloat16:  # split-K: every config can get a split plan
                 specs.append(
-                    AotSpec(f"{specs[-1].name}_splitk4", gemm_kernel, split_sig, constexprs,
-                            cfg.options)
+                    AotSpec(f"{name}_splitk", gemm_kernel, split_sig,
+                            {**constexprs, "SPLIT": True}, cfg.options)
                 )  # fmt: skip
     return specs
 
 
 _KERNEL_ARGS = (
-    "a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn",
-    "stride_cm", "stride_cn", "stride_cs", "num_programs",
+    "a_ptr", "b_ptr", "c_ptr", "ws_ptr", "cnt_ptr", "M", "N", "K", "stride_am", "stride_ak",
+    "stride_bk", "stride_bn", "stride_cm", "stride_cn", "num_programs", "split_k", "k_per_split",
 )  # fmt: skip
 
 _STREAMK_ARGS = (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from primus_turbo.pytorch.core.platform import ArchFamily
@@ -52,13 +54,38 @@ def test_cpu_family_uses_interpreter_tiles():
 
 
 def test_split_k_only_when_tiles_do_not_fill_the_machine():
-    from primus_turbo.triton.gemm.gemm_configs import select_split_k
+    from primus_turbo.triton.gemm.gemm_configs import GemmConfig, select_split_k
 
     cfg = gemm_configs(ArchFamily.HOPPER)[0]  # 128x256
     assert select_split_k(8192, 8192, 8192, cfg, 132) == 1  # 2048 tiles
-    assert select_split_k(4096, 576, 7168, cfg, 132) == 2  # 96 tiles, long K
+    assert select_split_k(4096, 576, 7168, cfg, 132) == 4  # 96 tiles, long K
     assert select_split_k(128, 256, 8192, cfg, 132) == 8  # one tile, very long K
     assert select_split_k(128, 256, 512, cfg, 132) == 1  # K too short to share
+    assert select_split_k(4096, 7168, 576, cfg, 132) == 1  # kv_a dgrad: many tiles, short K
+    # kv_a with 128x64 tiles, 2 per SM: 288 tiles = 1.09 waves -> 7 slices of 16 K tiles
+    assert select_split_k(4096, 576, 7168, GemmConfig(128, 64, 64, programs_per_cu=2), 132) == 7
+    # one wave exactly filled, two waves needed for the plain kernel otherwise: no gain
+    assert select_split_k(128 * 12, 128 * 11, 4096, GemmConfig(128, 128, 64), 132) == 1
+
+
+def test_split_k_rule_properties():
+    """Every split the rule returns keeps >= SPLIT_K_MIN_SLICE K tiles per slice and lowers the
+    modelled time by >= 10% against the plain kernel; ineligible shapes never split."""
+    from primus_turbo.triton.gemm import gemm_configs as gc
+
+    for cfg in gemm_configs(ArchFamily.HOPPER) + gemm_configs(ArchFamily.CDNA3):
+        for m, n, k in [(4096, 576, 7168), (576, 7168, 4096), (4096, 1536, 7168), (256, 256, 2048),
+                        (1000, 3000, 5000), (64, 64, 100000)]:  # fmt: skip
+            for cus in (132, 304):
+                split = gc.select_split_k(m, n, k, cfg, cus)
+                assert 1 <= split <= gc.SPLIT_K_MAX
+                if not gc.split_k_eligible(m, n, k, cfg, cus):
+                    assert split == 1
+                if split > 1:
+                    k_tiles = math.ceil(k / cfg.block_k)
+                    assert math.ceil(k_tiles / split) >= gc.SPLIT_K_MIN_SLICE
+                    plain = gc.split_k_cost(m, n, k, cfg, cus, 1)
+                    assert gc.split_k_cost(m, n, k, cfg, cus, split) <= 0.9 * plain
 
 
 def test_stream_k_only_for_a_poorly_filled_last_wave():

@@ -266,18 +266,116 @@ def test_gemm_int64_offsets():
     assert_close(out[rows], ref, torch.bfloat16)
 
 
-@pytest.mark.parametrize("split_k", [2, 4])
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_gemm_triton_split_k(split_k, out_dtype, monkeypatch, device):
-    """Split-K partials (fp32 workspace, fixed-order sum) give the same product; K not a
-    multiple of the tile and slices of unequal length included."""
+def _force_split_k(monkeypatch, split_k=None):
+    """TRITON backend with split-K on (``PRIMUS_TURBO_GEMM_SPLIT_K=1``); ``split_k`` pins the
+    factor (the interpreter's tiny K would not pass the rule's long-K test)."""
     from primus_turbo.triton.gemm import gemm_kernel as gk
 
-    monkeypatch.setattr(gk, "_config_tuning_enabled", lambda: False)
-    monkeypatch.setattr(gk, "_split_k_enabled", lambda: True)
-    monkeypatch.setattr(gk, "select_split_k", lambda *args: split_k)
+    monkeypatch.setenv("PRIMUS_TURBO_GEMM_SPLIT_K", "1")
+    gk._split_k_mode.cache_clear()
+    monkeypatch.setattr(gk, "_tuned", {})
+    if split_k is not None:
+        monkeypatch.setattr(gk, "_config_tuning_enabled", lambda: False)
+        monkeypatch.setattr(gk, "select_split_k", lambda *args: split_k)
     GlobalBackendManager.set_gemm_backend(BackendType.TRITON)
-    _check_fwd_bwd(24, 40, 200, False, True, torch.bfloat16, device, out_dtype=out_dtype)
+    return gk
+
+
+@pytest.fixture
+def _split_k_mode_reset():
+    from primus_turbo.triton.gemm import gemm_kernel as gk
+
+    yield
+    gk._split_k_mode.cache_clear()
+
+
+@pytest.mark.usefixtures("_split_k_mode_reset")
+@pytest.mark.parametrize("trans_a,trans_b", LAYOUTS, ids=["NN", "NT", "TN", "TT"])
+def test_gemm_triton_split_k(trans_a, trans_b, monkeypatch, device):
+    """Split-K (fp32 partials per K slice, summed in slice order by the tile's last program)
+    gives the product for forward, dgrad and wgrad in every layout; K not a multiple of the
+    tile and slices of unequal length included."""
+    _force_split_k(monkeypatch, split_k=3)
+    _check_fwd_bwd(20, 24, 100, trans_a, trans_b, torch.bfloat16, device)
+
+
+@pytest.mark.usefixtures("_split_k_mode_reset")
+@pytest.mark.parametrize("split_k", [2, 8])
+def test_gemm_triton_split_k_fp32_out(split_k, monkeypatch, device):
+    """fp32 output, and a split larger than some of the K ranges allow (slices are merged)."""
+    _force_split_k(monkeypatch, split_k=split_k)
+    _check_fwd_bwd(37, 20, 100, False, True, torch.float16, device, out_dtype=torch.float32)
+
+
+@pytest.mark.deterministic
+@pytest.mark.usefixtures("_split_k_mode_reset")
+def test_gemm_triton_split_k_deterministic(monkeypatch, device):
+    """The slices are added in a fixed order whichever program arrives last, so repeated calls
+    are bitwise equal, and every arrival counter is back at zero after a call."""
+    gk = _force_split_k(monkeypatch, split_k=4)
+    a = rand(40, 300, dtype=torch.bfloat16, device=device)
+    b = rand(300, 36, dtype=torch.bfloat16, device=device)
+    first = turbo.ops.gemm(a, b)
+    for _ in range(3):
+        assert torch.equal(turbo.ops.gemm(a, b), first)
+    assert all(int(counters.count_nonzero()) == 0 for counters in gk._flags.values())
+
+
+@pytest.mark.usefixtures("_split_k_mode_reset")
+@pytest.mark.parametrize("value,mode", [("0", "0"), ("1", "1"), ("auto", "auto"), ("", "auto")])
+def test_split_k_env_modes(value, mode, monkeypatch):
+    """PRIMUS_TURBO_GEMM_SPLIT_K picks the tuner's candidates: DeepSeek-V3 kv_a on an H200."""
+    from primus_turbo.pytorch.core.platform import ArchFamily
+    from primus_turbo.triton.gemm import gemm_kernel as gk
+
+    monkeypatch.setenv("PRIMUS_TURBO_GEMM_SPLIT_K", value)
+    gk._split_k_mode.cache_clear()
+    assert gk._split_k_mode() == mode
+    plans = gk._candidates(4096, 576, 7168, ArchFamily.HOPPER, 132)
+    splits = [plan for plan in plans if plan[1] > 1]
+    assert bool(splits) == (mode != "0")
+    assert all(plan[1] > 1 for plan in plans) == (mode == "1")
+    # a large square output never splits, whatever the mode
+    assert all(plan[1] == 1 for plan in gk._candidates(8192, 8192, 8192, ArchFamily.HOPPER, 132))
+
+
+@pytest.mark.usefixtures("_split_k_mode_reset")
+def test_split_k_env_rejects_bad_value(monkeypatch):
+    from primus_turbo.triton.gemm import gemm_kernel as gk
+
+    monkeypatch.setenv("PRIMUS_TURBO_GEMM_SPLIT_K", "yes")
+    gk._split_k_mode.cache_clear()
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_GEMM_SPLIT_K"):
+        gk._split_k_mode()
+
+
+# DeepSeek-V3 kv_a and q_a: few output tiles, long K (the shapes split-K is for).
+SPLIT_K_GPU_SHAPES = [(4096, 576, 7168), (4096, 1536, 7168)]
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("_split_k_mode_reset")
+@pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False)], ids=["NT", "TN"])
+@pytest.mark.parametrize("m,n,k", SPLIT_K_GPU_SHAPES, ids=str)
+def test_gemm_triton_split_k_gpu_shapes(m, n, k, trans_a, trans_b, monkeypatch, device):
+    """The tuner with split-K forced where the rule splits (fwd, dgrad and wgrad)."""
+    _force_split_k(monkeypatch)
+    _check_fwd_bwd(m, n, k, trans_a, trans_b, torch.bfloat16, device)
+
+
+@pytest.mark.gpu
+@pytest.mark.deterministic
+@pytest.mark.usefixtures("_split_k_mode_reset")
+def test_gemm_triton_split_k_deterministic_gpu(monkeypatch, device):
+    """kv_a with split 7 on a real GPU: programs finish in any order, results stay bitwise equal."""
+    gk = _force_split_k(monkeypatch, split_k=7)
+    a = rand(4096, 7168, dtype=torch.bfloat16, device=device)
+    b = rand(576, 7168, dtype=torch.bfloat16, device=device)
+    first = turbo.ops.gemm(a, b, trans_b=True)
+    assert_close(first, gemm_ref(a, b, False, True, torch.float32), torch.bfloat16)
+    for _ in range(5):
+        assert torch.equal(turbo.ops.gemm(a, b, trans_b=True), first)
+    assert all(int(counters.count_nonzero()) == 0 for counters in gk._flags.values())
 
 
 def _force_stream_k(monkeypatch):
