@@ -240,16 +240,20 @@ def run_case(
             "grouped_mm": lambda ap, bp: _grouped_mm_peer(ap, bp, ends),
             "loop": lambda ap, bp: _loop_peer(ap, bp, lens),
         }
+        if args.peers:
+            peers = {k: v for k, v in peers.items() if k in args.peers}
         fwd_only = set()
         if args.fp8 != "none":
-            del peers["loop"]
+            peers.pop("loop", None)
             peers["turbo_bf16"] = lambda ap, bp: turbo.ops.grouped_gemm(ap, bp, gl, trans_b=True)
+            if args.peers:
+                peers = {k: v for k, v in peers.items() if k in args.peers}
             try:
                 scaled = _scaled_grouped_mm_peer(a, b, ends)
             except Exception as e:
                 scaled = None
                 print(f"  peer scaled_grouped_mm unavailable: {type(e).__name__}: {str(e)[:200]}")
-            if scaled is not None:
+            if scaled is not None and (not args.peers or "scaled_grouped_mm" in args.peers):
                 peers["scaled_grouped_mm"] = scaled
                 fwd_only.add("scaled_grouped_mm")
         timings = {}
@@ -318,6 +322,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--models", nargs="+", default=None, help="config.RAGGED_GROUPED_GEMM_SPECS")
     p.add_argument("--max-cases", type=int, default=None)
+    p.add_argument(
+        "--peers",
+        nargs="+",
+        choices=PEERS,
+        default=None,
+        help="time only these peers (default: all that apply; the loop peer is slow on G=128)",
+    )
     p.add_argument("--skip-check", action="store_true", help="time only (no fp32 reference)")
     add_common_args(p)
     args = p.parse_args(argv)
