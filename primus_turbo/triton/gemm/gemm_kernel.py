@@ -310,9 +310,10 @@ def _tune_key(m, n, k, a, b, c, sa, sb):
 
 
 def _candidates(m: int, n: int, k: int, family: ArchFamily, cus: int) -> list[Plan]:
-    """Every plan the tuner times: each config, plus split-K where ``select_split_k`` splits
-    (``PRIMUS_TURBO_GEMM_SPLIT_K``: ``auto`` = both, ``1`` = only the split plans if any config
-    splits, ``0`` = none), plus stream-K (opt-in) where the last wave of CUs is poorly filled."""
+    """Every plan the tuner times: each config; split-K where ``select_split_k`` splits (its
+    factor and, from 4 up, half of it); stream-K (opt-in) where the last wave is poorly filled.
+    ``PRIMUS_TURBO_GEMM_SPLIT_K``: ``auto`` = plain and split plans, ``1`` = only the split
+    plans if any config splits, ``0`` = no split plans."""
     mode = _split_k_mode()
     plain: list[Plan] = []
     split: list[Plan] = []
@@ -321,6 +322,8 @@ def _candidates(m: int, n: int, k: int, family: ArchFamily, cus: int) -> list[Pl
         factor = select_split_k(m, n, k, cand, cus) if mode != "0" else 1
         if factor > 1:
             split.append((cand, factor, False))
+            if factor >= 4:  # half the slices: half the partial traffic (a runtime argument,
+                split.append((cand, factor // 2, False))  # so no extra compile)
         if _stream_k_enabled() and use_stream_k(m, n, k, cand, cus):
             plain.append((cand, 1, True))
     if mode == "1" and split:
