@@ -10,6 +10,7 @@
 // in a fixed order (deterministic for a given device and shape). Generic path (any hidden, e.g.
 // 1 or 127): the same math with scalar loads.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <type_traits>
 
@@ -364,10 +365,23 @@ constexpr int kFwdMaxVpt = 8, kBwdMaxVpt = 4;
 
 constexpr int64_t kNarrowRowBytes = 8192;  // auto: "narrow" rows (bf16 hidden <= 4096)
 
+// The environment's plan per direction, cached (-1: read at the next call; see
+// rmsnorm_gpu_reload_plans). A race between two first calls reads the same value twice.
+std::atomic<int> g_fwd_env{-1}, g_bwd_env{-1};
+
+inline PlanKind cached_plan(std::atomic<int>& slot, const char* var) {
+  int v = slot.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = static_cast<int>(env_plan(var));
+    slot.store(v, std::memory_order_relaxed);
+  }
+  return static_cast<PlanKind>(v);
+}
+
 template <typename T>
 PlanKind fwd_plan(int64_t hidden) {
-  static const PlanKind env = env_plan("PRIMUS_TURBO_RMSNORM_CPP_FWD_PLAN");
-  if (env == PlanKind::kTiles || env == PlanKind::kPersist) return env;
+  const PlanKind env = cached_plan(g_fwd_env, "PRIMUS_TURBO_RMSNORM_CPP_FWD_PLAN");
+  if (env == PlanKind::kTiles || env == PlanKind::kPersist || env == PlanKind::kRows) return env;
   if (env == PlanKind::kPrev) return PlanKind::kPersist;
   return hidden * static_cast<int64_t>(sizeof(T)) > kNarrowRowBytes ? PlanKind::kTiles
                                                                      : PlanKind::kPersist;
@@ -381,7 +395,7 @@ constexpr DType dtype_of() {
 
 template <typename T>
 PlanKind bwd_plan_kind(int64_t hidden) {
-  static const PlanKind env = env_plan("PRIMUS_TURBO_RMSNORM_CPP_BWD_PLAN");
+  const PlanKind env = cached_plan(g_bwd_env, "PRIMUS_TURBO_RMSNORM_CPP_BWD_PLAN");
   if (env != PlanKind::kAuto) return env;
   const bool narrow = hidden * static_cast<int64_t>(sizeof(T)) <= kNarrowRowBytes;
   return narrow && rmsnorm_bwd_rows_applies(hidden, dtype_of<T>()) ? PlanKind::kRows
@@ -442,10 +456,13 @@ Status fwd_launch(const void* x, const void* w, void* y, float* rstd, int64_t ro
 template <typename T>
 Status fwd_dispatch(const void* x, const void* w, void* y, float* rstd, int64_t rows,
                     int64_t hidden, float eps, ptStream_t s) {
-  if (fwd_plan<T>(hidden) == PlanKind::kTiles) {
+  const PlanKind kind = fwd_plan<T>(hidden);
+  if (kind == PlanKind::kTiles || kind == PlanKind::kRows) {
     bool handled = false;
-    const Status st = rmsnorm_fwd_tiles(x, w, y, rstd, rows, hidden, eps, dtype_of<T>(), s,
-                                        &handled);
+    const Status st =
+        kind == PlanKind::kTiles
+            ? rmsnorm_fwd_tiles(x, w, y, rstd, rows, hidden, eps, dtype_of<T>(), s, &handled)
+            : rmsnorm_fwd_rows(x, w, y, rstd, rows, hidden, eps, dtype_of<T>(), s, &handled);
     if (st != kOk || handled) return st;
   }
   return fwd_launch<T>(x, w, y, rstd, rows, hidden, eps, s);
@@ -569,6 +586,11 @@ Status rmsnorm_fwd_gpu(const void* x, const void* w, void* y, float* rstd, int64
     case DType::kBFloat16: return fwd_dispatch<pt_bf16>(x, w, y, rstd, rows, hidden, eps, s);
   }
   return kUnsupportedDType;
+}
+
+void rmsnorm_gpu_reload_plans() noexcept {
+  g_fwd_env.store(-1, std::memory_order_relaxed);
+  g_bwd_env.store(-1, std::memory_order_relaxed);
 }
 
 Status rmsnorm_bwd_gpu_partials(int64_t rows, int64_t hidden, DType dtype,

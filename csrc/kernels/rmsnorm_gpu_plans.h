@@ -23,9 +23,12 @@ Status rmsnorm_bwd_tiles(const void* dy, const void* x, const void* w, const flo
                          void* dx, float* part, int64_t rows, int64_t hidden, DType dtype,
                          ptStream_t s, int64_t* nparts) noexcept;
 
-// "rows" backward (one warp per row, narrow rows): whether it applies to `hidden` (vector path,
-// at most 16 vectors per lane), the partial dw rows it writes, and the launch (*nparts -1: not
-// handled, e.g. unaligned pointers).
+// "rows" plan (one warp per row, narrow rows): the forward (*handled false: not applicable);
+// whether the backward applies to `hidden` (vector path, at most 16 vectors per lane), the
+// partial dw rows it writes, and its launch (*nparts -1: not handled, e.g. unaligned pointers).
+Status rmsnorm_fwd_rows(const void* x, const void* w, void* y, float* rstd, int64_t rows,
+                        int64_t hidden, float eps, DType dtype, ptStream_t s,
+                        bool* handled) noexcept;
 bool rmsnorm_bwd_rows_applies(int64_t hidden, DType dtype) noexcept;
 Status rmsnorm_bwd_rows_partials(int64_t rows, int64_t hidden, DType dtype,
                                  int64_t* nparts) noexcept;

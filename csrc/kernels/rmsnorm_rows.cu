@@ -29,6 +29,65 @@ constexpr int64_t kRowsSmemBudget = 100 * 1024;
 constexpr int kRowsMaxWarps = 8;  // warps per block at most
 constexpr int kRowsMaxVpt = 16;
 
+// Forward: one warp per row, persistent (row = block * G + warp, stride gridDim.x * G); the next
+// row's x is loaded before the current row's warp reduction and stores (VPT <= 8; above, the
+// second buffer would cost too many registers; 8 warps per SM still hold ~100 KB in flight).
+template <typename T, int VPT>
+__global__ void __launch_bounds__(kRowsMaxWarps * kWarpSize)
+    fwd_rows_kernel(const T* __restrict__ x, const T* w, T* __restrict__ y,
+                    float* __restrict__ rstd, int64_t rows, int nvec, float inv_h, float eps) {
+  constexpr int N = Vec16<T>::N;
+  constexpr bool kPrefetch = VPT <= 8;
+  const int64_t hidden = static_cast<int64_t>(nvec) * N;
+  const int lane = static_cast<int>(threadIdx.x);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  auto load_row = [&](int64_t r, Vec16<T>* xb) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = lane + i * kWarpSize;
+      xb[i].raw = make_uint4(0, 0, 0, 0);
+      if (r < rows && v < nvec) load16(xb[i], x + r * hidden + static_cast<int64_t>(v) * N);
+    }
+  };
+  Vec16<T> xv[VPT];
+  int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (kPrefetch) load_row(r, xv);
+  for (; r < rows; r += stride) {
+    if (!kPrefetch) load_row(r, xv);
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float f = to_float(xv[i].v()[j]);  // zero where v >= nvec
+        ss += f * f;
+      }
+    }
+    Vec16<T> xn[kPrefetch ? VPT : 1];
+    if (kPrefetch) load_row(r + stride, xn);
+    const float rs = rsqrtf(warp_sum(ss) * inv_h + eps);
+    if (lane == 0) rstd[r] = rs;
+    T* yr = y + r * hidden;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = lane + i * kWarpSize;
+      if (v < nvec) {
+        Vec16<T> wv, out;
+        load16(wv, w + static_cast<int64_t>(v) * N);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          out.v()[j] = from_float<T>(to_float(xv[i].v()[j]) * rs * to_float(wv.v()[j]));
+        }
+        store16(yr + static_cast<int64_t>(v) * N, out);
+      }
+    }
+    if (kPrefetch) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) xv[i] = xn[kPrefetch ? i : 0];
+    }
+  }
+}
+
 // Shared layout of a warp's dw row: slot (i * N + j) * kWarpSize + lane holds column
 // (lane + i * kWarpSize) * N + j, so the lanes of a warp touch consecutive words (no bank
 // conflicts); VPT * N * kWarpSize slots per warp (idle lanes' slots stay unused).
@@ -204,6 +263,45 @@ Status bwd_rows(const void* dy, const void* x, const void* w, const float* rstd,
   return kOk;
 }
 
+template <typename T, int VPT>
+Status fwd_rows_launch(const RowsPlan& p, const T* X, const T* W, T* Y, float* rstd, int64_t rows,
+                       int nvec, float inv_h, float eps, ptStream_t s) {
+  auto k = fwd_rows_kernel<T, VPT>;
+  int per_sm = 0, sms = 1;
+#if PT_HIP
+  PT_RETURN_IF_ERROR(hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kRowsMaxWarps * kWarpSize, 0));
+#else
+  PT_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kRowsMaxWarps * kWarpSize, 0));
+#endif
+  const Status st = device_sm_count(&sms);
+  if (st != kOk) return st;
+  const int64_t needed = (rows + kRowsMaxWarps - 1) / kRowsMaxWarps;
+  const int64_t g = std::max<int64_t>(1, std::min<int64_t>(needed, static_cast<int64_t>(std::max(per_sm, 1)) * sms));
+  k<<<dim3(static_cast<unsigned>(g)), dim3(kWarpSize, kRowsMaxWarps), 0, s>>>(X, W, Y, rstd, rows, nvec, inv_h, eps);
+  PT_RETURN_LAUNCH_STATUS();
+  return kOk;
+}
+
+template <typename T>
+Status fwd_rows(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t hidden,
+                float eps, ptStream_t s, bool* handled) {
+  *handled = false;
+  const RowsPlan p = rows_plan<T>(hidden);
+  if (p.vpt == 0 || rows <= 0 || !aligned16(x) || !aligned16(w) || !aligned16(y)) return kOk;
+  *handled = true;
+  const int nvec = static_cast<int>(hidden / Vec16<T>::N);
+  const float inv_h = 1.f / static_cast<float>(hidden);
+  auto X = static_cast<const T*>(x);
+  auto W = static_cast<const T*>(w);
+  auto Y = static_cast<T*>(y);
+  switch (p.vpt) {
+    case 4: return fwd_rows_launch<T, 4>(p, X, W, Y, rstd, rows, nvec, inv_h, eps, s);
+    case 8: return fwd_rows_launch<T, 8>(p, X, W, Y, rstd, rows, nvec, inv_h, eps, s);
+    case 12: return fwd_rows_launch<T, 12>(p, X, W, Y, rstd, rows, nvec, inv_h, eps, s);
+    default: return fwd_rows_launch<T, 16>(p, X, W, Y, rstd, rows, nvec, inv_h, eps, s);
+  }
+}
+
 }  // namespace
 
 bool rmsnorm_bwd_rows_applies(int64_t hidden, DType dtype) noexcept {
@@ -213,6 +311,17 @@ bool rmsnorm_bwd_rows_applies(int64_t hidden, DType dtype) noexcept {
     case DType::kBFloat16: return rows_plan<pt_bf16>(hidden).vpt > 0;
   }
   return false;
+}
+
+Status rmsnorm_fwd_rows(const void* x, const void* w, void* y, float* rstd, int64_t rows,
+                        int64_t hidden, float eps, DType dtype, ptStream_t s,
+                        bool* handled) noexcept {
+  switch (dtype) {
+    case DType::kFloat32: return fwd_rows<float>(x, w, y, rstd, rows, hidden, eps, s, handled);
+    case DType::kFloat16: return fwd_rows<pt_half>(x, w, y, rstd, rows, hidden, eps, s, handled);
+    case DType::kBFloat16: return fwd_rows<pt_bf16>(x, w, y, rstd, rows, hidden, eps, s, handled);
+  }
+  return kUnsupportedDType;
 }
 
 Status rmsnorm_bwd_rows_partials(int64_t rows, int64_t hidden, DType dtype,

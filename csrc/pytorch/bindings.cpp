@@ -151,7 +151,17 @@ PyObject* py_install_crash_handler(PyObject*, PyObject*) {
   }
   Py_RETURN_NONE;
 }
+// Re-reads PRIMUS_TURBO_RMSNORM_CPP_*PLAN at the next GPU call (benchmarks compare plans in one
+// process); a no-op in CPU-only builds.
+PyObject* py_rmsnorm_reload_plans(PyObject*, PyObject*) {
+#ifdef PRIMUS_TURBO_WITH_GPU
+  primus_turbo::rmsnorm_gpu_reload_plans();
+#endif
+  Py_RETURN_NONE;
+}
 PyMethodDef kMethods[] = {
+    {"_rmsnorm_reload_plans", py_rmsnorm_reload_plans, METH_NOARGS,
+     "Re-reads the PRIMUS_TURBO_RMSNORM_CPP_*PLAN environment variables at the next GPU call."},
     {"_install_crash_handler", py_install_crash_handler, METH_NOARGS,
      "Prints the native stack on SIGSEGV/SIGBUS/SIGABRT (then the previous handler runs)."},
     {"has_gpu_kernels", py_has_gpu_kernels, METH_NOARGS,

@@ -20,6 +20,8 @@ a shape.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -74,6 +76,57 @@ def compiled_peer(dev: torch.device):
     if "peer" not in _PEER:
         _PEER["peer"] = torch.compile(rmsnorm_ref, dynamic=False)
     return _PEER["peer"]
+
+
+PLAN_VARS = ("PRIMUS_TURBO_RMSNORM_CPP_PLAN", "PRIMUS_TURBO_RMSNORM_CPP_FWD_PLAN",
+             "PRIMUS_TURBO_RMSNORM_CPP_BWD_PLAN")  # fmt: skip
+
+
+def expand_backends(backends: list[str], plans: list[str]) -> list[tuple[str, str, str | None]]:
+    """(row name, backend, C++ launch plan): with ``--plans``, TURBO becomes one row per plan
+    (``TURBO[tiles]``, ``TURBO[persist/rows]``, ...), all timed in the same process and run."""
+    out: list[tuple[str, str, str | None]] = []
+    for b in backends:
+        if b == "TURBO" and plans:
+            out += [(f"TURBO[{p}]", b, p) for p in plans]
+        else:
+            out.append((b, b, None))
+    return out
+
+
+def _reload_plans() -> None:
+    try:
+        import primus_turbo.pytorch._C as ext
+    except ImportError:
+        return
+    getattr(ext, "_rmsnorm_reload_plans", lambda: None)()
+
+
+@contextlib.contextmanager
+def cpp_plan(plan: str | None):
+    """Runs the block with the C++ op's launch plan ``plan`` ("tiles", or "FWD/BWD" such as
+    "tiles/rows"); the op re-reads PRIMUS_TURBO_RMSNORM_CPP_*PLAN after ``_reload_plans``."""
+    if plan is None:
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in PLAN_VARS}
+    for k in PLAN_VARS:
+        os.environ.pop(k, None)
+    if "/" in plan:
+        fwd, bwd = plan.split("/", 1)
+        os.environ[PLAN_VARS[1]], os.environ[PLAN_VARS[2]] = fwd, bwd
+    else:
+        os.environ[PLAN_VARS[0]] = plan
+    _reload_plans()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        _reload_plans()
 
 
 COLUMNS = ["Case", "Backend", "M", "N", "Check", "Forward GB/s", "Backward GB/s", "copy GB/s",
@@ -167,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated: auto (dispatcher default), TURBO, TRITON, TORCH",
     )
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument(
+        "--plans",
+        default="",
+        help="comma-separated C++ launch plans to compare as TURBO[plan] rows in one run: auto, "
+        "tiles, persist, prev, rows, or FWD/BWD pairs such as tiles/rows",
+    )
     add_common_args(p)
     args = p.parse_args(argv)
     if torch.cuda.is_available() and args.profile != "cpu":
@@ -184,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = GPU_CASES if profile == "gpu" else CPU_CASES
     if info.device.type != "cuda":
         backends = [b for b in backends if b != "TRITON"]  # the interpreter is not a benchmark
+    plans = [q.strip() for q in args.plans.split(",") if q.strip()]
+    entries = expand_backends(backends, plans)
     for tid, (label, m, n) in shard(cases, args.num_shards, args.shard_id):
         try:
             copy_gbps, peer_row = run_shape_baselines(tid, label, m, n, dtype, args, info)
@@ -197,16 +258,19 @@ def main(argv: list[str] | None = None) -> int:
                   f"(x{peer_row['Forward vs copy']:.2f} copy), bwd "
                   f"{peer_row['Backward GB/s']:.0f} GB/s (x{peer_row['Backward vs copy']:.2f} "
                   f"copy); copy {copy_gbps:.0f} GB/s")  # fmt: skip
-        for backend in backends:
+        for name, backend, plan in entries:
             try:
-                row = results.add(run_case(tid, label, m, n, backend, dtype, args, info,
-                                           copy_gbps, peer_row))  # fmt: skip
+                with cpp_plan(plan):
+                    row = run_case(tid, label, m, n, backend, dtype, args, info, copy_gbps,
+                                   peer_row)  # fmt: skip
+                row["Backend"] = name
+                results.add(row)
             except Exception as e:  # keep going; the row says ERROR
-                print(f"  ERROR {label} {backend}: {type(e).__name__}: {e}")
-                results.add({"TestID": tid, "Case": label, "Backend": backend, "M": m, "N": n,
+                print(f"  ERROR {label} {name}: {type(e).__name__}: {e}")
+                results.add({"TestID": tid, "Case": label, "Backend": name, "M": m, "N": n,
                              "Check": "ERROR"})  # fmt: skip
                 continue
-            print(f"[{tid}] {label} {backend} M={m} N={n} {row['Check']}: "
+            print(f"[{tid}] {label} {name} M={m} N={n} {row['Check']}: "
                   f"fwd {row['Forward GB/s']:.0f} GB/s (x{row['Forward vs copy']:.2f} copy, "
                   f"x{row['Forward vs compile']:.2f} compile), bwd {row['Backward GB/s']:.0f} "
                   f"GB/s (x{row['Backward vs copy']:.2f} copy, "
@@ -215,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(results.markdown(COLUMNS))
     print()
-    for backend in [PEER, *backends]:
+    for backend in [PEER, *(e[0] for e in entries)]:
         sel = lambda r, b=backend: r["Check"] == "PASS" and r["Backend"] == b  # noqa: E731
         print(f"Geomean {backend}: "
               + ", ".join(f"{k} {geomean(results.column(k, sel)):.3f}" for k in KEYS))  # fmt: skip
@@ -231,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             if rows:
                 top = max(rows, key=lambda r: r[f"{key} GB/s"])
                 best.append(top)
-                print(f"best {key:8s} {label:22s} {top['Backend']:6s} "
+                print(f"best {key:8s} {label:22s} {top['Backend']:14s} "
                       f"{top[f'{key} GB/s']:.0f} GB/s  x{top[f'{key} vs copy']:.3f} copy  "
                       f"x{top[f'{key} vs compile']:.3f} compile")  # fmt: skip
         if best:

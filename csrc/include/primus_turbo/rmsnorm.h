@@ -38,5 +38,8 @@ Status rmsnorm_bwd_gpu_partials(int64_t rows, int64_t hidden, DType dtype,
 Status rmsnorm_bwd_gpu(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
                        void* dw, float* dw_partial, int64_t rows, int64_t hidden, DType dtype,
                        void* stream) noexcept;
+// Re-reads the PRIMUS_TURBO_RMSNORM_CPP_*PLAN environment variables at the next call (they are
+// cached otherwise), so a benchmark can compare launch plans in one process.
+void rmsnorm_gpu_reload_plans() noexcept;
 
 }  // namespace primus_turbo

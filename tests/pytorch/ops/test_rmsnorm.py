@@ -22,10 +22,10 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 BACKENDS = [None, BackendType.TURBO, BackendType.TRITON, BackendType.TORCH]
 # (leading dims..., hidden): hidden 1, odd, the model sizes with tiny row counts on the CPU.
 CPU_SHAPES = [(3, 1), (5, 127), (2, 3, 64), (2, 2880), (1, 8192)]
-# GPU: each C++ "tiles" plan case: generic 127; several row groups per block with a partial last
-# tile (1001x1024); one group per block, bwd VPT 2 with row prefetch and more tiles than the
-# persistent grid (3000x2880, 3000x8192); bwd VPT 4 (16384); fwd VPT 8 + bwd generic fallback
-# (24576).
+# GPU (default "auto" C++ plans; test_rmsnorm_cpp_plans covers the others): generic 127; rows
+# plan with a partial last block (1001x1024), VPT 12 (3000x2880) and VPT 16 (2x64x4096); tiles
+# forward + persistent backward (3000x8192), bwd_vec_kernel (16384); fwd VPT 8 + bwd generic
+# fallback (24576).
 GPU_SHAPES = [(4096, 127), (1001, 1024), (3000, 2880), (3000, 8192), (33, 16384), (2, 64, 4096),
               (7, 24576)]  # fmt: skip
 SHAPES = GPU_SHAPES if HAS_GPU else CPU_SHAPES
@@ -164,6 +164,42 @@ def test_rmsnorm_deterministic(backend, device):
             first = now
         for a, b in zip(first, now, strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+CPP_PLAN_VARS = ("PRIMUS_TURBO_RMSNORM_CPP_PLAN", "PRIMUS_TURBO_RMSNORM_CPP_FWD_PLAN",
+                 "PRIMUS_TURBO_RMSNORM_CPP_BWD_PLAN")  # fmt: skip
+# Each shape exercises a different path of the plans: rows VPT 4/12/16 (1001x1024, 3000x2880,
+# 300x4096), fp16 / fp32 narrow rows, tiles and persist at 8192, a partial last block (257 rows),
+# bwd_vec_kernel at 16384 (persist, VPT 4), tiny rows (50x96).
+CPP_PLAN_CASES = [((1001, 1024), torch.bfloat16), ((3000, 2880), torch.bfloat16),
+                  ((257, 2880), torch.float16), ((300, 4096), torch.bfloat16),
+                  ((129, 8192), torch.bfloat16), ((64, 2880), torch.float32),
+                  ((33, 16384), torch.bfloat16), ((50, 96), torch.bfloat16)]  # fmt: skip
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="the C++ launch plans are GPU-only")
+@pytest.mark.parametrize("plan", ["auto", "tiles", "persist", "prev", "rows", "rows/tiles"])
+def test_rmsnorm_cpp_plans(plan, device, monkeypatch):
+    """Every C++ GPU launch plan (PRIMUS_TURBO_RMSNORM_CPP_PLAN, or FWD/BWD pairs), re-read in
+    this process through _C._rmsnorm_reload_plans, vs the fp32 reference."""
+    _skip_unsupported(BackendType.TURBO, device)
+    import primus_turbo.pytorch._C as ext
+
+    for var in CPP_PLAN_VARS:
+        monkeypatch.delenv(var, raising=False)
+    if "/" in plan:
+        monkeypatch.setenv(CPP_PLAN_VARS[1], plan.split("/")[0])
+        monkeypatch.setenv(CPP_PLAN_VARS[2], plan.split("/")[1])
+    else:
+        monkeypatch.setenv(CPP_PLAN_VARS[0], plan)
+    ext._rmsnorm_reload_plans()
+    try:
+        GlobalBackendManager.set_backend("rmsnorm", BackendType.TURBO)
+        for shape, dtype in CPP_PLAN_CASES:
+            _check(shape, dtype, device)
+    finally:
+        monkeypatch.undo()
+        ext._rmsnorm_reload_plans()
 
 
 def test_rmsnorm_module(device):
