@@ -117,8 +117,10 @@ def _blockwise_scales_for_scaled_mm(sa, sb, sa_group, sb_group):
 
 
 @functools.cache
-def _blockwise_probe(device_index: int) -> tuple[bool, str]:
-    """Run one small blockwise torch._scaled_mm and compare it with the reference."""
+def _blockwise_probe(device_index: int, sb_group: int = 128) -> tuple[bool, str]:
+    """Run one small blockwise torch._scaled_mm (a in 1x128 blocks, b in ``sb_group`` x 128)
+    and compare it with the reference; each scale pairing is probed on its own."""
+    pair = f"(1x128, {sb_group}x128)"
     ok, reason = check_scaled_mm_blockwise_support()
     if not ok:
         return ok, reason
@@ -131,19 +133,22 @@ def _blockwise_probe(device_index: int) -> tuple[bool, str]:
         w = torch.randn(384, 512, device=dev, dtype=torch.bfloat16)
         g = ScalingGranularity.BLOCKWISE
         qa, sa = quantize_fp8(x, torch.float8_e4m3fn, g, block_size=128, axis=-1)
-        qb, sb = quantize_fp8(w, torch.float8_e4m3fn, g, block_size=128,
-                              scaling_recipe=ScalingRecipe(use_2d_block=True))  # fmt: skip
-        scale_a, scale_b = _blockwise_scales_for_scaled_mm(sa, sb, 1, 128)
+        if sb_group == 128:
+            qb, sb = quantize_fp8(w, torch.float8_e4m3fn, g, block_size=128,
+                                  scaling_recipe=ScalingRecipe(use_2d_block=True))  # fmt: skip
+        else:
+            qb, sb = quantize_fp8(w, torch.float8_e4m3fn, g, block_size=128, axis=-1)
+        scale_a, scale_b = _blockwise_scales_for_scaled_mm(sa, sb, 1, sb_group)
         out = torch._scaled_mm(qa, qb.t(), scale_a, scale_b, out_dtype=torch.bfloat16).float()
         ref = x.float() @ w.float().t()
         err = float((out - ref).norm() / ref.norm())
         if err > 0.1:
-            return False, f"blockwise torch._scaled_mm gave relative error {err:.3f}"
+            return False, f"blockwise {pair} torch._scaled_mm gave relative error {err:.3f}"
         return True, ""
     except Exception as e:  # noqa: BLE001 - any failure means "unsupported here"
         msg = " ".join(str(e).split())  # torch ends the message with the sizes/strides it got
         msg = msg if len(msg) <= 400 else f"{msg[:100]} ... {msg[-300:]}"
-        return False, f"blockwise torch._scaled_mm failed: {type(e).__name__}: {msg}"
+        return False, f"blockwise {pair} torch._scaled_mm failed: {type(e).__name__}: {msg}"
 
 
 @GemmFp8Dispatcher.register
@@ -177,7 +182,9 @@ class GemmFp8HipblasltBackend(KernelBackend):
                           f"probe checks), got {out_dtype}")  # fmt: skip
             if sb_group == 128 and k % 512:
                 return no(f"128x128 scales through torch._scaled_mm need K % 512 == 0, got K={k}")
-            ok, reason = _blockwise_probe(a.device.index or 0)
+            if sb_group not in (1, 128):
+                return no(f"blockwise b scales must be 1x128 or 128x128, got group {sb_group}")
+            ok, reason = _blockwise_probe(a.device.index or 0, sb_group)
             if not ok:
                 return no(reason)
         elif granularity not in (_T, _R):
