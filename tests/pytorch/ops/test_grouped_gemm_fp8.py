@@ -60,11 +60,28 @@ def test_grouped_gemm_fp8_hybrid(device):
     _check([7, 13], 48, 16, True, ScalingGranularity.ROWWISE, Format.HYBRID, device)
 
 
+def _skip_no_vendor(device):
+    from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_fp8_impl import (
+        GroupedGemmFp8Dispatcher,
+    )
+
+    a = torch.empty(1, 16, dtype=torch.bfloat16, device=device)
+    impl = GroupedGemmFp8Dispatcher.backend_class(BackendType.HIPBLASLT)
+    verdict = impl.can_handle(a=a, b=a[None], out_dtype=torch.bfloat16)
+    if not verdict:
+        pytest.skip(f"HIPBLASLT (torch._scaled_grouped_mm) cannot run here: {verdict.reason}")
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", [None, BackendType.HIPBLASLT], ids=["default", "HIPBLASLT"])
 @pytest.mark.parametrize("gran", GRANS, ids=lambda g: g.name)
 @pytest.mark.parametrize("lens,k,n", [([512, 0, 1000, 3, 2048, 129], 1024, 768)], ids=str)
-def test_grouped_gemm_fp8_gpu_shapes(lens, k, n, gran, device):
+def test_grouped_gemm_fp8_gpu_shapes(lens, k, n, gran, backend, device):
+    if backend is not None:
+        _skip_no_vendor(device)
+        GlobalBackendManager.set_grouped_gemm_backend(backend, precision=PrecisionType.FP8)
     _check(lens, k, n, True, gran, Format.E4M3, device)
+    _check(lens, k, n, False, gran, Format.E4M3, device)
 
 
 def test_grouped_gemm_fp8_blockwise_not_implemented(device):
