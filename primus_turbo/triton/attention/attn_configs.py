@@ -83,6 +83,10 @@ def _hopper(kind: str, dclass: str) -> list[AttnConfig]:
             AttnConfig(16, 128, 8, 1),
             AttnConfig(16, 32, 8, 1),
         ]
+    if dclass == "mid" and kind == "fwd":
+        # split 192 (AOT sm_90): m128n64w8s3 232 regs, m128n64w8s2 228, m64n64w4s2 255, all
+        # clean; m128n128w8s2 spills 8 B
+        return [AttnConfig(128, 64, 8, 3), AttnConfig(128, 64, 8, 2), AttnConfig(64, 64, 4, 2)]
     if dclass == "mid":  # dq, split 192: all clean on sm_90 (171-255 regs)
         return [
             AttnConfig(64, 64, 8, 2),

@@ -1,7 +1,7 @@
 """Flash attention (dense bshd): forward, lse and dq/dk/dv vs the fp32 reference, per backend.
 
 CPU: TRITON under the interpreter at tiny shapes, TORCH (SDPA / reference) everywhere.
-GPU: odd sequence lengths (1, 17, 1000, 4097), Sq != Sk, head dims 64/128/256/192x128,
+GPU: odd sequence lengths (1, 17, 1000, 4097), Sq != Sk, head dims 64/96/128/256/192x128,
 GQA/MQA ratios, causal and windows.
 """
 
@@ -39,6 +39,8 @@ GPU_CASES = [
     (1, 4097, 4097, 8, 2, 128, 128, True, (256, -1)),  # sliding window
     (1, 1000, 1000, 4, 1, 64, 64, False, (100, 50)),
     (1, 17, 1000, 32, 8, 128, 128, False, NO_WIN),
+    (2, 4097, 4097, 8, 2, 192, 128, False, NO_WIN),  # qk 192 = 128 + 64 chunks, GQA
+    (1, 1000, 1000, 4, 4, 96, 96, True, (100, -1)),  # qk 96 = 64 + 32 chunks, window
 ]
 CASES = GPU_CASES if HAS_GPU else CPU_CASES
 
@@ -126,6 +128,25 @@ def test_empty_rows_are_zero_without_nan(device):
     for t in (q, k, v):
         assert torch.isfinite(t.grad).all()
     assert torch.all(q.grad[:, :16] == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["padded", "pinned"])
+def test_qk_dim_variants(variant, device, monkeypatch):
+    """The env-selectable variants of the Triton kernels stay correct: the qk dim padded to a
+    power of two (PRIMUS_TURBO_ATTN_SPLIT_D=0) instead of split, and pinned tiles
+    (PRIMUS_TURBO_ATTN_{FWD,DQ,DKDV}_CONFIG) instead of the tuned ones."""
+    from primus_turbo.triton.attention import attn_launch
+
+    if variant == "padded":
+        monkeypatch.setattr(attn_launch, "_split_kinds", lambda: ())
+    else:
+        pins = {"fwd": "m64n64w4s2", "dq": "m64n32w8s2", "dkdv": "m16n64w8s2"}
+        monkeypatch.setattr(attn_launch, "_pinned", lambda kind: pins[kind])
+    GlobalBackendManager.set_attn_backend(BackendType.TRITON)
+    for case in ((1, 1000, 1000, 8, 8, 192, 128, True, NO_WIN),
+                 (1, 333, 333, 4, 2, 96, 96, False, NO_WIN)):  # fmt: skip
+        check_attention(case, torch.bfloat16, device)
 
 
 @pytest.mark.parametrize("backend", [BackendType.TORCH, BackendType.TRITON], ids=lambda b: b.name)

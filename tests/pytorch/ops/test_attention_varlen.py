@@ -17,7 +17,7 @@ pytestmark = pytest.mark.attention
 # (q lengths, k lengths, hq, hkv, dqk, dv, causal, window)
 CPU_CASES = [
     ([0, 1, 17, 5], [3, 0, 17, 9], 4, 2, 16, 16, True, (-1, -1)),
-    ([1, 20, 0], [1, 7, 4], 2, 1, 32, 16, False, (3, 1)),
+    ([1, 20, 0], [1, 7, 4], 2, 1, 48, 16, False, (3, 1)),  # qk 48 = 32 + 16 chunks
 ]
 GPU_CASES = [
     ([0, 1, 17, 1000, 4097], [3, 0, 17, 1000, 4097], 8, 2, 128, 128, True, (-1, -1)),
