@@ -23,6 +23,7 @@ import triton.language as tl
 
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
 from primus_turbo.triton.quantization.quant_kernel import (
+    GIVEN,
     MX,
     ROWS,
     TILE,
@@ -42,11 +43,22 @@ def _cast2(x, scale, FMAX: tl.constexpr, dtype, FMT: tl.constexpr, SAT: tl.const
 
 
 @triton.jit
+def _e8m0_scale(amax, EMAX: tl.constexpr):
+    """``_scale_of(amax, IS_MX=True)`` with ``floor(log2(.))`` read from the fp32 exponent
+    field (exact for the normal ``max(amax, 2^-126)``; libdevice log2 was ~12 FMAs per scale,
+    and the replicated scale layouts evaluate ~1 scale per element in the MX dual tile)."""
+    a = tl.maximum(amax, 1.1754943508222875e-38)
+    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127 - EMAX
+    e = tl.minimum(tl.maximum(e, -127), 127).to(tl.float32)
+    return tl.exp2(-e), e + 127.0
+
+
+@triton.jit
 def _one_tile(
     t, grid_n, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xm, stride_qm, stride_qtn,
     stride_sm, stride_sn, stride_stm, stride_stn, BM: tl.constexpr, BN: tl.constexpr,
     MODE: tl.constexpr, DUAL: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr,
-    FMT: tl.constexpr, SAT: tl.constexpr,
+    FMT: tl.constexpr, SAT: tl.constexpr, NP: tl.constexpr,
 ):  # fmt: skip
     qty = q_ptr.dtype.element_ty
     pid_m = t // grid_n
@@ -65,7 +77,7 @@ def _one_tile(
     mask_t = mask_n[:, None] & mask_m[None, :]
     if MODE == 4:  # MX: E8M0 scale per 32 along N (dual: per 32 along M)
         G: tl.constexpr = BN // 32
-        scale, sinv = _scale_of(tl.max(tl.reshape(a, (BM, G, 32)), axis=2), FMAX, True, EMAX)
+        scale, sinv = _e8m0_scale(tl.max(tl.reshape(a, (BM, G, 32)), axis=2), EMAX)
         q = _cast2(tl.reshape(x, (BM, G, 32)), scale[:, :, None], FMAX, qty, FMT, SAT)
         tl.store(q_ptrs, tl.reshape(q, (BM, BN)), mask=mask)
         rg = pid_n * G + tl.arange(0, G)
@@ -74,8 +86,7 @@ def _one_tile(
                  mask=mask_m[:, None] & (rg[None, :] * 32 < N))  # fmt: skip
         if DUAL:
             GM: tl.constexpr = BM // 32
-            sc, sinv_c = _scale_of(tl.max(tl.reshape(a, (GM, 32, BN)), axis=1), FMAX, True,
-                                   EMAX)  # fmt: skip
+            sc, sinv_c = _e8m0_scale(tl.max(tl.reshape(a, (GM, 32, BN)), axis=1), EMAX)
             qc = _cast2(tl.reshape(x, (GM, 32, BN)), sc[:, None, :], FMAX, qty, FMT, SAT)
             tl.store(qt_ptrs, tl.trans(tl.reshape(qc, (BM, BN))), mask=mask_t)
             rgm = pid_m * GM + tl.arange(0, GM)
@@ -90,11 +101,16 @@ def _one_tile(
             sc, sinv_c = _scale_of(tl.max(a, axis=0), FMAX, False, EMAX)
             tl.store(qt_ptrs, tl.trans(_cast2(x, sc[None, :], FMAX, qty, FMT, SAT)), mask=mask_t)
             tl.store(st_ptr + pid_m * stride_stm + rn * stride_stn, sinv_c, mask=mask_n)
-    else:  # TILE: one scale for the tile, shared by the dual copy
-        scale, sinv = _scale_of(tl.max(tl.max(a, axis=1), axis=0), FMAX, False, EMAX)
+    else:  # TILE: the tile's scale; GIVEN: the tensor's, from NP partial maxima at st_ptr
+        if MODE == 2:
+            amax = tl.max(tl.max(a, axis=1), axis=0)
+        else:
+            amax = tl.max(tl.load(st_ptr + tl.arange(0, NP)), axis=0)
+        scale, sinv = _scale_of(amax, FMAX, False, EMAX)
         q = _cast2(x, scale, FMAX, qty, FMT, SAT)
         tl.store(q_ptrs, q, mask=mask)
-        tl.store(s_ptr + pid_m * stride_sm + pid_n * stride_sn, sinv)
+        if MODE == 2 or t == 0:
+            tl.store(s_ptr + pid_m * stride_sm + pid_n * stride_sn, sinv)
         if DUAL:
             tl.store(qt_ptrs, tl.trans(q), mask=mask_t)
 
@@ -124,23 +140,25 @@ def quant_tile_v2_kernel(
     FMT: tl.constexpr = (0, 0, 0, 0),
     STAGES: tl.constexpr = 1,
     SAT: tl.constexpr = False,
+    NP: tl.constexpr = 1,
 ):
     """``x`` [M, N] (unit column stride) -> ``q`` [M, N] (unit column stride) and, with
     ``DUAL``, ``qt`` [N, M] (unit column stride). Scale tensors are addressed by strides
     (``s``: (row, block) for ROWS/MX, (tile row, tile col) for TILE; ``st``: (M block, column)
-    for ROWS/MX; TILE shares ``s``)."""
+    for ROWS/MX; TILE shares ``s``; GIVEN (tensorwise cast) reads ``NP`` partial maxima at
+    ``st_ptr`` and writes the 0-d ``s`` from the first tile)."""
     pid = tl.program_id(0)
     grid_n = tl.cdiv(N, BN)
     if STAGES == 1:  # one tile per program (no loop: fewer registers)
         _one_tile(pid, grid_n, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xm, stride_qm,
                   stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn, BM, BN, MODE, DUAL,
-                  FMAX, EMAX, FMT, SAT)  # fmt: skip
+                  FMAX, EMAX, FMT, SAT, NP)  # fmt: skip
     else:  # persistent, software-pipelined over the tiles pid, pid + P, ...
         ntiles = tl.cdiv(M, BM) * grid_n
         for t in tl.range(pid, ntiles, tl.num_programs(0), num_stages=STAGES):
             _one_tile(t, grid_n, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xm,
                       stride_qm, stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn, BM,
-                      BN, MODE, DUAL, FMAX, EMAX, FMT, SAT)  # fmt: skip
+                      BN, MODE, DUAL, FMAX, EMAX, FMT, SAT, NP)  # fmt: skip
 
 
 # ---- ahead-of-time check -------------------------------------------------------------------
@@ -155,6 +173,7 @@ V2_CONFIGS = {
     "tile_dual": (TILE, 128, 128, True, 8, 1),
     "mx_dual": (MX, 64, 64, True, 4, 1),
     "mx_rows": (MX, 32, 128, False, 4, 2),
+    "given_dual": (GIVEN, 64, 128, True, 4, 1),
 }
 MAXNREG = 128  # NVIDIA: registers/thread cap, so two 8-warp programs fit on an SM
 
@@ -191,7 +210,8 @@ def aot_specs(target: str) -> list[AotSpec]:
         if target != "sm_90":
             stages = 1  # the launcher pipelines on NVIDIA only (gfx950 tile: 24 SGPR spills)
         cx = {"BM": bm, "BN": bn, "MODE": mode, "DUAL": dual, "FMAX": fmax, "EMAX": 8,
-              "FMT": (0, 0, 0, 0), "STAGES": stages, "SAT": target == "sm_90"}  # fmt: skip
+              "FMT": (0, 0, 0, 0), "STAGES": stages, "SAT": target == "sm_90",
+              "NP": 512 if mode == GIVEN else 1}  # fmt: skip
         specs.append(
             AotSpec(f"quant_v2_{name}_{fp8}", quant_tile_v2_kernel, s, cx,
                     {"num_warps": warps, **({"maxnreg": MAXNREG} if target == "sm_90" else {})},

@@ -99,7 +99,7 @@ def _use_v2(x: torch.Tensor) -> bool:
     return quant_impl_version() == "v2" and x.stride(1) == 1
 
 
-def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides):
+def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
     """Launch ``quant_tile_v2_kernel`` with ``V2_CONFIGS[name]`` (see quant_kernel_v2)."""
     mode, bm, bn, dual, warps, stages = V2_CONFIGS[name]
     interp = triton_interpret()
@@ -116,10 +116,10 @@ def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides):
         grid = min(ntiles, per_sm * num_compute_units(x.device if not interp else None))
     extra = {"maxnreg": MAXNREG} if nvidia else {}
     quant_tile_v2_kernel[(grid,)](
-        x, _u8(q), s, _u8(qt if dual else q), st if dual else s,
+        x, _u8(q), s, _u8(qt if dual else q), st if st is not None else s,
         m, n, x.stride(0), q.stride(0), qt.stride(0) if dual else 0, *s_strides, *st_strides,
         BM=bm, BN=bn, MODE=mode, DUAL=dual, FMAX=_fmax(dtype), EMAX=_EMAX[dtype],
-        FMT=_interp_fmt(dtype), STAGES=stages, SAT=nvidia, num_warps=warps, **extra,
+        FMT=_interp_fmt(dtype), STAGES=stages, SAT=nvidia, NP=np_, num_warps=warps, **extra,
     )  # fmt: skip
 
 
@@ -165,6 +165,9 @@ def quant_tensorwise(x: torch.Tensor, dtype: torch.dtype, dual: bool = False):
     np_ = _parts(xc)
     parts = torch.empty(np_, dtype=torch.float32, device=x.device)
     amax_partial_kernel[(np_,)](xc, parts, numel, BLOCK=_FLAT_BLOCK, NP=np_, num_warps=8)
+    if dual and _use_v2(xc):
+        _tile_v2(xc, q, s, qt, parts, "given_dual", dtype, (0, 0), (0, 0), np_)
+        return q, s, qt, s
     if dual:
         _tile(xc, q, s, qt, s, parts, 64, 128, GIVEN, True, dtype, (0, 0), (0, 0), 4, np_)
         return q, s, qt, s

@@ -308,6 +308,7 @@ V2_CASES = [  # (id, granularity, block, 2-D tiles, dual)
     ("block2d_dual", G.BLOCKWISE, 128, True, True),
     ("mx", G.MX_BLOCKWISE, 32, False, False),
     ("mx_dual", G.MX_BLOCKWISE, 32, False, True),
+    ("tensor_dual", G.TENSORWISE, None, False, True),
 ]
 
 
@@ -344,3 +345,20 @@ def test_quant_impl_env_is_validated(monkeypatch):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v3")
     with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_IMPL"):
         quantize_fp8_with_trans(_x(64, 128), E4M3, G.BLOCKWISE, block_size=128)
+
+
+@pytest.mark.parametrize("impl", ["v1", "v2"])
+def test_mx_scale_exponent_edges(monkeypatch, impl):
+    """E8M0 exponents at powers of two, just below them, tiny, zero and near-max blocks
+    (v2 reads floor(log2(amax)) from the fp32 exponent bits; v1 and the reference use log2)."""
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", impl)
+    mags = [1.0, 2.0**8, 255.0, 2.0**-20 * 1.99, 0.0, 3.0e38, 2.0**100, 2.0**-100]
+    x = torch.randn(32, 32 * len(mags), device=DEV).abs() * 0.5
+    for j, v in enumerate(mags):
+        x[:, 32 * j : 32 * (j + 1)] *= v
+        x[:, 32 * j] = v  # the block's amax
+    x = x.to(torch.bfloat16)
+    for dtype in (E4M3, E5M2):
+        q, s = quantize_fp8(x, dtype, G.MX_BLOCKWISE, block_size=32)
+        q1, s1 = ref.quantize_mx_ref(x, dtype)
+        _assert_q_close(q, q1, s, s1)
