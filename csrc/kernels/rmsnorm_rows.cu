@@ -1,8 +1,8 @@
-// RMSNorm backward on the GPU, "rows" launch plan, for narrow rows (hidden <= 16 vectors per lane
-// of one warp: bf16/fp16 <= 4096 on NVIDIA, <= 8192 on AMD; math in primus_turbo/rmsnorm.h).
+// RMSNorm on the GPU, "rows" launch plan, for narrow rows (hidden <= 16 vectors per lane of one
+// warp: bf16/fp16 <= 4096 on NVIDIA, <= 8192 on AMD; math in primus_turbo/rmsnorm.h).
 //
-// One warp (wavefront on AMD) per row: each lane keeps VPT 16-byte vectors of x and dy in
-// registers (x and dy are read once, dx written once), and the row reduction is a warp shuffle:
+// One warp (wavefront on AMD) per row: each lane keeps VPT 16-byte vectors of x (and dy) in
+// registers (x and dy are read once, y / dx written once), and the row reduction is a warp shuffle:
 // no block barrier in the row loop, so the warps of an SM run independently and hide each other's
 // load latency. A block holds G warps and walks the rows persistently (row = block * G + warp,
 // stride gridDim.x * G). dw: each warp adds g * x_hat into its own fp32 row of shared memory
@@ -264,20 +264,22 @@ Status bwd_rows(const void* dy, const void* x, const void* w, const float* rstd,
 }
 
 template <typename T, int VPT>
-Status fwd_rows_launch(const RowsPlan& p, const T* X, const T* W, T* Y, float* rstd, int64_t rows,
-                       int nvec, float inv_h, float eps, ptStream_t s) {
+Status fwd_rows_launch(const T* X, const T* W, T* Y, float* rstd, int64_t rows, int nvec,
+                       float inv_h, float eps, ptStream_t s) {
   auto k = fwd_rows_kernel<T, VPT>;
+  constexpr int kThreads = kRowsMaxWarps * kWarpSize;
   int per_sm = 0, sms = 1;
 #if PT_HIP
-  PT_RETURN_IF_ERROR(hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kRowsMaxWarps * kWarpSize, 0));
+  PT_RETURN_IF_ERROR(hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, 0));
 #else
-  PT_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kRowsMaxWarps * kWarpSize, 0));
+  PT_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, 0));
 #endif
   const Status st = device_sm_count(&sms);
   if (st != kOk) return st;
   const int64_t needed = (rows + kRowsMaxWarps - 1) / kRowsMaxWarps;
-  const int64_t g = std::max<int64_t>(1, std::min<int64_t>(needed, static_cast<int64_t>(std::max(per_sm, 1)) * sms));
-  k<<<dim3(static_cast<unsigned>(g)), dim3(kWarpSize, kRowsMaxWarps), 0, s>>>(X, W, Y, rstd, rows, nvec, inv_h, eps);
+  const int64_t cap = static_cast<int64_t>(std::max(per_sm, 1)) * sms;
+  const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, std::min(needed, cap))));
+  k<<<grid, dim3(kWarpSize, kRowsMaxWarps), 0, s>>>(X, W, Y, rstd, rows, nvec, inv_h, eps);
   PT_RETURN_LAUNCH_STATUS();
   return kOk;
 }
@@ -295,10 +297,10 @@ Status fwd_rows(const void* x, const void* w, void* y, float* rstd, int64_t rows
   auto W = static_cast<const T*>(w);
   auto Y = static_cast<T*>(y);
   switch (p.vpt) {
-    case 4: return fwd_rows_launch<T, 4>(p, X, W, Y, rstd, rows, nvec, inv_h, eps, s);
-    case 8: return fwd_rows_launch<T, 8>(p, X, W, Y, rstd, rows, nvec, inv_h, eps, s);
-    case 12: return fwd_rows_launch<T, 12>(p, X, W, Y, rstd, rows, nvec, inv_h, eps, s);
-    default: return fwd_rows_launch<T, 16>(p, X, W, Y, rstd, rows, nvec, inv_h, eps, s);
+    case 4: return fwd_rows_launch<T, 4>(X, W, Y, rstd, rows, nvec, inv_h, eps, s);
+    case 8: return fwd_rows_launch<T, 8>(X, W, Y, rstd, rows, nvec, inv_h, eps, s);
+    case 12: return fwd_rows_launch<T, 12>(X, W, Y, rstd, rows, nvec, inv_h, eps, s);
+    default: return fwd_rows_launch<T, 16>(X, W, Y, rstd, rows, nvec, inv_h, eps, s);
   }
 }
 
