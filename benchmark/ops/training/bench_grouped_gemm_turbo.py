@@ -308,6 +308,18 @@ def run_case(
     return row
 
 
+def _triton_plans() -> dict:
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel
+
+    return dict(grouped_gemm_kernel._tuned)
+
+
+def _plan_name(plan) -> str:
+    if isinstance(plan, tuple):
+        return f"{plan[0]} {plan[1].name}"
+    return f"table {plan.name}"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
@@ -355,7 +367,12 @@ def main(argv: list[str] | None = None) -> int:
     cases = ragged_grouped_gemm_cases(args.models, profile)[: args.max_cases]
     for test_id, case in shard(cases, args.num_shards, args.shard_id):
         print(f"[{test_id}/{len(cases)}] {case.label} G={case.g} M={case.m} N={case.n} K={case.k}")
+        seen = set(_triton_plans())
         row = results.add(run_case(test_id, case, dtype, args, info))
+        for key, plan in _triton_plans().items():  # what the Triton config tuner picked
+            if key not in seen:
+                what = f"{key[0]} (M~{key[1]}, {key[2]}x{key[3]})"
+                print(f"  triton tuned {what}: {_plan_name(plan)}")
         print(
             f"  {row['Check']} ({row['Resolved Backend']}) fwd {row['Forward TFLOPS']:.1f} "
             f"step {row['Step TFLOPS']:.1f} TFLOPS | vs grouped_mm x"
