@@ -250,6 +250,15 @@ TASKS: list[dict[str, Any]] = [
         "output": "grouped_gemm_turbo_bf16_fp8rowwise_TRITON_{date}_{gpu}.csv",
     },
     {
+        "label": "grouped_gemm_fp8_rowwise_vendor",
+        "group": "grouped_gemm",
+        "profile": "gpu",
+        "script": "ops/training/bench_grouped_gemm_turbo.py",
+        "args": ["--dtype", "bf16", "--backend", "HIPBLASLT", "--fp8", "rowwise", "--skip-check"],
+        "env": {},
+        "output": "grouped_gemm_turbo_bf16_fp8rowwise_HIPBLASLT_{date}_{gpu}.csv",
+    },
+    {
         "label": "cpu_grouped_gemm_bf16_torch",
         "group": "grouped_gemm",
         "profile": "cpu",
