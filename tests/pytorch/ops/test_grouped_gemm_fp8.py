@@ -76,7 +76,11 @@ def _skip_no_vendor(device):
 @pytest.mark.parametrize("backend", [None, BackendType.HIPBLASLT], ids=["default", "HIPBLASLT"])
 @pytest.mark.parametrize("gran", GRANS, ids=lambda g: g.name)
 @pytest.mark.parametrize("lens,k,n", [([512, 0, 1000, 3, 2048, 129], 1024, 768)], ids=str)
-def test_grouped_gemm_fp8_gpu_shapes(lens, k, n, gran, backend, device):
+def test_grouped_gemm_fp8_gpu_shapes(lens, k, n, gran, backend, monkeypatch, device):
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel
+
+    # the heuristic's tiles only: timing every candidate compiles ~24 fp8 kernels (minutes)
+    monkeypatch.setattr(grouped_gemm_kernel, "_tune_min_work", lambda: 1 << 62)
     if backend is not None:
         _skip_no_vendor(device)
         GlobalBackendManager.set_grouped_gemm_backend(backend, precision=PrecisionType.FP8)
