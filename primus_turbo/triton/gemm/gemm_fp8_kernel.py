@@ -12,8 +12,8 @@ Hopper's wgmma wants for fp8). Scale modes:
     tiles live, 222 registers/thread at 128x128 w8 on sm_90, so 128x256 spills).
   - ``True``: the accumulator is kept in units of the current K-block's scale,
     ``acc = dot(a, b, acc * (s_{k-1} / s_k))`` and ``acc * s_last`` at the end: one fp32 tile
-    (sm_90 128x128 w8 162 registers, 125 with ``maxnreg=128`` and no spills, so two programs
-    fit per SM and one's promotion overlaps the other's wgmma; 128x256 w8 fits without spills).
+    (sm_90 128x128 w8 128 registers with ``maxnreg=128`` and no spills, so two programs fit
+    per SM and one's promotion overlaps the other's wgmma; 128x256 w8 fits without spills).
     Same products; the extra rounding is one fp32 multiply per K-block. Scales must be
     nonzero (the quantizer floors amax at 1e-12; a zero scale is read as 1), and the running
     sum divided by ``sa * sb`` must stay within fp32 (true partial sums below ~1e9 even when
@@ -207,15 +207,18 @@ _BLOCK_CONFIGS[ArchFamily.OTHER_GPU] = _BLOCK_CONFIGS[ArchFamily.HOPPER]
 # v2 (sm_90): the rescaled-accumulator promotion (one fp32 tile) and programs_per_cu > 1, so a
 # second resident program's wgmma runs while one program promotes (the promotion itself cannot
 # overlap its own wgmma in Triton: the product is read by non-dot ops, so every K-block ends
-# with a wgmma wait 0). AOT sm_90 (registers/thread, smem): r128 w8 s3 maxnreg128 125/96 KiB
-# (2 per SM: 64K registers, 192 KiB); r128x256 w8 s3 ~220/144 KiB; r256x128 w8 s3 208/145 KiB;
-# r128 w4 s3 220/96 KiB (2 per SM); plain 64x128 w4 s4 238/96 KiB (2 per SM).
+# with a wgmma wait 0). AOT sm_90 (registers/thread, smem): r128 w8 s3 maxnreg128 128/96 KiB
+# (2 per SM: 64K registers, 192 KiB); r128x256 w8 s3 255/145 KiB; r256x128 w8 s3 211/145 KiB;
+# r128 w4 s3 221/97 KiB (2 per SM); r64x128 w4 s3 maxnreg168 159/72 KiB (3 per SM: 61K
+# registers, 219 KiB with the per-block reserve; narrow N and short K); plain 64x128 w4 s4
+# 238/96 KiB (2 per SM).
 _BLOCK_CONFIGS_V2: dict[ArchFamily, tuple[GemmConfig, ...]] = {
     ArchFamily.HOPPER: (
         _cfg(128, 128, 128, 8, 3, per_cu=2, RESCALE=True, maxnreg=128),
         _cfg(128, 256, 128, 8, 3, RESCALE=True),
         _cfg(256, 128, 128, 8, 3, RESCALE=True),
         _cfg(128, 128, 128, 4, 3, per_cu=2, RESCALE=True),
+        _cfg(64, 128, 128, 4, 3, per_cu=3, RESCALE=True, maxnreg=168),
         _cfg(128, 128, 128, 8, 4),
         _cfg(64, 128, 128, 4, 4, per_cu=2),
     ),
