@@ -17,6 +17,7 @@
 // partial rows than one per group: less fp32 traffic); rmsnorm.cu's reduce kernel sums the
 // partial rows in a fixed order. Deterministic for a given device and shape.
 #include <algorithm>
+#include <cstdlib>
 
 #include "primus_turbo/device.h"
 #include "rmsnorm_gpu_plans.h"
@@ -232,7 +233,7 @@ struct TilePlan {
 // (pref_vpt 4 forward: 60 registers for bf16, so ~1000 resident threads x 64 B in flight per SM;
 // VPT 8 needs 105. Backward 2: its row prefetch fits in 108 registers.)
 template <typename T>
-TilePlan tile_plan(int64_t hidden, int pref_vpt, int max_vpt) {
+TilePlan tile_plan(int64_t hidden, int pref_vpt, int max_vpt, int block_target) {
   constexpr int N = Vec16<T>::N;
   TilePlan p;
   if (hidden <= 0 || hidden % N != 0) return p;
@@ -255,7 +256,7 @@ TilePlan tile_plan(int64_t hidden, int pref_vpt, int max_vpt) {
       if (best_idle < 0 || idle < best_idle) best_idle = idle, p.vpt = vpt, p.tpr = tpr;
     }
   }
-  p.rpb = std::max(1, kBlockTarget / p.tpr);
+  p.rpb = std::max(1, block_target / p.tpr);
   return p;
 }
 
@@ -264,11 +265,39 @@ constexpr int kFwdPrefVpt = 4, kFwdMaxVpt = 8, kBwdPrefVpt = 2, kBwdMaxVpt = 4;
 // traffic (2 per SM at 8192x4096: 4% of the bytes) while two give enough loads in flight.
 constexpr int kBwdMaxPerSm = 2;
 
+// Experiment knobs of this plan (benchmarks; unset = the constants above), read at every call of
+// the plan: PRIMUS_TURBO_RMSNORM_CPP_TILES_FWD_VPT / _TILES_BWD_VPT (preferred VPT, a power of
+// two <= 8 / <= 4), _TILES_BLOCK (threads a block packs row groups up to, 32..512) and
+// _TILES_BWD_PER_SM (backward blocks per SM at most, 1..8).
+inline int env_int(const char* var, int def, int lo, int hi) {
+  const char* v = std::getenv(var);
+  if (v == nullptr || v[0] == '\0') return def;
+  const int n = std::atoi(v);
+  return n < lo || n > hi ? def : n;
+}
+inline int pow2_floor(int v) {
+  int p = 1;
+  while (p * 2 <= v) p *= 2;
+  return p;
+}
+template <typename T>
+TilePlan fwd_tile_plan(int64_t hidden) {
+  const int vpt = pow2_floor(env_int("PRIMUS_TURBO_RMSNORM_CPP_TILES_FWD_VPT", kFwdPrefVpt, 1, 8));
+  const int block = env_int("PRIMUS_TURBO_RMSNORM_CPP_TILES_BLOCK", kBlockTarget, 32, kMaxThreads);
+  return tile_plan<T>(hidden, vpt, kFwdMaxVpt, block);
+}
+template <typename T>
+TilePlan bwd_tile_plan(int64_t hidden) {
+  const int vpt = pow2_floor(env_int("PRIMUS_TURBO_RMSNORM_CPP_TILES_BWD_VPT", kBwdPrefVpt, 1, 4));
+  const int block = env_int("PRIMUS_TURBO_RMSNORM_CPP_TILES_BLOCK", kBlockTarget, 32, kMaxThreads);
+  return tile_plan<T>(hidden, vpt, kBwdMaxVpt, block);
+}
+
 template <typename T>
 Status fwd_tiles(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t hidden,
                  float eps, ptStream_t s, bool* handled) {
   *handled = false;
-  const TilePlan p = tile_plan<T>(hidden, kFwdPrefVpt, kFwdMaxVpt);
+  const TilePlan p = fwd_tile_plan<T>(hidden);
   if (p.vpt == 0 || !aligned16(x) || !aligned16(w) || !aligned16(y)) return kOk;
   *handled = true;
   const int nvec = static_cast<int>(hidden / Vec16<T>::N);
@@ -301,7 +330,8 @@ Status bwd_grid_of(const TilePlan& p, int64_t rows, size_t smem, int64_t* grid) 
   const Status st = device_sm_count(&sms);
   if (st != kOk) return st;
   const int64_t tiles = (rows + p.rpb - 1) / p.rpb;
-  const int64_t per = std::min(std::max(per_sm, 1), kBwdMaxPerSm);
+  const int per_sm_cap = env_int("PRIMUS_TURBO_RMSNORM_CPP_TILES_BWD_PER_SM", kBwdMaxPerSm, 1, 8);
+  const int64_t per = std::min(std::max(per_sm, 1), per_sm_cap);
   *grid = std::max<int64_t>(1, std::min<int64_t>(tiles, per * sms));
   return kOk;
 }
@@ -324,7 +354,7 @@ Status bwd_grid(const TilePlan& p, int64_t rows, int64_t hidden, int64_t* grid) 
 template <typename T>
 Status bwd_tiles_partials(int64_t rows, int64_t hidden, int64_t* nparts) {
   *nparts = 0;
-  const TilePlan p = tile_plan<T>(hidden, kBwdPrefVpt, kBwdMaxVpt);
+  const TilePlan p = bwd_tile_plan<T>(hidden);
   if (p.vpt == 0 || rows <= 0) return kOk;
   return bwd_grid<T>(p, rows, hidden, nparts);
 }
@@ -333,7 +363,7 @@ template <typename T>
 Status bwd_tiles(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
                  float* part, int64_t rows, int64_t hidden, ptStream_t s, int64_t* nparts) {
   *nparts = -1;  // not handled
-  const TilePlan p = tile_plan<T>(hidden, kBwdPrefVpt, kBwdMaxVpt);
+  const TilePlan p = bwd_tile_plan<T>(hidden);
   if (p.vpt == 0 || rows <= 0 || !aligned16(dy) || !aligned16(x) || !aligned16(w) ||
       !aligned16(dx)) {
     return kOk;

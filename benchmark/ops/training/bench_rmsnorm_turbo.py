@@ -104,19 +104,26 @@ def _reload_plans() -> None:
 
 @contextlib.contextmanager
 def cpp_plan(plan: str | None):
-    """Runs the block with the C++ op's launch plan ``plan`` ("tiles", or "FWD/BWD" such as
-    "tiles/rows"); the op re-reads PRIMUS_TURBO_RMSNORM_CPP_*PLAN after ``_reload_plans``."""
+    """Runs the block with the C++ op's launch plan ``plan``: "tiles", an "FWD/BWD" pair such as
+    "tiles/rows", optionally with knobs appended as "+NAME=VALUE" (NAME without the
+    PRIMUS_TURBO_RMSNORM_CPP_ prefix, e.g. "tiles+TILES_BWD_VPT=4+TILES_BWD_PER_SM=3"). The op
+    re-reads its environment after ``_reload_plans``; everything is restored afterwards."""
     if plan is None:
         yield
         return
-    saved = {k: os.environ.get(k) for k in PLAN_VARS}
+    name, *knobs = plan.split("+")
+    env: dict[str, str] = {}
+    if "/" in name:
+        env[PLAN_VARS[1]], env[PLAN_VARS[2]] = name.split("/", 1)
+    else:
+        env[PLAN_VARS[0]] = name
+    for knob in knobs:
+        key, _, value = knob.partition("=")
+        env[f"PRIMUS_TURBO_RMSNORM_CPP_{key}"] = value
+    saved = {k: os.environ.get(k) for k in (*PLAN_VARS, *env)}
     for k in PLAN_VARS:
         os.environ.pop(k, None)
-    if "/" in plan:
-        fwd, bwd = plan.split("/", 1)
-        os.environ[PLAN_VARS[1]], os.environ[PLAN_VARS[2]] = fwd, bwd
-    else:
-        os.environ[PLAN_VARS[0]] = plan
+    os.environ.update(env)
     _reload_plans()
     try:
         yield
@@ -224,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         "--plans",
         default="",
         help="comma-separated C++ launch plans to compare as TURBO[plan] rows in one run: auto, "
-        "tiles, persist, prev, rows, or FWD/BWD pairs such as tiles/rows",
+        "tiles, persist, prev, rows, FWD/BWD pairs such as tiles/rows, each optionally with "
+        "+KNOB=VALUE suffixes (e.g. tiles+TILES_FWD_VPT=8+TILES_BLOCK=512)",
     )
     add_common_args(p)
     args = p.parse_args(argv)
