@@ -232,6 +232,16 @@ def test_blockwise_scaled_mm_scale_layouts(two_d):
     assert torch.equal(sb2.t(), qb[1])
 
 
+def _launch_block(qa, qb, cfg, family):
+    """The blockwise Triton kernel with one given config on ``(q, s, group)`` operands."""
+    from primus_turbo.triton.gemm import gemm_fp8_kernel as kern
+
+    out = torch.empty(qa[0].shape[0], qb[0].shape[0], device=DEV)
+    strides = (kern._scale_strides(qa[1]), kern._scale_strides(qb[1]))
+    kern._launch(qa[0], qb[0], out, qa[1], qb[1], kern.BLOCK, qa[2], qb[2], *strides, cfg, family)
+    return out
+
+
 @pytest.mark.parametrize("m,n,k,two_d", [(40, 48, 300, True), (33, 20, 256, False)])
 def test_gemm_fp8_block_rescale_kernel(m, n, k, two_d):
     """The rescaled-accumulator promotion (RESCALE, the v2 sm_90 candidates) against the
@@ -251,9 +261,7 @@ def test_gemm_fp8_block_rescale_kernel(m, n, k, two_d):
     family = ArchFamily.CPU if DEV == "cpu" else ArchFamily.OTHER_GPU
     size = 32 if DEV == "cpu" else 64
     cfg = kern._cfg(size, size, 128, 4, 1 if DEV == "cpu" else 3, per_cu=2, RESCALE=True)
-    out = torch.empty(m, n, device=DEV)
-    kern._launch(qa[0], qb[0], out, qa[1], qb[1], kern.BLOCK, qa[2], qb[2],
-                 kern._scale_strides(qa[1]), kern._scale_strides(qb[1]), cfg, family)  # fmt: skip
+    out = _launch_block(qa, qb, cfg, family)
     err = float((out - ref).abs().max() / ref.abs().max())
     assert err < 1e-5, f"relative max error {err:.2e}"
 
@@ -276,3 +284,32 @@ def test_gemm_fp8_block_config_sets(monkeypatch):
             kern.block_config_set()
     finally:
         kern.block_config_set.cache_clear()
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="every tuner candidate of this GPU's family (compiled)")
+@pytest.mark.parametrize("two_d", [True, False], ids=["1x128_128x128", "1x128_1x128"])
+def test_gemm_fp8_block_every_candidate(two_d):
+    """Each blockwise candidate of both sets (the tuner only ever runs the fastest): odd M/N,
+    a K tail, vs the dequantized fp32 product."""
+    from primus_turbo.pytorch.core.platform import arch_family
+    from primus_turbo.pytorch.kernels.gemm.gemm_fp8_impl import dequant_operand
+    from primus_turbo.pytorch.ops.gemm_fp8 import _quant_dual
+    from primus_turbo.triton.gemm import gemm_fp8_kernel as kern
+
+    m, n, k = 777, 1000, 1100
+    a = torch.randn(m, k, device=DEV) * torch.logspace(-3, 2, k, device=DEV)
+    b = torch.randn(n, k, device=DEV)
+    qa, _ = _quant_dual(a, E4M3_DEV, G.BLOCKWISE)
+    qb, _ = _quant_dual(b, E4M3_DEV, G.BLOCKWISE, two_d)
+    bw = G.BLOCKWISE.value
+    ref = dequant_operand(qa[0], qa[1], bw, qa[2]) @ dequant_operand(qb[0], qb[1], bw, qb[2]).t()
+    family = arch_family(torch.device(DEV))
+    cands = {c.name + f"_cu{c.programs_per_cu}": c for s in kern.BLOCK_CONFIG_SETS
+             for c in kern.fp8_configs(family, kern.BLOCK, s)}  # fmt: skip
+    bad = []
+    for name, cfg in cands.items():
+        out = _launch_block(qa, qb, cfg, family)
+        err = float((out - ref).abs().max() / ref.abs().max())
+        if not err < 1e-4:
+            bad.append(f"{name}: {err:.2e}")
+    assert not bad, f"candidates off the reference: {bad}"
