@@ -176,6 +176,13 @@ struct RowsPlan {
   size_t smem = 0;
 };
 
+// Shared memory for one block's warp rows on the current device (kRowsSmemBudget at most).
+inline int64_t rows_smem_budget() {
+  int dev_max = 0;
+  if (device_max_smem_per_block(&dev_max) != kOk) return 48 * 1024;
+  return std::min<int64_t>(kRowsSmemBudget, dev_max);
+}
+
 template <typename T>
 RowsPlan rows_plan(int64_t hidden) {
   constexpr int N = Vec16<T>::N;
@@ -187,7 +194,9 @@ RowsPlan rows_plan(int64_t hidden) {
   const int64_t warp_bytes = static_cast<int64_t>(p.vpt) * N * kWarpSize * sizeof(float);
   // VPT 16 needs ~180 registers on sm_90: 5 warps per block keep two blocks per SM resident.
   const int64_t cap = p.vpt >= 16 ? 5 : kRowsMaxWarps;
-  p.warps = static_cast<int>(std::clamp<int64_t>(kRowsSmemBudget / warp_bytes, 1, cap));
+  const int64_t budget = rows_smem_budget();
+  if (warp_bytes > budget) return RowsPlan{};  // not even one warp row fits: not applicable
+  p.warps = static_cast<int>(std::clamp<int64_t>(budget / warp_bytes, 1, cap));
   p.smem = static_cast<size_t>(p.warps) * static_cast<size_t>(warp_bytes);
   return p;
 }

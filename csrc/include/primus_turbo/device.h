@@ -22,6 +22,7 @@ using ptError_t = hipError_t;
 #define ptGetDevice hipGetDevice
 #define ptDeviceGetAttribute hipDeviceGetAttribute
 #define PT_ATTR_SM_COUNT hipDeviceAttributeMultiprocessorCount
+#define PT_ATTR_SMEM_PER_BLOCK hipDeviceAttributeMaxSharedMemoryPerBlock
 using pt_half = __half;
 using pt_bf16 = __hip_bfloat16;
 #else
@@ -37,6 +38,7 @@ using ptError_t = cudaError_t;
 #define ptGetDevice cudaGetDevice
 #define ptDeviceGetAttribute cudaDeviceGetAttribute
 #define PT_ATTR_SM_COUNT cudaDevAttrMultiProcessorCount
+#define PT_ATTR_SMEM_PER_BLOCK cudaDevAttrMaxSharedMemoryPerBlockOptin  // with the opt-in
 using pt_half = __half;
 using pt_bf16 = __nv_bfloat16;
 #endif
@@ -63,6 +65,8 @@ constexpr int kWarpSize = 32;
 
 // Multiprocessor count of the current device (cached per device; runtime.cu).
 Status device_sm_count(int* out) noexcept;
+// Shared memory one block of the current device may use (CUDA: with the opt-in attribute).
+Status device_max_smem_per_block(int* out) noexcept;
 
 // ---- scalar conversions (explicit intrinsics: no implicit half/bf16 operators) -----------------
 __device__ __forceinline__ float to_float(float v) { return v; }
