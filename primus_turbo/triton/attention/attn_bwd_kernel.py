@@ -60,6 +60,7 @@ def _dkdv_steps(
     HAS_L: tl.constexpr,
     HAS_R: tl.constexpr,
     UPCAST: tl.constexpr,
+    PART: tl.constexpr = 0,
 ):
     for m0 in range(start, end, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -69,7 +70,6 @@ def _dkdv_steps(
         qt = tl.load(qt_ptrs, mask=row_ok[None, :] & (offs_dk[:, None] < DQK), other=0.0)
         do = tl.load(do_ptrs, mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
         lse = tl.load(lse_base + offs_m.to(tl.int64) * stride_lm, mask=row_ok, other=0.0)
-        delta = tl.load(delta_base + offs_m.to(tl.int64) * stride_lm, mask=row_ok, other=0.0)
         lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
         if UPCAST:
             qt = qt.to(tl.float32)
@@ -86,12 +86,15 @@ def _dkdv_steps(
         if MASK:
             ok = visible(offs_m, offs_n, seqlen_q, seqlen_k, win_l, win_r, HAS_L, HAS_R)
             pt = tl.where(tl.trans(ok), pt, 0.0)
-        dv = tl.dot(pt.to(do.dtype), do, dv)
-        dpt = tl.dot(v, tl.trans(do))
-        dst = pt * (dpt - delta[None, :])
-        dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk)
-        if SPLIT:
-            dk2 = tl.dot(dst.to(qt2.dtype), tl.trans(qt2), dk2)
+        if PART != 2:
+            dv = tl.dot(pt.to(do.dtype), do, dv)
+        if PART != 1:
+            delta = tl.load(delta_base + offs_m.to(tl.int64) * stride_lm, mask=row_ok, other=0.0)
+            dpt = tl.dot(v, tl.trans(do))
+            dst = pt * (dpt - delta[None, :])
+            dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk)
+            if SPLIT:
+                dk2 = tl.dot(dst.to(qt2.dtype), tl.trans(qt2), dk2)
     return dk, dk2, dv
 
 
@@ -109,8 +112,10 @@ def attn_bwd_dkdv_kernel(
     DQK: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr,
     BLOCK_DV: tl.constexpr, VARLEN: tl.constexpr, HAS_L: tl.constexpr, HAS_R: tl.constexpr,
-    UPCAST: tl.constexpr, BLOCK_DQK2: tl.constexpr = 0,
+    UPCAST: tl.constexpr, BLOCK_DQK2: tl.constexpr = 0, PART: tl.constexpr = 0,
 ):  # fmt: skip
+    # PART 0: dK and dV; 1: dV only; 2: dK only (two launches with half the accumulators each:
+    # wider tiles fit in the registers at the cost of recomputing S; see attn_launch)
     # BLOCK_DQK2 > 0: the qk dim is two chunks [0, BLOCK_DQK) + [BLOCK_DQK, BLOCK_DQK + BLOCK_DQK2)
     # (192 = 128 + 64), so neither the K tile nor the dK accumulator is padded to 256 columns
     SPLIT: tl.constexpr = BLOCK_DQK2 > 0
@@ -163,28 +168,30 @@ def attn_bwd_dkdv_kernel(
                                   stride_qs, stride_dos, stride_ls, offs_n, offs_dk, offs_dk2,
                                   offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, win_l, win_r,
                                   qk_scale, DQK, DV, BLOCK_M, SPLIT, False, HAS_L, HAS_R,
-                                  UPCAST)  # fmt: skip
+                                  UPCAST, PART)  # fmt: skip
         dk, dk2, dv = _dkdv_steps(dk, dk2, dv, k, k2, v, q_base, do_base, lse_base, delta_base,
                                   stride_qs, stride_dos, stride_ls, offs_n, offs_dk, offs_dk2,
                                   offs_dv, lo, full_lo, seqlen_q, seqlen_k, win_l, win_r,
                                   qk_scale, DQK, DV, BLOCK_M, SPLIT, True, HAS_L, HAS_R,
-                                  UPCAST)  # fmt: skip
+                                  UPCAST, PART)  # fmt: skip
         dk, dk2, dv = _dkdv_steps(dk, dk2, dv, k, k2, v, q_base, do_base, lse_base, delta_base,
                                   stride_qs, stride_dos, stride_ls, offs_n, offs_dk, offs_dk2,
                                   offs_dv, full_hi, hi, seqlen_q, seqlen_k, win_l, win_r,
                                   qk_scale, DQK, DV, BLOCK_M, SPLIT, True, HAS_L, HAS_R,
-                                  UPCAST)  # fmt: skip
-    dk_rows = dk_ptr + b64 * stride_dkb + sk64 * stride_dks + hk * stride_dkh
-    dk_rows += offs_n[:, None].to(tl.int64) * stride_dks
-    dk_ty = dk_ptr.dtype.element_ty
-    tl.store(dk_rows + offs_dk[None, :], (dk * sm_scale).to(dk_ty),
-             mask=n_ok & (offs_dk[None, :] < DQK))  # fmt: skip
-    if SPLIT:
-        tl.store(dk_rows + offs_dk2[None, :], (dk2 * sm_scale).to(dk_ty),
-                 mask=n_ok & (offs_dk2[None, :] < DQK))  # fmt: skip
-    dv_ptrs = dv_ptr + b64 * stride_dvb + sk64 * stride_dvs + hk * stride_dvh
-    dv_ptrs += offs_n[:, None].to(tl.int64) * stride_dvs + offs_dv[None, :]
-    tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=n_ok & (offs_dv[None, :] < DV))
+                                  UPCAST, PART)  # fmt: skip
+    if PART != 1:
+        dk_rows = dk_ptr + b64 * stride_dkb + sk64 * stride_dks + hk * stride_dkh
+        dk_rows += offs_n[:, None].to(tl.int64) * stride_dks
+        dk_ty = dk_ptr.dtype.element_ty
+        tl.store(dk_rows + offs_dk[None, :], (dk * sm_scale).to(dk_ty),
+                 mask=n_ok & (offs_dk[None, :] < DQK))  # fmt: skip
+        if SPLIT:
+            tl.store(dk_rows + offs_dk2[None, :], (dk2 * sm_scale).to(dk_ty),
+                     mask=n_ok & (offs_dk2[None, :] < DQK))  # fmt: skip
+    if PART != 2:
+        dv_ptrs = dv_ptr + b64 * stride_dvb + sk64 * stride_dvs + hk * stride_dvh
+        dv_ptrs += offs_n[:, None].to(tl.int64) * stride_dvs + offs_dv[None, :]
+        tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=n_ok & (offs_dv[None, :] < DV))
 
 
 @triton.jit

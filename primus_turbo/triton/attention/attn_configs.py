@@ -48,6 +48,8 @@ def _amd(bm, bn, warps, stages=1, waves=2):
 def _cdna(kind: str, dclass: str) -> list[AttnConfig]:
     """gfx942/gfx950: 64-wide wavefronts (4 warps = 256 lanes), 64 KiB / 160 KiB LDS."""
     large = dclass != "small"  # the split 192 needs fewer registers than 256: same tiles
+    if kind in ("dv", "dk"):  # the dK/dV kernel's one-accumulator launches: its tiles
+        kind = "dkdv"
     if kind == "fwd":
         if large:
             return [_amd(64, 64, 8), _amd(64, 32, 4)]
@@ -74,26 +76,26 @@ def _hopper(kind: str, dclass: str) -> list[AttnConfig]:
     if dclass == "mid" and kind == "dkdv":
         # split 192 = 128 + 64 (AOT sm_90, 2026-11-29): dK + dV accumulators take 80 regs at
         # BLOCK_N 64 / 8 warps; m16n64w8s1 (223 regs) and m16n64w8s2 (255) are clean wgmma
-        # tiles; m32n64w8s1 spills 64 B, m16n128w8s1 16 B (timed candidates); every wider
-        # tile spills 170-1800 B. m16n32w8s1 (mma.sync) is the padded path's old default.
-        return [
-            AttnConfig(16, 64, 8, 1),
-            AttnConfig(16, 64, 8, 2),
-            AttnConfig(32, 64, 8, 1),
-            AttnConfig(16, 128, 8, 1),
-            AttnConfig(16, 32, 8, 1),
-        ]
+        # tiles; m16n128w8s1 spills 16 B (timed candidate), m32n64w8s1 64 B; every wider
+        # tile spills 170-1800 B. m16n32w8s1 (mma.sync) was the padded path's default.
+        return [AttnConfig(16, 64, 8, 1), AttnConfig(16, 128, 8, 1), AttnConfig(16, 64, 8, 2)]
+    if dclass == "mid" and kind == "dv":
+        # dV-only launch (PART 1), split 192: m64n128w8s1 254 regs and m32n128w8s2 246, clean
+        # (m64n128w8s2 spills 436 B, m64n64w4s2 976 B)
+        return [AttnConfig(64, 128, 8, 1), AttnConfig(32, 128, 8, 2)]
+    if dclass == "mid" and kind == "dk":
+        # dK-only launch (PART 2), split 192: m32n128w8s1 255 regs and m16n128w8s2 254, clean
+        # (m64n128w8s1 spills 208 B, m32n128w8s2 172 B)
+        return [AttnConfig(32, 128, 8, 1), AttnConfig(16, 128, 8, 2)]
+    if kind in ("dv", "dk"):  # forced parts outside the mid class: the fused kernel's tiles
+        kind = "dkdv"
     if dclass == "mid" and kind == "fwd":
         # split 192 (AOT sm_90): m128n64w8s3 232 regs, m128n64w8s2 228, m64n64w4s2 255, all
         # clean; m128n128w8s2 spills 8 B
         return [AttnConfig(128, 64, 8, 3), AttnConfig(128, 64, 8, 2), AttnConfig(64, 64, 4, 2)]
-    if dclass == "mid":  # dq, split 192: all clean on sm_90 (171-255 regs)
-        return [
-            AttnConfig(64, 64, 8, 2),
-            AttnConfig(128, 32, 8, 2),
-            AttnConfig(64, 32, 8, 2),
-            AttnConfig(128, 64, 8, 2),
-        ]
+    if dclass == "mid":  # dq, split 192: clean on sm_90 (m64n64 234 regs, m128n32 223,
+        # m128n64 255, m64n32 171)
+        return [AttnConfig(64, 64, 8, 2), AttnConfig(128, 32, 8, 2), AttnConfig(128, 64, 8, 2)]
     if kind == "fwd":
         if large:
             # AOT sm_90 (d256 / 192-padded): 128x64 w8 s2 clean, 64x64 w8 s2 spills 20 B
@@ -150,9 +152,10 @@ def dim_class(block_d: int) -> str:
 
 @functools.cache
 def attn_configs(family: ArchFamily, kind: str, block_d: int) -> tuple[AttnConfig, ...]:
-    """Configs of one kernel kind (``fwd``, ``dkdv``, ``dq``) for a padded head dim (the sum of
-    the chunk widths when the backward splits the qk dim)."""
-    assert kind in ("fwd", "dkdv", "dq"), kind
+    """Configs of one kernel kind (``fwd``, ``dkdv``, ``dq``; ``dv``/``dk``: the dK/dV kernel
+    launched for one accumulator set) for a padded head dim (the sum of the chunk widths when
+    the qk dim is split)."""
+    assert kind in ("fwd", "dkdv", "dq", "dv", "dk"), kind
     return tuple(CONFIGS_BY_FAMILY[family](kind, dim_class(block_d)))
 
 

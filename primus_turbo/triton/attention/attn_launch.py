@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Any
 
 import torch
 import triton
@@ -25,12 +26,13 @@ from primus_turbo.triton.attention.attn_bwd_kernel import attn_bwd_dkdv_kernel, 
 from primus_turbo.triton.attention.attn_configs import (
     AttnConfig,
     attn_configs,
+    dim_class,
     parse_config,
     select_config,
 )
 from primus_turbo.triton.attention.attn_fwd_kernel import LOG2E, attn_fwd_kernel
 
-_tuned: dict[tuple, AttnConfig] = {}
+_tuned: dict[tuple, Any] = {}  # kind/shape key -> AttnConfig (or "fused"/"parts" for dK/dV)
 FP8_SCALE_BLOCK = 64  # tokens per fp8 scale block (per batch and head); FP8 needs BLOCK_N <= it
 
 
@@ -221,7 +223,7 @@ def attn_bwd_triton(do, q, k, v, out, lse, cu_q, cu_k, max_sq, max_sk, scale, ca
     common = (hq // hkv, max_sq, max_sk, scale * LOG2E, scale, wl, wr, dqk, dvd)
     bdq, bdq2 = _split_dim(dqk, "bwd")
 
-    def launch_dkdv(cfg: AttnConfig):
+    def launch_dkdv(cfg: AttnConfig, part: int = 0):
         grid = (triton.cdiv(max_sk, cfg.block_n), batch * hkv)
         attn_bwd_dkdv_kernel[grid](
             q, k, v, do, lse, delta, dk, dv, dummy, cu_k_arg,
@@ -230,7 +232,7 @@ def attn_bwd_triton(do, q, k, v, out, lse, cu_q, cu_k, max_sq, max_sk, scale, ca
             hkv, *common,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_DQK=bdq, BLOCK_DV=bdv,
             VARLEN=varlen, HAS_L=has_l, HAS_R=has_r, UPCAST=upcast, BLOCK_DQK2=bdq2,
-            **cfg.options,
+            PART=part, **cfg.options,
         )  # fmt: skip
 
     def launch_dq(cfg: AttnConfig):
@@ -249,8 +251,50 @@ def attn_bwd_triton(do, q, k, v, out, lse, cu_q, cu_k, max_sq, max_sk, scale, ca
            has_l, has_r, q.device)  # fmt: skip
     width = max(bdq + bdq2, bdv)  # 192 when split: the "mid" configs
     launch_dq(_pick("dq", family, width, key, launch_dq))  # also writes delta
-    launch_dkdv(_pick("dkdv", family, width, key, launch_dkdv))
+
+    def fused():
+        launch_dkdv(_pick("dkdv", family, width, key, launch_dkdv))
+
+    def parts():  # dV, then dK: each launch holds one accumulator set, so wider tiles fit
+        launch_dkdv(_pick("dv", family, width, key, lambda c: launch_dkdv(c, 1)), 1)
+        launch_dkdv(_pick("dk", family, width, key, lambda c: launch_dkdv(c, 2)), 2)
+
+    mode = _dkdv_mode(family, width)
+    if mode == "auto":
+        mode = _tuned.get(("dkdv_mode", width, *key))
+        if mode is None and (is_graph_capturing() or not _tuning_enabled()):
+            mode = "parts"
+        if mode is None:
+            parts()  # tunes both kinds' tiles first
+            fused()
+            t_parts = triton.testing.do_bench(parts, warmup=3, rep=15, return_mode="median")
+            t_fused = triton.testing.do_bench(fused, warmup=3, rep=15, return_mode="median")
+            mode = "parts" if t_parts < t_fused else "fused"
+            _tuned[("dkdv_mode", width, *key)] = mode
+    (parts if mode == "parts" else fused)()
     return dq, dk, dv
+
+
+@functools.cache
+def _dkdv_env() -> str:
+    import os
+
+    return os.environ.get("PRIMUS_TURBO_ATTN_DKDV_PARTS", "auto").strip().lower()
+
+
+def _dkdv_mode(family: ArchFamily, width: int) -> str:
+    """``fused`` (one dK/dV kernel), ``parts`` (a dV launch, then a dK launch: S is computed
+    twice, but each holds half the accumulators, so the split-192 tiles can be 2-4x wider) or
+    ``auto`` (time both per shape). ``PRIMUS_TURBO_ATTN_DKDV_PARTS``: ``0`` fused, ``1``
+    parts, ``auto`` (default): auto for the split 192 ("mid") class on a GPU, fused otherwise."""
+    env = _dkdv_env()
+    if env in ("0", "fused"):
+        return "fused"
+    if env in ("1", "parts"):
+        return "parts"
+    if family == ArchFamily.CPU or dim_class(width) != "mid":
+        return "fused"
+    return "auto"
 
 
 def default_scale(d: int) -> float:
@@ -319,8 +363,11 @@ def aot_specs(target: str) -> list[AotSpec]:
                      ("num_heads", *head, "qk_scale", "sm_scale", "win_l", "win_r")),
             ),
         }  # fmt: skip
+        if dim_class(width) == "mid":  # the one-accumulator dK/dV launches (PART 1 / 2)
+            kinds["dv"] = kinds["dk"] = kinds["dkdv"]
         for kind, (fn, sig) in kinds.items():
             sig = {a: sig[a] for a in fn.arg_names if a in sig}
+            part = {"dv": {"PART": 1}, "dk": {"PART": 2}}.get(kind, {})
             for i, cfg in enumerate(attn_configs(family, kind, width)):
                 specs.append(
                     AotSpec(
@@ -329,6 +376,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                         signature=sig,
                         constexprs={
                             **const,
+                            **part,
                             **(_FWD_CONST if kind == "fwd" else {}),
                             "BLOCK_M": cfg.block_m,
                             "BLOCK_N": cfg.block_n,

@@ -141,11 +141,31 @@ def test_qk_dim_variants(variant, device, monkeypatch):
     if variant == "padded":
         monkeypatch.setattr(attn_launch, "_split_kinds", lambda: ())
     else:
-        pins = {"fwd": "m64n64w4s2", "dq": "m64n32w8s2", "dkdv": "m16n64w8s2"}
+        pins = {"fwd": "m64n64w4s2", "dq": "m64n32w8s2", "dkdv": "m16n64w8s2",
+                "dv": "m32n128w8s2", "dk": "m16n128w8s2"}  # fmt: skip
         monkeypatch.setattr(attn_launch, "_pinned", lambda kind: pins[kind])
     GlobalBackendManager.set_attn_backend(BackendType.TRITON)
     for case in ((1, 1000, 1000, 8, 8, 192, 128, True, NO_WIN),
                  (1, 333, 333, 4, 2, 96, 96, False, NO_WIN)):  # fmt: skip
+        check_attention(case, torch.bfloat16, device)
+
+
+@pytest.mark.parametrize("mode", ["parts", "fused"])
+def test_dkdv_fused_or_in_two_launches(mode, device, monkeypatch):
+    """PRIMUS_TURBO_ATTN_DKDV_PARTS: dK and dV from one kernel, or a dV launch and a dK launch
+    (the default candidate for the split 192 qk dim on a GPU)."""
+    from primus_turbo.triton.attention import attn_launch
+
+    monkeypatch.setattr(attn_launch, "_dkdv_env", lambda: {"parts": "1", "fused": "0"}[mode])
+    GlobalBackendManager.set_attn_backend(BackendType.TRITON)
+    if device == "cpu" and mode == "fused":
+        pytest.skip("the CPU default: covered by test_flash_attn")
+    cases = [(1, 33, 33, 4, 2, 48, 32, True, (8, -1))]
+    if HAS_GPU:
+        cases = [(1, 1000, 1000, 8, 2, 192, 128, True, NO_WIN),
+                 (2, 1000, 1000, 8, 8, 192, 128, False, (300, 10)),
+                 (1, 1000, 1000, 8, 2, 128, 128, True, NO_WIN)]  # fmt: skip
+    for case in cases:
         check_attention(case, torch.bfloat16, device)
 
 
