@@ -87,8 +87,9 @@ def _tile(x, q, s, qt, st, amax, bm, bn, mode, dual, dtype, s_strides, st_stride
 def quant_impl_version() -> str:
     """``PRIMUS_TURBO_QUANT_IMPL``: ``v2`` (default) routes the blockwise 1x128 dual, 128x128
     and MX recipes of row-contiguous inputs to ``quant_tile_v2_kernel``; ``v1`` keeps every
-    recipe on ``quant_tile_kernel`` (for A/B runs). ``PRIMUS_TURBO_QUANT_STAGES`` and
-    ``PRIMUS_TURBO_QUANT_WARPS`` override the v2 stages / warps of every config."""
+    recipe on ``quant_tile_kernel`` (for A/B runs). ``PRIMUS_TURBO_QUANT_STAGES``,
+    ``PRIMUS_TURBO_QUANT_WARPS`` and ``PRIMUS_TURBO_QUANT_MAXNREG`` (NVIDIA register cap,
+    default 128) override the v2 stages / warps / cap of every config."""
     v = os.environ.get("PRIMUS_TURBO_QUANT_IMPL", "v2").strip().lower()
     if v not in ("v1", "v2"):
         raise ValueError(f"PRIMUS_TURBO_QUANT_IMPL must be v1 or v2, got {v!r}")
@@ -106,15 +107,16 @@ def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
     nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
     stages = int(os.environ.get("PRIMUS_TURBO_QUANT_STAGES", stages if nvidia or interp else 1))
     warps = int(os.environ.get("PRIMUS_TURBO_QUANT_WARPS", warps))
+    maxnreg = int(os.environ.get("PRIMUS_TURBO_QUANT_MAXNREG", MAXNREG))
     m, n = x.shape
     if m == 0 or n == 0:
         return
     ntiles = _cdiv(m, bm) * _cdiv(n, bn)
     grid = ntiles
     if stages > 1:  # persistent: the programs that fit at once (registers capped at MAXNREG)
-        per_sm = max(1, 65536 // (MAXNREG * 32 * warps)) if nvidia else 2
+        per_sm = max(1, 65536 // (maxnreg * 32 * warps)) if nvidia else 2
         grid = min(ntiles, per_sm * num_compute_units(x.device if not interp else None))
-    extra = {"maxnreg": MAXNREG} if nvidia else {}
+    extra = {"maxnreg": maxnreg} if nvidia else {}
     quant_tile_v2_kernel[(grid,)](
         x, _u8(q), s, _u8(qt if dual else q), st if st is not None else s,
         m, n, x.stride(0), q.stride(0), qt.stride(0) if dual else 0, *s_strides, *st_strides,
