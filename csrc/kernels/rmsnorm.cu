@@ -591,6 +591,7 @@ Status rmsnorm_fwd_gpu(const void* x, const void* w, void* y, float* rstd, int64
 void rmsnorm_gpu_reload_plans() noexcept {
   g_fwd_env.store(-1, std::memory_order_relaxed);
   g_bwd_env.store(-1, std::memory_order_relaxed);
+  rmsnorm_tiles_reload_knobs();
 }
 
 Status rmsnorm_bwd_gpu_partials(int64_t rows, int64_t hidden, DType dtype,

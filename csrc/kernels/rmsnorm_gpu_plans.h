@@ -12,6 +12,8 @@
 
 namespace primus_turbo {
 
+// Re-reads the tiles plan's PRIMUS_TURBO_RMSNORM_CPP_TILES_* knobs at their next use.
+void rmsnorm_tiles_reload_knobs() noexcept;
 Status rmsnorm_fwd_tiles(const void* x, const void* w, void* y, float* rstd, int64_t rows,
                          int64_t hidden, float eps, DType dtype, ptStream_t s,
                          bool* handled) noexcept;

@@ -17,6 +17,7 @@
 // partial rows than one per group: less fp32 traffic); rmsnorm.cu's reduce kernel sums the
 // partial rows in a fixed order. Deterministic for a given device and shape.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 #include "primus_turbo/device.h"
@@ -265,14 +266,21 @@ constexpr int kFwdPrefVpt = 4, kFwdMaxVpt = 8, kBwdPrefVpt = 2, kBwdMaxVpt = 4;
 // traffic (2 per SM at 8192x4096: 4% of the bytes) while two give enough loads in flight.
 constexpr int kBwdMaxPerSm = 2;
 
-// Experiment knobs of this plan (benchmarks; unset = the constants above), read at every call of
-// the plan: PRIMUS_TURBO_RMSNORM_CPP_TILES_FWD_VPT / _TILES_BWD_VPT (preferred VPT, a power of
-// two <= 8 / <= 4), _TILES_BLOCK (threads a block packs row groups up to, 32..512) and
-// _TILES_BWD_PER_SM (backward blocks per SM at most, 1..8).
-inline int env_int(const char* var, int def, int lo, int hi) {
-  const char* v = std::getenv(var);
-  if (v == nullptr || v[0] == '\0') return def;
-  const int n = std::atoi(v);
+// Experiment knobs of this plan (benchmarks; unset = the constants above), cached until
+// rmsnorm_gpu_reload_plans: PRIMUS_TURBO_RMSNORM_CPP_TILES_FWD_VPT / _TILES_BWD_VPT (preferred
+// VPT, a power of two <= 8 / <= 4), _TILES_BLOCK (threads a block packs row groups up to,
+// 32..512) and _TILES_BWD_PER_SM (backward blocks per SM at most, 1..8).
+std::atomic<int> g_knobs[4] = {{-1}, {-1}, {-1}, {-1}};  // -1: read at the next use
+const char* const kKnobVars[4] = {
+    "PRIMUS_TURBO_RMSNORM_CPP_TILES_FWD_VPT", "PRIMUS_TURBO_RMSNORM_CPP_TILES_BWD_VPT",
+    "PRIMUS_TURBO_RMSNORM_CPP_TILES_BLOCK", "PRIMUS_TURBO_RMSNORM_CPP_TILES_BWD_PER_SM"};
+inline int env_int(int knob, int def, int lo, int hi) {
+  int n = g_knobs[knob].load(std::memory_order_relaxed);
+  if (n < 0) {
+    const char* v = std::getenv(kKnobVars[knob]);
+    n = v != nullptr && v[0] != '\0' ? std::atoi(v) : 0;  // 0: unset
+    g_knobs[knob].store(n < 0 ? 0 : n, std::memory_order_relaxed);
+  }
   return n < lo || n > hi ? def : n;
 }
 inline int pow2_floor(int v) {
@@ -282,14 +290,14 @@ inline int pow2_floor(int v) {
 }
 template <typename T>
 TilePlan fwd_tile_plan(int64_t hidden) {
-  const int vpt = pow2_floor(env_int("PRIMUS_TURBO_RMSNORM_CPP_TILES_FWD_VPT", kFwdPrefVpt, 1, 8));
-  const int block = env_int("PRIMUS_TURBO_RMSNORM_CPP_TILES_BLOCK", kBlockTarget, 32, kMaxThreads);
+  const int vpt = pow2_floor(env_int(0, kFwdPrefVpt, 1, 8));
+  const int block = env_int(2, kBlockTarget, 32, kMaxThreads);
   return tile_plan<T>(hidden, vpt, kFwdMaxVpt, block);
 }
 template <typename T>
 TilePlan bwd_tile_plan(int64_t hidden) {
-  const int vpt = pow2_floor(env_int("PRIMUS_TURBO_RMSNORM_CPP_TILES_BWD_VPT", kBwdPrefVpt, 1, 4));
-  const int block = env_int("PRIMUS_TURBO_RMSNORM_CPP_TILES_BLOCK", kBlockTarget, 32, kMaxThreads);
+  const int vpt = pow2_floor(env_int(1, kBwdPrefVpt, 1, 4));
+  const int block = env_int(2, kBlockTarget, 32, kMaxThreads);
   return tile_plan<T>(hidden, vpt, kBwdMaxVpt, block);
 }
 
@@ -330,7 +338,7 @@ Status bwd_grid_of(const TilePlan& p, int64_t rows, size_t smem, int64_t* grid) 
   const Status st = device_sm_count(&sms);
   if (st != kOk) return st;
   const int64_t tiles = (rows + p.rpb - 1) / p.rpb;
-  const int per_sm_cap = env_int("PRIMUS_TURBO_RMSNORM_CPP_TILES_BWD_PER_SM", kBwdMaxPerSm, 1, 8);
+  const int per_sm_cap = env_int(3, kBwdMaxPerSm, 1, 8);
   const int64_t per = std::min(std::max(per_sm, 1), per_sm_cap);
   *grid = std::max<int64_t>(1, std::min<int64_t>(tiles, per * sms));
   return kOk;
@@ -390,6 +398,10 @@ Status bwd_tiles(const void* dy, const void* x, const void* w, const float* rstd
 }
 
 }  // namespace
+
+void rmsnorm_tiles_reload_knobs() noexcept {
+  for (auto& k : g_knobs) k.store(-1, std::memory_order_relaxed);
+}
 
 Status rmsnorm_fwd_tiles(const void* x, const void* w, void* y, float* rstd, int64_t rows,
                          int64_t hidden, float eps, DType dtype, ptStream_t s,
