@@ -61,6 +61,7 @@ from harness import (  # noqa: E402
 
 import primus_turbo.pytorch as turbo  # noqa: E402
 from primus_turbo.pytorch.core import BackendType, GlobalBackendManager  # noqa: E402
+from primus_turbo.triton.attention.attn_launch import _tuned  # noqa: E402
 
 # name -> (hq, hkv, dqk, dv)
 MODELS = {
@@ -292,7 +293,11 @@ def main(argv=None) -> int:
             skipped.append(case)
             continue
         print(f"[{idx}/{len(todo)}] {case} (t={time.monotonic() - t_start:.0f} s)", flush=True)
+        seen = set(_tuned)
         row = results.add(run_case(idx, case, info, args))
+        picks = [f"{k[0]} {getattr(v, 'name', v)}" for k, v in _tuned.items() if k not in seen]
+        if picks:  # the Triton tiles (and dK/dV mode) the per-shape tuning chose for this case
+            print("  tuned: " + ", ".join(dict.fromkeys(picks)))
         print(
             f"  {row['Check']} TRITON fwd {row['TRITON fwd TFLOPS']:.1f} bwd "
             f"{row['TRITON bwd TFLOPS']:.1f} | default fwd+bwd {row['default fwd+bwd TFLOPS']:.1f}"
