@@ -100,6 +100,13 @@ def _use_v2(x: torch.Tensor) -> bool:
     return quant_impl_version() == "v2" and x.stride(1) == 1
 
 
+@functools.cache
+def _hw_satfinite(index) -> bool:
+    """NVIDIA sm_89+: Triton converts fp32 -> fp8 with ``cvt.rn.satfinite`` (checked in the
+    sm_90 PTX for e4m3 and e5m2), so the kernels may skip their clamp."""
+    return torch.cuda.get_device_capability(index) >= (8, 9)
+
+
 def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
     """Launch ``quant_tile_v2_kernel`` with ``V2_CONFIGS[name]`` (see quant_kernel_v2)."""
     mode, bm, bn, dual, warps, stages = V2_CONFIGS[name]
@@ -117,11 +124,12 @@ def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
         per_sm = max(1, 65536 // (maxnreg * 32 * warps)) if nvidia else 2
         grid = min(ntiles, per_sm * num_compute_units(x.device if not interp else None))
     extra = {"maxnreg": maxnreg} if nvidia else {}
+    sat = nvidia and _hw_satfinite(x.device.index)
     quant_tile_v2_kernel[(grid,)](
         x, _u8(q), s, _u8(qt if dual else q), st if st is not None else s,
         m, n, x.stride(0), q.stride(0), qt.stride(0) if dual else 0, *s_strides, *st_strides,
         BM=bm, BN=bn, MODE=mode, DUAL=dual, FMAX=_fmax(dtype), EMAX=_EMAX[dtype],
-        FMT=_interp_fmt(dtype), STAGES=stages, SAT=nvidia, NP=np_, num_warps=warps, **extra,
+        FMT=_interp_fmt(dtype), STAGES=stages, SAT=sat, NP=np_, num_warps=warps, **extra,
     )  # fmt: skip
 
 
