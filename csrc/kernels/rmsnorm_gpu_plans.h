@@ -5,8 +5,10 @@
 // or rows longer than the register-cached path holds.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 #include "primus_turbo/device.h"
 
@@ -77,6 +79,45 @@ inline PlanKind env_plan(const char* direction_var) {
   const char* old = std::getenv("PRIMUS_TURBO_RMSNORM_CPP_PERSIST");
   if (old != nullptr && old[0] == '0') return PlanKind::kPrev;
   return parse_plan(std::getenv("PRIMUS_TURBO_RMSNORM_CPP_PLAN"));
+}
+
+constexpr int64_t kNarrowRowBytes = 8192;  // auto: "narrow" rows (bf16 hidden <= 4096)
+
+// The environment's plan per direction, cached (-1: read at the next call; see
+// rmsnorm_gpu_reload_plans). A race between two first calls reads the same value twice.
+inline std::atomic<int> g_fwd_env{-1}, g_bwd_env{-1};
+
+inline PlanKind cached_plan(std::atomic<int>& slot, const char* var) {
+  int v = slot.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = static_cast<int>(env_plan(var));
+    slot.store(v, std::memory_order_relaxed);
+  }
+  return static_cast<PlanKind>(v);
+}
+
+template <typename T>
+PlanKind fwd_plan(int64_t hidden) {
+  const PlanKind env = cached_plan(g_fwd_env, "PRIMUS_TURBO_RMSNORM_CPP_FWD_PLAN");
+  if (env == PlanKind::kTiles || env == PlanKind::kPersist || env == PlanKind::kRows) return env;
+  if (env == PlanKind::kPrev) return PlanKind::kPersist;
+  return hidden * static_cast<int64_t>(sizeof(T)) > kNarrowRowBytes ? PlanKind::kTiles
+                                                                     : PlanKind::kPersist;
+}
+
+template <typename T>
+constexpr DType dtype_of() {
+  return sizeof(T) == 4 ? DType::kFloat32
+                        : (std::is_same<T, pt_half>::value ? DType::kFloat16 : DType::kBFloat16);
+}
+
+template <typename T>
+PlanKind bwd_plan_kind(int64_t hidden) {
+  const PlanKind env = cached_plan(g_bwd_env, "PRIMUS_TURBO_RMSNORM_CPP_BWD_PLAN");
+  if (env != PlanKind::kAuto) return env;
+  const bool narrow = hidden * static_cast<int64_t>(sizeof(T)) <= kNarrowRowBytes;
+  return narrow && rmsnorm_bwd_rows_applies(hidden, dtype_of<T>()) ? PlanKind::kRows
+                                                                   : PlanKind::kPersist;
 }
 
 }  // namespace primus_turbo
