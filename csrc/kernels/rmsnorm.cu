@@ -552,6 +552,7 @@ void rmsnorm_gpu_reload_plans() noexcept {
   g_fwd_env.store(-1, std::memory_order_relaxed);
   g_bwd_env.store(-1, std::memory_order_relaxed);
   rmsnorm_tiles_reload_knobs();
+  rmsnorm_rows_reload_knobs();
 }
 
 Status rmsnorm_bwd_gpu_partials(int64_t rows, int64_t hidden, DType dtype,

@@ -30,6 +30,7 @@ Status rmsnorm_bwd_tiles(const void* dy, const void* x, const void* w, const flo
 // "rows" plan (one warp per row, narrow rows): the forward (*handled false: not applicable);
 // whether the backward applies to `hidden` (vector path, at most 16 vectors per lane), the
 // partial dw rows it writes, and its launch (*nparts -1: not handled, e.g. unaligned pointers).
+void rmsnorm_rows_reload_knobs() noexcept;  // PRIMUS_TURBO_RMSNORM_CPP_ROWS_WARPS
 Status rmsnorm_fwd_rows(const void* x, const void* w, void* y, float* rstd, int64_t rows,
                         int64_t hidden, float eps, DType dtype, ptStream_t s,
                         bool* handled) noexcept;

@@ -12,6 +12,8 @@
 // are a few hundred at most (a few percent of the traffic). Deterministic for a given device and
 // shape. Nothing here throws.
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 
 #include "primus_turbo/device.h"
 #include "rmsnorm_gpu_plans.h"
@@ -176,6 +178,22 @@ struct RowsPlan {
   size_t smem = 0;
 };
 
+// Experiment knob: PRIMUS_TURBO_RMSNORM_CPP_ROWS_WARPS (1..8) caps the backward's warps per
+// block (unset: as many as the shared-memory budget allows); cached until
+// rmsnorm_gpu_reload_plans.
+std::atomic<int> g_rows_warps{-1};
+
+inline int rows_warps_knob() {
+  int n = g_rows_warps.load(std::memory_order_relaxed);
+  if (n < 0) {
+    const char* v = std::getenv("PRIMUS_TURBO_RMSNORM_CPP_ROWS_WARPS");
+    n = v != nullptr && v[0] != '\0' ? std::atoi(v) : 0;
+    n = n >= 1 && n <= kRowsMaxWarps ? n : kRowsMaxWarps;
+    g_rows_warps.store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
 // Shared memory for one block's warp rows on the current device (kRowsSmemBudget at most).
 inline int64_t rows_smem_budget() {
   int dev_max = 0;
@@ -193,7 +211,7 @@ RowsPlan rows_plan(int64_t hidden) {
   p.vpt = per_lane <= 4 ? 4 : per_lane <= 8 ? 8 : per_lane <= 12 ? 12 : 16;
   const int64_t warp_bytes = static_cast<int64_t>(p.vpt) * N * kWarpSize * sizeof(float);
   // VPT 16 needs ~180 registers on sm_90: 5 warps per block keep two blocks per SM resident.
-  const int64_t cap = p.vpt >= 16 ? 5 : kRowsMaxWarps;
+  const int64_t cap = std::min(p.vpt >= 16 ? 5 : kRowsMaxWarps, rows_warps_knob());
   const int64_t budget = rows_smem_budget();
   if (warp_bytes > budget) return RowsPlan{};  // not even one warp row fits: not applicable
   p.warps = static_cast<int>(std::clamp<int64_t>(budget / warp_bytes, 1, cap));
@@ -314,6 +332,8 @@ Status fwd_rows(const void* x, const void* w, void* y, float* rstd, int64_t rows
 }
 
 }  // namespace
+
+void rmsnorm_rows_reload_knobs() noexcept { g_rows_warps.store(-1, std::memory_order_relaxed); }
 
 bool rmsnorm_bwd_rows_applies(int64_t hidden, DType dtype) noexcept {
   switch (dtype) {
