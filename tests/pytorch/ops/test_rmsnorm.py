@@ -185,21 +185,22 @@ def test_rmsnorm_cpp_plans(plan, device, monkeypatch):
     _skip_unsupported(BackendType.TURBO, device)
     import primus_turbo.pytorch._C as ext
 
-    for var in CPP_PLAN_VARS:
-        monkeypatch.delenv(var, raising=False)
-    if "/" in plan:
-        monkeypatch.setenv(CPP_PLAN_VARS[1], plan.split("/")[0])
-        monkeypatch.setenv(CPP_PLAN_VARS[2], plan.split("/")[1])
-    else:
-        monkeypatch.setenv(CPP_PLAN_VARS[0], plan)
-    ext._rmsnorm_reload_plans()
-    try:
-        GlobalBackendManager.set_backend("rmsnorm", BackendType.TURBO)
-        for shape, dtype in CPP_PLAN_CASES:
-            _check(shape, dtype, device)
-    finally:
-        monkeypatch.undo()
+    with monkeypatch.context() as mp:
+        for var in CPP_PLAN_VARS:
+            mp.delenv(var, raising=False)
+        if "/" in plan:
+            mp.setenv(CPP_PLAN_VARS[1], plan.split("/")[0])
+            mp.setenv(CPP_PLAN_VARS[2], plan.split("/")[1])
+        else:
+            mp.setenv(CPP_PLAN_VARS[0], plan)
         ext._rmsnorm_reload_plans()
+        try:
+            GlobalBackendManager.set_backend("rmsnorm", BackendType.TURBO)
+            for shape, dtype in CPP_PLAN_CASES:
+                _check(shape, dtype, device)
+        finally:
+            mp.undo()
+            ext._rmsnorm_reload_plans()
 
 
 def test_rmsnorm_module(device):
