@@ -11,6 +11,12 @@ Launch order: dQ first, then dK/dV.
   ``dK += dS^T Q`` in fp32 registers (the GQA sum happens in a fixed order inside one program).
 ``dS = P * (dP - delta)`` with ``dP = dO V^T``; dQ and dK are scaled by softmax_scale at the end.
 Rows with lse = -inf (no visible key) get P = 0, so their gradients are 0.
+
+A qk head dim that is not a power of two runs as two power-of-two chunks (``BLOCK_DQK2 > 0``:
+192 = 128 + 64; S is the sum of two dots, dQ/dK have two accumulators) instead of padding to 256.
+The dK/dV kernel can also run as two launches (``PART`` 1: dV only, 2: dK only), each with one
+accumulator set, which lets the 192 tiles be wider at the cost of computing S twice; the
+launcher times both ways per shape (attn_launch._dkdv_mode).
 """
 
 from __future__ import annotations

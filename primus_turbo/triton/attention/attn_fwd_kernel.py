@@ -3,8 +3,9 @@
 Layout: q ``[B, Sq, Hq, Dqk]``, k ``[B, Sk, Hkv, Dqk]``, v ``[B, Sk, Hkv, Dv]`` addressed by
 strides (innermost stride 1), or packed ``[T, H, D]`` with ``cu_seqlens`` (VARLEN: batch stride
 0, token offsets from cu_seqlens). GQA/MQA: kv head = q head // (Hq / Hkv); K/V are never
-repeated. Head dims are padded to powers of two (BLOCK_DQK, BLOCK_DV) with masked loads, so
-192/128 (DeepSeek) runs with BLOCK_DQK=256, BLOCK_DV=128.
+repeated. Head dims are padded to powers of two (BLOCK_DQK, BLOCK_DV) with masked loads; a qk
+dim that pads badly runs as two chunks instead (BLOCK_DQK2 > 0): 192/128 (DeepSeek) as
+BLOCK_DQK=128 + BLOCK_DQK2=64, BLOCK_DV=128 (PRIMUS_TURBO_ATTN_SPLIT_D=0: padded to 256).
 
 Softmax in base 2: scores are multiplied by ``softmax_scale * log2(e)`` and exponentiated with
 exp2; the stored lse is in natural log (``[B, Hq, Sq]`` dense, ``[Hq, T]`` varlen). Key blocks
