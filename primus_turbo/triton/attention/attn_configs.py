@@ -51,6 +51,9 @@ def _cdna(kind: str, dclass: str) -> list[AttnConfig]:
     if kind in ("dv", "dk"):  # the dK/dV kernel's one-accumulator launches: its tiles
         kind = "dkdv"
     if kind == "fwd":
+        if dclass == "mid":  # split 192 (AOT): m64n32w4 clean on both (198 / 180 VGPRs);
+            # m64n64w8 spills 28 SGPRs on gfx950 (no scratch): the timed candidate
+            return [_amd(64, 32, 4), _amd(64, 64, 8)]
         if large:
             return [_amd(64, 64, 8), _amd(64, 32, 4)]
         return [_amd(128, 64, 8), _amd(128, 64, 4), _amd(128, 32, 4), _amd(64, 64, 4)]

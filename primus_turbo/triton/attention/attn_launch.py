@@ -367,7 +367,7 @@ def aot_specs(target: str) -> list[AotSpec]:
             kinds["dv"] = kinds["dk"] = kinds["dkdv"]
         for kind, (fn, sig) in kinds.items():
             sig = {a: sig[a] for a in fn.arg_names if a in sig}
-            part = {"dv": {"PART": 1}, "dk": {"PART": 2}}.get(kind, {})
+            part = {"dkdv": {"PART": 0}, "dv": {"PART": 1}, "dk": {"PART": 2}}.get(kind, {})
             for i, cfg in enumerate(attn_configs(family, kind, width)):
                 specs.append(
                     AotSpec(
