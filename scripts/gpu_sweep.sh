@@ -23,6 +23,15 @@ summary="$OUT/summary.txt"
 B=benchmark/ops/training
 
 say() { echo "$*" | tee -a "$summary"; }
+T_START=$(date +%s)
+# DEADLINE (seconds after the start, default 540): no step starts after it, and each step's own
+# timeout is cut to what is left, so the call ends (and packs its logs) inside the device limit.
+left() { echo $((${DEADLINE:-540} - ($(date +%s) - T_START))); }
+cap() { # requested seconds -> min(requested, left); prints 0 when under 10 s are left
+  local l
+  l=$(left)
+  if [ "$l" -lt 10 ]; then echo 0; elif [ "$1" -lt "$l" ]; then echo "$1"; else echo "$l"; fi
+}
 
 bench_cmd() { # name -> "seconds script args..."
   local c="$OUT/csv/$1.csv"
@@ -58,7 +67,8 @@ run_bench() { # name
   local spec secs t rc
   spec=$(bench_cmd "$1")
   [ -z "$spec" ] && { say "bench $1: unknown name"; return; }
-  secs=${spec%% *}
+  secs=$(cap "${spec%% *}")
+  [ "$secs" = 0 ] && { say "bench $1: skipped, deadline"; return; }
   t=$(date +%s)
   # shellcheck disable=SC2046,SC2086
   env $(bench_env "$1") timeout "$secs" python3 ${spec#* } >"$OUT/bench_$1.log" 2>&1
@@ -70,7 +80,7 @@ run_tests() { # log-name, test paths...
   local t rc log="$OUT/$1.log"
   shift
   t=$(date +%s)
-  eval "timeout ${TEST_BUDGET:-180} python3 -m pytest $* -n ${WORKERS:-8} -v --timeout=150 \
+  eval "timeout $(cap "${TEST_BUDGET:-180}") python3 -m pytest $* -n ${WORKERS:-8} -v --timeout=150 \
     -p no:cacheprovider -rfE --durations=40 ${TEST_ARGS:-}" >"$log" 2>&1
   rc=$?
   say "$(basename "$log" .log) rc=$rc $(($(date +%s) - t)) s passed: $(grep -cE " PASSED" "$log")"
@@ -84,6 +94,8 @@ run_lines() { # file of "name|seconds|command" lines
   while IFS='|' read -r name secs cmd; do
     [ -z "$name" ] && continue
     case $name in "#"*) continue ;; esac
+    secs=$(cap "$secs")
+    [ "$secs" = 0 ] && { say "line $name: skipped, deadline"; continue; }
     t=$(date +%s)
     timeout "$secs" bash -c "$cmd" >"$OUT/bench_$name.log" 2>&1 </dev/null
     rc=$?
