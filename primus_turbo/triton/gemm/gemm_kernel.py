@@ -313,7 +313,7 @@ def _candidates(m: int, n: int, k: int, family: ArchFamily, cus: int) -> list[Pl
     """Every plan the tuner times: each config; split-K where ``select_split_k`` splits (its
     factor and, from 4 up, half of it); stream-K (opt-in) where the last wave is poorly filled.
     ``PRIMUS_TURBO_GEMM_SPLIT_K``: ``auto`` = plain and split plans, ``1`` = only the split
-    plans if any config splits, ``0`` = no split plans."""
+    plans if any config splits, ``0`` (default) = no split plans."""
     mode = _split_k_mode()
     plain: list[Plan] = []
     split: list[Plan] = []
@@ -375,13 +375,15 @@ SPLIT_K_MODES = ("0", "1", "auto")
 
 @functools.cache
 def _split_k_mode() -> str:
-    """``PRIMUS_TURBO_GEMM_SPLIT_K``: ``0`` never split K, ``1`` split wherever the rule
-    (``select_split_k``) splits for some config, ``auto`` (default) let the tuner time the split
-    plans next to the plain ones. Without tuning (CPU, ``PRIMUS_TURBO_TRITON_TUNE=0``) ``auto``
-    follows the rule for the heuristic's config. Read once per process."""
+    """``PRIMUS_TURBO_GEMM_SPLIT_K``: ``0`` (default) never split K, ``1`` split wherever the
+    rule (``select_split_k``) splits for some config, ``auto`` let the tuner time the split plans
+    next to the plain ones. Without tuning (CPU, ``PRIMUS_TURBO_TRITON_TUNE=0``) ``auto`` follows
+    the rule for the heuristic's config. Read once per process. Off by default: on the H200
+    (session 3) forced split-K made DeepSeek-V3 kv_a slower (0.27x torch.matmul vs 0.52x plain)
+    and ``auto`` picked plans that the benchmark then timed slower than the plain kernel."""
     import os
 
-    value = os.environ.get("PRIMUS_TURBO_GEMM_SPLIT_K", "auto").strip().lower() or "auto"
+    value = os.environ.get("PRIMUS_TURBO_GEMM_SPLIT_K", "0").strip().lower() or "0"
     if value not in SPLIT_K_MODES:
         raise ValueError(f"PRIMUS_TURBO_GEMM_SPLIT_K must be one of {SPLIT_K_MODES}, got {value!r}")
     return value

@@ -322,7 +322,7 @@ def test_gemm_triton_split_k_deterministic(monkeypatch, device):
 
 
 @pytest.mark.usefixtures("_split_k_mode_reset")
-@pytest.mark.parametrize("value,mode", [("0", "0"), ("1", "1"), ("auto", "auto"), ("", "auto")])
+@pytest.mark.parametrize("value,mode", [("0", "0"), ("1", "1"), ("auto", "auto"), ("", "0")])
 def test_split_k_env_modes(value, mode, monkeypatch):
     """PRIMUS_TURBO_GEMM_SPLIT_K picks the tuner's candidates: DeepSeek-V3 kv_a on an H200."""
     from primus_turbo.pytorch.core.platform import ArchFamily
