@@ -44,12 +44,13 @@ Status rmsnorm_bwd_rows(const void* dy, const void* x, const void* w, const floa
 // ---- launch plans ----------------------------------------------------------------------------
 // PRIMUS_TURBO_RMSNORM_CPP_FWD_PLAN / PRIMUS_TURBO_RMSNORM_CPP_BWD_PLAN, else
 // PRIMUS_TURBO_RMSNORM_CPP_PLAN (both directions), read once per process:
-//   auto (default): per shape, from the H200 measurements (bf16, x0.9 copy target):
-//     forward: tiles for rows longer than 8 KB (16384x8192 0.96x copy vs persist 0.91x; 7168
-//     0.94 vs 0.91), persist otherwise (2880: 0.90 vs tiles 0.69; 4096: 0.93 vs 0.89);
-//     backward: rows for rows up to 8 KB (one warp per row, rmsnorm_rows.cu; the others reached
-//     only 0.41-0.62x at 2880 and 0.52-0.72x at 4096), persist otherwise (8192: 0.91 vs tiles
-//     0.88; 7168: 0.85 vs 0.83).
+//   auto (default): per shape, from the H200 A/B runs (bf16, x0.9 copy target):
+//     forward: tiles everywhere (16384x8192 0.96x copy, 7168 0.95, 4096 0.94, 2880 0.83; persist
+//     0.91 / 0.91 / 0.92 / 0.38);
+//     backward: tiles for rows longer than 8 KB (its defaults VPT 4, 3 blocks per SM: 16384x8192
+//     0.92 vs persist 0.91, 7168 0.86 vs 0.86), persist up to 8 KB (4096: 0.60 vs tiles 0.52-0.58,
+//     rows 0.55; at 2880 every plan is host-bound in those runs, 0.3-0.6x; rows is a narrow-row
+//     kernel and does not apply above 4096 bf16 on NVIDIA).
 //   tiles: rmsnorm_tiles.cu. persist: the persistent kernels of rmsnorm.cu. rows: rmsnorm_rows.cu
 //   (backward only; the forward takes auto's choice). prev: forward = persist, backward = the
 //   non-persistent bwd_vec_kernel (4 blocks per SM).
@@ -82,7 +83,7 @@ inline PlanKind env_plan(const char* direction_var) {
   return parse_plan(std::getenv("PRIMUS_TURBO_RMSNORM_CPP_PLAN"));
 }
 
-constexpr int64_t kNarrowRowBytes = 8192;  // auto: "narrow" rows (bf16 hidden <= 4096)
+constexpr int64_t kNarrowRowBytes = 8192;  // auto backward: persist up to here (bf16 <= 4096)
 
 // The environment's plan per direction, cached (-1: read at the next call; see
 // rmsnorm_gpu_reload_plans). A race between two first calls reads the same value twice.
@@ -102,8 +103,8 @@ PlanKind fwd_plan(int64_t hidden) {
   const PlanKind env = cached_plan(g_fwd_env, "PRIMUS_TURBO_RMSNORM_CPP_FWD_PLAN");
   if (env == PlanKind::kTiles || env == PlanKind::kPersist || env == PlanKind::kRows) return env;
   if (env == PlanKind::kPrev) return PlanKind::kPersist;
-  return hidden * static_cast<int64_t>(sizeof(T)) > kNarrowRowBytes ? PlanKind::kTiles
-                                                                     : PlanKind::kPersist;
+  (void)hidden;
+  return PlanKind::kTiles;  // auto (falls back to persist / generic where tiles does not apply)
 }
 
 template <typename T>
@@ -117,8 +118,7 @@ PlanKind bwd_plan_kind(int64_t hidden) {
   const PlanKind env = cached_plan(g_bwd_env, "PRIMUS_TURBO_RMSNORM_CPP_BWD_PLAN");
   if (env != PlanKind::kAuto) return env;
   const bool narrow = hidden * static_cast<int64_t>(sizeof(T)) <= kNarrowRowBytes;
-  return narrow && rmsnorm_bwd_rows_applies(hidden, dtype_of<T>()) ? PlanKind::kRows
-                                                                   : PlanKind::kPersist;
+  return narrow ? PlanKind::kPersist : PlanKind::kTiles;
 }
 
 }  // namespace primus_turbo

@@ -1,8 +1,9 @@
-// RMSNorm on the GPU, "tiles" launch plan (the default; math in primus_turbo/rmsnorm.h).
+// RMSNorm on the GPU, "tiles" launch plan (auto's forward, and backward above 8 KB rows; math in
+// primus_turbo/rmsnorm.h).
 //
 // A row is handled by a group of TPR threads (a multiple of the warp size); a block holds RPB
 // such row groups (blockDim = (TPR, RPB)). Each thread keeps VPT 16-byte vectors of its row in
-// registers, so x (and dy) are read once. VPT is chosen large (up to 8 forward, 2-4 backward) and
+// registers, so x (and dy) are read once. VPT is chosen large (4-8 forward, 4 backward) and
 // TPR small, so every thread has several independent 16-byte loads in flight and a row needs at
 // most a few warps: the row reduction is a warp shuffle plus, across the group's warps, one shared
 // memory exchange. Compared with one 512-thread block per row (one vector per thread), this keeps
@@ -232,7 +233,7 @@ struct TilePlan {
 // one with the fewest idle slots; rows longer than pref_vpt * kMaxThreads vectors take the
 // smallest VPT <= max_vpt that fits. Then as many row groups per block as fit kBlockTarget.
 // (pref_vpt 4 forward: 60 registers for bf16, so ~1000 resident threads x 64 B in flight per SM;
-// VPT 8 needs 105. Backward 2: its row prefetch fits in 108 registers.)
+// VPT 8 needs 105. Backward 4: no row prefetch, which at VPT 4 would spill; VPT 2 prefetches.)
 template <typename T>
 TilePlan tile_plan(int64_t hidden, int pref_vpt, int max_vpt, int block_target) {
   constexpr int N = Vec16<T>::N;
@@ -261,10 +262,11 @@ TilePlan tile_plan(int64_t hidden, int pref_vpt, int max_vpt, int block_target) 
   return p;
 }
 
-constexpr int kFwdPrefVpt = 4, kFwdMaxVpt = 8, kBwdPrefVpt = 2, kBwdMaxVpt = 4;
-// Backward blocks per SM at most: each block writes one fp32 partial dw row, so more blocks cost
-// traffic (2 per SM at 8192x4096: 4% of the bytes) while two give enough loads in flight.
-constexpr int kBwdMaxPerSm = 2;
+// Backward VPT 4 (no row prefetch) with at most 3 blocks per SM: the H200 A/B best (16384x8192
+// 0.92x copy vs 0.88 at VPT 2 / 2 per SM; 8192x7168 0.86 vs 0.83). Each block writes one fp32
+// partial dw row (3 per SM at 8192x7168: ~2% of the bytes).
+constexpr int kFwdPrefVpt = 4, kFwdMaxVpt = 8, kBwdPrefVpt = 4, kBwdMaxVpt = 4;
+constexpr int kBwdMaxPerSm = 3;
 
 // Experiment knobs of this plan (benchmarks; unset = the constants above), cached until
 // rmsnorm_gpu_reload_plans: PRIMUS_TURBO_RMSNORM_CPP_TILES_FWD_VPT / _TILES_BWD_VPT (preferred

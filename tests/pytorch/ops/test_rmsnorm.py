@@ -22,9 +22,9 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 BACKENDS = [None, BackendType.TURBO, BackendType.TRITON, BackendType.TORCH]
 # (leading dims..., hidden): hidden 1, odd, the model sizes with tiny row counts on the CPU.
 CPU_SHAPES = [(3, 1), (5, 127), (2, 3, 64), (2, 2880), (1, 8192)]
-# GPU (default "auto" C++ plans; test_rmsnorm_cpp_plans covers the others): generic 127; rows
-# plan with a partial last block (1001x1024), VPT 12 (3000x2880) and VPT 16 (2x64x4096); tiles
-# forward + persistent backward (3000x8192), bwd_vec_kernel (16384); fwd VPT 8 + bwd generic
+# GPU (default "auto" C++ plans: tiles forward; backward persist up to 8 KB rows, tiles above;
+# test_rmsnorm_cpp_plans covers the others): generic 127; persist backward VPT 1 (1001x1024,
+# 3000x2880, 2x64x4096); tiles backward VPT 4 (3000x8192, 33x16384); fwd VPT 8 + bwd generic
 # fallback (24576).
 GPU_SHAPES = [(4096, 127), (1001, 1024), (3000, 2880), (3000, 8192), (33, 16384), (2, 64, 4096),
               (7, 24576)]  # fmt: skip
