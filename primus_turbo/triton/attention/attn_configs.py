@@ -76,34 +76,37 @@ def _cdna(kind: str, dclass: str) -> list[AttnConfig]:
 def _hopper(kind: str, dclass: str) -> list[AttnConfig]:
     """sm_90: 228 KiB shared memory, wgmma needs BLOCK_M >= 64 per 4 warps."""
     large = dclass != "small"
+    # split 192 (the "mid" class): one pinned tile per kernel, the per-shape autotune's winners
+    # on the H200 (DeepSeek-V3 B4 S4096 causal, 2026-11-29: fwd 430 TFLOPS, bwd 230 with the
+    # dV / dK launches); a single candidate is never timed, so the class compiles 4 kernels
     if dclass == "mid" and kind == "dkdv":
-        # split 192 = 128 + 64 (AOT sm_90, 2026-11-29): dK + dV accumulators take 80 regs at
-        # BLOCK_N 64 / 8 warps; m16n64w8s1 (223 regs) and m16n64w8s2 (255) are clean wgmma
-        # tiles; m16n128w8s1 spills 16 B (timed candidate), m32n64w8s1 64 B; every wider
-        # tile spills 170-1800 B. m16n32w8s1 (mma.sync) was the padded path's default.
-        return [AttnConfig(16, 64, 8, 1), AttnConfig(16, 128, 8, 1), AttnConfig(16, 64, 8, 2)]
+        # fused dK/dV (only with PRIMUS_TURBO_ATTN_DKDV_PARTS=0/auto on sm_90; parts is the
+        # default there): m16n64w8s1 (223 regs) clean wgmma tile; m16n128w8s1 spills 16 B
+        # (timed candidate, the fused winner); every wider tile spills 64-1800 B
+        return [AttnConfig(16, 64, 8, 1), AttnConfig(16, 128, 8, 1)]
     if dclass == "mid" and kind == "dv":
-        # dV-only launch (PART 1), split 192: m64n128w8s1 254 regs and m32n128w8s2 246, clean
-        # (m64n128w8s2 spills 436 B, m64n64w4s2 976 B)
-        return [AttnConfig(64, 128, 8, 1), AttnConfig(32, 128, 8, 2)]
+        # dV-only launch (PART 1), split 192: m64n128w8s1 254 regs, clean (m32n128w8s2 246
+        # clean but slower; m64n128w8s2 spills 436 B, m64n64w4s2 976 B)
+        return [AttnConfig(64, 128, 8, 1)]
     if dclass == "mid" and kind == "dk":
-        # dK-only launch (PART 2), split 192: m32n128w8s1 255 regs and m16n128w8s2 254, clean
-        # (m64n128w8s1 spills 208 B, m32n128w8s2 172 B)
-        return [AttnConfig(32, 128, 8, 1), AttnConfig(16, 128, 8, 2)]
+        # dK-only launch (PART 2), split 192: m32n128w8s1 255 regs, clean (m16n128w8s2 254
+        # clean but slower; m64n128w8s1 spills 208 B, m32n128w8s2 172 B)
+        return [AttnConfig(32, 128, 8, 1)]
     if kind in ("dv", "dk"):  # forced parts outside the mid class: the fused kernel's tiles
         kind = "dkdv"
     if dclass == "mid" and kind == "fwd":
-        # split 192 (AOT sm_90): m128n64w8s3 232 regs, m128n64w8s2 228, m64n64w4s2 255, all
-        # clean; m128n128w8s2 spills 8 B
-        return [AttnConfig(128, 64, 8, 3), AttnConfig(128, 64, 8, 2), AttnConfig(64, 64, 4, 2)]
-    if dclass == "mid":  # dq, split 192: clean on sm_90 (m64n64 234 regs, m128n32 223,
-        # m128n64 255, m64n32 171)
-        return [AttnConfig(64, 64, 8, 2), AttnConfig(128, 32, 8, 2), AttnConfig(128, 64, 8, 2)]
+        # split 192 (AOT sm_90): m128n64w8s3 232 regs, clean (m128n64w8s2 228 and m64n64w4s2
+        # 255 clean but slower; m128n128w8s2 spills 8 B)
+        return [AttnConfig(128, 64, 8, 3)]
+    if dclass == "mid":  # dq, split 192: m128n64w8s2 255 regs, clean (m64n64w8s2 234,
+        # m128n32w8s2 223 and m64n32 171 clean but slower)
+        return [AttnConfig(128, 64, 8, 2)]
     if kind == "fwd":
         if large:
             # AOT sm_90 (d256 / 192-padded): 128x64 w8 s2 clean, 64x64 w8 s2 spills 20 B
             return [AttnConfig(128, 64, 8, 2), AttnConfig(64, 64, 8, 2)]
-        return [AttnConfig(128, 64, 8, 3), AttnConfig(128, 128, 8, 2), AttnConfig(64, 64, 4, 3)]
+        # d128: two timed candidates (each costs a compile per causal flag; m64n64w4s3 dropped)
+        return [AttnConfig(128, 64, 8, 3), AttnConfig(128, 128, 8, 2)]
     if kind == "dkdv":
         if large:
             # AOT sm_90: 16x32 w8 clean (mma.sync: N=32 too narrow for wgmma); 32x32 w8 s2
@@ -114,22 +117,14 @@ def _hopper(kind: str, dclass: str) -> list[AttnConfig]:
         # bigger or deeper tile spills (m32n128w8s2 144 B, m64n128w8s1 260/412 B st/ld,
         # m64n128w8s2 660 B, m32n64w4s2 476 B, m64n64w4s2 1244 B, m16n128w8s3 32 B). K and V
         # stay in shared memory (80 KiB), so with BLOCK_M 32 each step re-reads 64 KiB of smem
-        # for 32 query rows: the two small-spill tiles (twice the rows per K/V read, or
-        # pipelined Q/dO loads) are timed by the per-shape autotune, never the untuned default.
-        return [
-            AttnConfig(32, 128, 8, 1),
-            AttnConfig(16, 128, 8, 2),
-            AttnConfig(64, 128, 8, 1),
-            AttnConfig(32, 128, 8, 2),
-        ]
+        # for 32 query rows: the small-spill m64n128w8s1 (twice the rows per K/V read) is timed
+        # by the per-shape autotune, never the untuned default. Two candidates only (compile
+        # time: m16n128w8s2 and m32n128w8s2 dropped).
+        return [AttnConfig(32, 128, 8, 1), AttnConfig(64, 128, 8, 1)]
     if large:  # dq
         return [AttnConfig(64, 32, 8, 2), AttnConfig(32, 32, 4, 2)]  # both clean on sm_90
-    return [
-        AttnConfig(64, 64, 8, 3),
-        AttnConfig(128, 32, 8, 3),
-        AttnConfig(128, 64, 8, 2),
-        AttnConfig(64, 32, 4, 3),
-    ]
+    # d128 dq: two timed candidates (m128n32w8s3 and m64n32w4s3 dropped: compile time)
+    return [AttnConfig(64, 64, 8, 3), AttnConfig(128, 64, 8, 2)]
 
 
 def _interpreter(kind: str, dclass: str) -> list[AttnConfig]:

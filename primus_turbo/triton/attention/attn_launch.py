@@ -105,7 +105,9 @@ def _pick(kind: str, family: ArchFamily, block_d: int, key: tuple, launch,
     cands = [c for c in attn_configs(family, kind, block_d) if c.block_n <= max_block_n]
     if not cands:
         cands = [dataclasses.replace(select_config(family, kind, block_d), block_n=max_block_n)]
-    if family == ArchFamily.CPU or is_graph_capturing() or not _tuning_enabled():
+    if len(cands) == 1 or family == ArchFamily.CPU or is_graph_capturing():
+        return cands[0]  # one candidate (e.g. the pinned sm_90 split-192 tiles): nothing to time
+    if not _tuning_enabled():
         return cands[0]
     full_key = (kind, block_d, *key)
     cfg = _tuned.get(full_key)
@@ -279,14 +281,16 @@ def attn_bwd_triton(do, q, k, v, out, lse, cu_q, cu_k, max_sq, max_sk, scale, ca
 def _dkdv_env() -> str:
     import os
 
-    return os.environ.get("PRIMUS_TURBO_ATTN_DKDV_PARTS", "auto").strip().lower()
+    return os.environ.get("PRIMUS_TURBO_ATTN_DKDV_PARTS", "").strip().lower()
 
 
 def _dkdv_mode(family: ArchFamily, width: int) -> str:
     """``fused`` (one dK/dV kernel), ``parts`` (a dV launch, then a dK launch: S is computed
     twice, but each holds half the accumulators, so the split-192 tiles can be 2-4x wider) or
     ``auto`` (time both per shape). ``PRIMUS_TURBO_ATTN_DKDV_PARTS``: ``0`` fused, ``1``
-    parts, ``auto`` (default): auto for the split 192 ("mid") class on a GPU, fused otherwise."""
+    parts, ``auto``: time both per shape for the split 192 ("mid") class on a GPU. Unset
+    (default): parts for the mid class on sm_90 (the autotune's pick on the H200, DeepSeek-V3
+    S4096), auto for it on other GPUs, fused otherwise."""
     env = _dkdv_env()
     if env in ("0", "fused"):
         return "fused"
@@ -294,6 +298,8 @@ def _dkdv_mode(family: ArchFamily, width: int) -> str:
         return "parts"
     if family == ArchFamily.CPU or dim_class(width) != "mid":
         return "fused"
+    if env != "auto" and family == ArchFamily.HOPPER:
+        return "parts"
     return "auto"
 
 

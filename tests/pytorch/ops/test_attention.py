@@ -169,6 +169,27 @@ def test_dkdv_fused_or_in_two_launches(mode, device, monkeypatch):
         check_attention(case, torch.bfloat16, device)
 
 
+def test_sm90_split_dim_defaults(monkeypatch):
+    """sm_90, split 192 qk dim: one pinned tile per kernel (the H200 autotune winners, nothing
+    to time or compile twice) and the dK/dV pair in two launches unless the env asks otherwise;
+    the d128 lists stay short (<= 2 timed candidates per kernel: compile time)."""
+    from primus_turbo.pytorch.core.platform import ArchFamily
+    from primus_turbo.triton.attention import attn_launch
+    from primus_turbo.triton.attention.attn_configs import attn_configs
+
+    hop = ArchFamily.HOPPER
+    names = {k: [c.name for c in attn_configs(hop, k, 192)] for k in ("fwd", "dq", "dv", "dk")}
+    assert names == {"fwd": ["m128n64w8s3"], "dq": ["m128n64w8s2"], "dv": ["m64n128w8s1"],
+                     "dk": ["m32n128w8s1"]}  # fmt: skip
+    assert all(len(attn_configs(hop, k, 128)) <= 2 for k in ("fwd", "dq", "dkdv"))
+    for env, want in (("", "parts"), ("auto", "auto"), ("0", "fused")):
+        monkeypatch.setattr(attn_launch, "_dkdv_env", lambda env=env: env)
+        assert attn_launch._dkdv_mode(hop, 192) == want
+        assert attn_launch._dkdv_mode(hop, 128) == ("fused" if env != "1" else "parts")
+    monkeypatch.setattr(attn_launch, "_dkdv_env", lambda: "")
+    assert attn_launch._dkdv_mode(ArchFamily.CDNA3, 192) == "auto"  # AMD: timed per shape
+
+
 @pytest.mark.parametrize("backend", [BackendType.TORCH, BackendType.TRITON], ids=lambda b: b.name)
 def test_flash_attn_torch_compile(backend, device):
     GlobalBackendManager.set_attn_backend(backend)
