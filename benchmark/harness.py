@@ -8,6 +8,11 @@ Benchmark scripts only build inputs and state their FLOP/byte formulas; everythi
 * :func:`bench_modes` -- forward / backward / step timings of one autograd op (backward is
   ``out.backward(grad, retain_graph=True)`` timed alone, input grads reset to ``None`` before each
   call so no gradient-accumulation kernel is timed).
+* Timing mode (``--timing`` / ``PRIMUS_TURBO_BENCH_TIMING``): ``eager`` times each call as
+  launched from Python; ``graph`` captures the call once in a CUDA graph and times its replays
+  (same L2 flush before each), so host launch and Python overhead are excluded from both sides:
+  the device time of the op's kernels. A call that cannot be captured falls back to eager and
+  the row's ``Timing`` column says so.
 * :func:`time_loop_ms` -- wall clock of ``iters`` back-to-back calls between two synchronisations
   (the engine of ``quick_test_bench.py``; do not compare its numbers with :func:`time_ms`).
 * :func:`compute_snr`, :func:`check_allclose` -- chunked fp64 correctness metrics.
@@ -213,6 +218,65 @@ def _cpu_time(
     return times
 
 
+TIMING_MODES = ("eager", "graph")
+_TIMING = {"mode": os.environ.get("PRIMUS_TURBO_BENCH_TIMING", "eager"), "fallbacks": 0}
+
+
+def set_timing(mode: str) -> None:
+    """Select ``eager`` or ``graph`` timing for every later :func:`time_ms` call on a GPU."""
+    if mode not in TIMING_MODES:
+        raise ValueError(f"timing mode must be one of {TIMING_MODES}, got {mode!r}")
+    _TIMING["mode"] = mode
+
+
+def timing_mode() -> str:
+    return _TIMING["mode"]
+
+
+class _SetTiming(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        set_timing(values)
+
+
+def _graph_times(
+    fn: Callable[[], Any], warmup: float, rep: float, grad_to_none: Sequence[torch.Tensor] | None
+) -> list[float]:
+    """do_bench samples of replaying ``fn`` captured once in a CUDA graph (warmed up on a side
+    stream first, as capture requires). Raises whatever capture raises."""
+    import triton.testing
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            _reset_grads(grad_to_none)
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    _reset_grads(grad_to_none)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+        return triton.testing.do_bench(graph.replay, warmup=warmup, rep=rep, return_mode="all")
+    finally:
+        del graph
+        _reset_grads(grad_to_none)
+
+
+def _graph_or_none(fn, warmup, rep, grad_to_none) -> list[float] | None:
+    try:
+        return _graph_times(fn, warmup, rep, grad_to_none)
+    except Exception as e:  # noqa: BLE001 -- any capture failure means "time it eagerly"
+        _TIMING["fallbacks"] += 1
+        torch.cuda.synchronize()
+        print(
+            f"[harness] CUDA graph capture failed ({type(e).__name__}: {str(e)[:120]}); "
+            "timed eagerly"
+        )
+        return None
+
+
 def time_ms(
     fn: Callable[[], Any],
     warmup: float | None = None,
@@ -242,9 +306,13 @@ def time_ms(
     if device.type == "cuda":
         import triton.testing
 
-        times = triton.testing.do_bench(
-            fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="all"
-        )
+        times = None
+        if timing_mode() == "graph":
+            times = _graph_or_none(fn, warmup, rep, grad_to_none)
+        if times is None:
+            times = triton.testing.do_bench(
+                fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="all"
+            )
     else:
         times = _cpu_time(fn, warmup, rep, grad_to_none)
     return _summary(times)
@@ -292,6 +360,17 @@ def bench_modes(
         leaves: the inputs that receive gradients; their ``.grad`` is reset before each call.
     """
     out_timings: dict[Mode, Timing] = {}
+    dev = device if device is not None else device_info().device
+    modes = tuple(modes)
+    if dev.type == "cuda" and timing_mode() == "graph" and Mode.BWD in modes:
+        graphed = _graph_bwd(fwd, grad_out, leaves, modes, warmup, rep, dev)
+        if graphed is not None:
+            return graphed
+        set_timing("eager")  # capture failed: time every mode of this op eagerly, alike
+        try:
+            return bench_modes(fwd, grad_out, leaves, modes, warmup, rep, device)
+        finally:
+            set_timing("graph")
     with torch.enable_grad():
         for mode in modes:
             if mode is Mode.FWD:
@@ -314,6 +393,34 @@ def bench_modes(
                 out_timings[mode] = time_ms(_step, warmup, rep, device=device, grad_to_none=leaves)
     _reset_grads(leaves)
     return out_timings
+
+
+def _graph_bwd(fwd, grad_out, leaves, modes, warmup, rep, device) -> dict[Mode, Timing] | None:
+    """Graph timing of FWD/BWD/STEP: a captured backward needs its forward in the same capture,
+    so BWD is STEP minus FWD. ``None`` when either capture fails (the caller times eagerly)."""
+    assert grad_out is not None, "BWD mode needs grad_out"
+    dw, dr = default_budget(device)
+    warmup = dw if warmup is None else warmup
+    rep = dr if rep is None else rep
+
+    def _step() -> None:
+        fwd().backward(grad_out)
+
+    with torch.enable_grad():
+        t_fwd = _graph_or_none(fwd, warmup, rep, leaves)
+        t_step = _graph_or_none(_step, warmup, rep, leaves) if t_fwd is not None else None
+    _reset_grads(leaves)
+    if t_fwd is None or t_step is None:
+        return None
+    f, st = _summary(t_fwd), _summary(t_step)
+    out = {
+        Mode.FWD: f,
+        Mode.STEP: st,
+        Mode.BWD: Timing(
+            max(st.median_ms - f.median_ms, 1e-6), math.hypot(st.stddev_ms, f.stddev_ms)
+        ),
+    }
+    return {m: out[m] for m in modes}
 
 
 def bench_pair(
@@ -474,6 +581,14 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="shape set and device; default: gpu when a GPU is visible, else cpu",
     )
+    parser.add_argument(
+        "--timing",
+        choices=TIMING_MODES,
+        default=None,
+        action=_SetTiming,
+        help="eager: time calls as launched from Python (default); graph: replay a CUDA graph of "
+        "the call (device time, host overhead excluded); env PRIMUS_TURBO_BENCH_TIMING",
+    )
     parser.add_argument("--warmup-ms", type=float, default=None, help="warm-up budget per timing")
     parser.add_argument("--rep-ms", type=float, default=None, help="measurement budget per timing")
 
@@ -522,8 +637,14 @@ class Results:
     def __init__(self, info: DeviceInfo) -> None:
         self.info = info
         self.rows: list[dict[str, Any]] = []
+        self._fallbacks_seen = _TIMING["fallbacks"]
 
     def add(self, row: dict[str, Any]) -> dict[str, Any]:
+        if self.info.is_gpu and "Timing" not in row:
+            fell_back = _TIMING["fallbacks"] > self._fallbacks_seen
+            self._fallbacks_seen = _TIMING["fallbacks"]
+            mode = timing_mode()
+            row = {**row, "Timing": f"{mode} (eager fallback)" if fell_back else mode}
         full = {**row, **self.info.columns()}
         self.rows.append(full)
         return full
