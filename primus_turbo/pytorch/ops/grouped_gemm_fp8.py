@@ -6,7 +6,10 @@ reduction:
 * forward ``a @ b_g^T``: a per row along K (ROWWISE) or one scale (TENSORWISE); b per expert
   and output column along K.
 * dgrad ``grad @ b_g``: grad per row along N; b per expert and K-index along N.
-* wgrad (reduction over each group's rows): a and grad per column, over all rows.
+* wgrad (reduction over each group's rows): by default (``PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD``
+  = ``hp``) in high precision on the saved input and the gradient through the bf16 grouped GEMM
+  (``torch._grouped_mm`` for HIPBLASLT); ``fp8``: a and grad quantized per column, over all
+  rows, on the fp8 variable-K kernel (slow on H200: the step fell to 0.2x the bf16 one).
 Both operands of a backward GEMM use the gradient fp8 dtype (E5M2 for ``Format.HYBRID``), so
 no kernel multiplies mixed fp8 formats. BLOCKWISE / MX_BLOCKWISE are not implemented here
 (NotImplementedError). Not traceable by torch.compile (graph break), as upstream.
@@ -14,6 +17,9 @@ Group sizes are never read on the host by the TRITON backend; checks as in ``gro
 """
 
 from __future__ import annotations
+
+import functools
+import os
 
 import torch
 
@@ -26,6 +32,10 @@ from primus_turbo.pytorch.core.low_precision import (
 )
 from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_fp8_impl import (
     GroupedGemmFp8Dispatcher,
+)
+from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_impl import (
+    GroupedGemmDispatcher,
+    grouped_gemm_variable_k_impl,
 )
 from primus_turbo.pytorch.ops.grouped_gemm import _check_group_values
 from primus_turbo.pytorch.ops.quantization import quantize_fp8
@@ -65,6 +75,39 @@ def _quant_experts(w: torch.Tensor, dtype: torch.dtype, gran: ScalingGranularity
     return q.reshape(g, r, c), s.reshape(g, r)
 
 
+@functools.cache
+def _wgrad_mode() -> str:
+    mode = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD", "hp").strip().lower()
+    if mode not in ("hp", "fp8"):
+        raise ValueError(
+            "primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD expected 'hp' or 'fp8', "
+            f"got {mode!r}"
+        )
+    return mode
+
+
+def _wgrad_high_precision(a, g, group_lens, group_offs, trans_b, out_dtype, ctx):
+    """The weight gradient in high precision on the saved input and the incoming gradient,
+    through the bf16/fp16 grouped GEMM (``torch._grouped_mm`` for the vendor fp8 backend where
+    it can run, else our Triton variable-K kernel; the reference on the TORCH backend). No
+    column quantization of the two ``[M, *]`` tensors and no fp8 variable-K kernel."""
+    fp8_backend = BackendType(ctx.backend_value)
+    hp = torch.bfloat16 if a.dtype == torch.float32 else a.dtype
+    if fp8_backend == BackendType.TORCH:
+        backend, hp = BackendType.TORCH, a.dtype
+    elif fp8_backend == BackendType.HIPBLASLT and hp == torch.bfloat16 and a.shape[1] % 8 == 0 \
+            and g.shape[1] % 8 == 0:  # fmt: skip
+        backend = BackendType.HIPBLASLT
+    else:
+        backend = BackendType.TRITON
+    x, y = (g, a) if trans_b else (a, g)  # trans_b: [G, N, K] = grad_g^T @ a_g
+    x, y = x.to(hp).contiguous(), y.to(hp).contiguous()
+    offs = GroupedGemmDispatcher.backend_class(backend).prepare_offsets(group_lens, group_offs)
+    wdt = out_dtype if backend != BackendType.HIPBLASLT else torch.bfloat16
+    out = grouped_gemm_variable_k_impl(x, y, group_lens, offs, wdt, backend)
+    return out.to(out_dtype)
+
+
 class GroupedGemmFp8Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, config, backend_value):
@@ -92,7 +135,9 @@ class GroupedGemmFp8Function(torch.autograd.Function):
             qg, sg = _quant_rows(g, dtype, gran)
             qb, sb = _quant_experts(b_kn, dtype, gran)
             grad_a = impl.execute(qg, sg, qb, sb, group_offs, group_lens, a.dtype)
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] and _wgrad_mode() == "hp":
+            grad_b = _wgrad_high_precision(a, g, group_lens, group_offs, trans_b, b.dtype, ctx)
+        elif ctx.needs_input_grad[1]:
             qa, sa = _quant_cols(a, dtype, gran)
             qg, sg = _quant_cols(g, dtype, gran)
             if trans_b:  # [G, N, K] = grad_g^T @ a_g

@@ -63,9 +63,9 @@ class GroupedGemmDispatcher(AutoKernelDispatcher):
         the input, the faster of it and TRITON for this shape class, timed once (forward, plus
         dgrad and wgrad when a gradient will be needed) and cached per shape key (memory and
         disk); TRITON where the vendor cannot (fp16, fp32 output, K or N not a multiple of 8,
-        ROCm). While tracing or capturing a graph, an earlier timing's answer or else the
-        vendor. ``PRIMUS_TURBO_GROUPED_GEMM_DEFAULT`` = ``tune`` (default) | ``vendor`` |
-        ``triton`` fixes the choice for A/B runs."""
+        ROCm). While tracing (torch.compile) the vendor; while capturing a CUDA graph, an
+        earlier timing's answer or else the vendor. ``PRIMUS_TURBO_GROUPED_GEMM_DEFAULT`` =
+        ``tune`` (default) | ``vendor`` | ``triton`` fixes the choice for A/B runs."""
         if a.device.type != "cuda":
             return BackendType.TORCH
         if not GroupedGemmHipblasltBackend.can_handle(a=a, **kwargs):
@@ -73,7 +73,11 @@ class GroupedGemmDispatcher(AutoKernelDispatcher):
         mode = _default_mode()
         if mode != "tune":
             return BackendType.TRITON if mode == "triton" else BackendType.HIPBLASLT
-        if torch.compiler.is_compiling() or is_graph_capturing():
+        if torch.compiler.is_compiling():
+            # no cache lookup while dynamo traces: the LRU/disk cache (file reads, OrderedDict
+            # moves) is not traceable and broke fullgraph=True compiles (MoELayer)
+            return BackendType.HIPBLASLT
+        if is_graph_capturing():
             cached = cls._cache.get(cls.make_key(a=a, **kwargs), device_name(a.device))
             return BackendType[cached] if cached else BackendType.HIPBLASLT
         return cls.tune(a=a, **kwargs)
