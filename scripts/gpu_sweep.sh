@@ -120,6 +120,12 @@ say "install rc=$? $(($(date +%s) - t0)) s"
   python3 scripts/env_check.py
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
   g++ --version | head -1
+  echo "CC=${CC:-} CXX=${CXX:-}"
+  "${CXX:-c++}" --version | head -1
+  "${CXX:-c++}" -print-file-name=libstdc++.so
+  grep -E "building with|WARNING: CXX" "$OUT/build.log"
+  echo "libstdc++ internals defined in _C: $(nm -C --defined-only primus_turbo/pytorch/_C*.so |
+    grep -cE '_M_insert|codecvt')"
   ldd primus_turbo/pytorch/_C*.so | grep -E 'stdc|gcc_s|gomp'
 } >"$OUT/env.txt" 2>&1
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
