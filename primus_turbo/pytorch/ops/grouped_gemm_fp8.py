@@ -10,6 +10,8 @@ reduction:
   = ``hp``) in high precision on the saved input and the gradient through the bf16 grouped GEMM
   (``torch._grouped_mm`` for HIPBLASLT); ``fp8``: a and grad quantized per column, over all
   rows, on the fp8 variable-K kernel (slow on H200: the step fell to 0.2x the bf16 one).
+  ``PRIMUS_TURBO_GROUPED_GEMM_FP8_DGRAD`` = ``fp8`` (default, as above) | ``hp`` (the dgrad on
+  the bf16 grouped GEMM: no transposed copy and re-quantization of the weights).
 Both operands of a backward GEMM use the gradient fp8 dtype (E5M2 for ``Format.HYBRID``), so
 no kernel multiplies mixed fp8 formats. BLOCKWISE / MX_BLOCKWISE are not implemented here
 (NotImplementedError). Not traceable by torch.compile (graph break), as upstream.
@@ -35,6 +37,7 @@ from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_fp8_impl import (
 )
 from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_impl import (
     GroupedGemmDispatcher,
+    grouped_gemm_impl,
     grouped_gemm_variable_k_impl,
 )
 from primus_turbo.pytorch.ops.grouped_gemm import _check_group_values
@@ -76,36 +79,49 @@ def _quant_experts(w: torch.Tensor, dtype: torch.dtype, gran: ScalingGranularity
 
 
 @functools.cache
-def _wgrad_mode() -> str:
-    mode = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD", "hp").strip().lower()
+def _mode(which: str, default: str) -> str:
+    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_{WGRAD,DGRAD}`` = ``hp`` | ``fp8``."""
+    var = f"PRIMUS_TURBO_GROUPED_GEMM_FP8_{which}"
+    mode = os.environ.get(var, default).strip().lower()
     if mode not in ("hp", "fp8"):
-        raise ValueError(
-            "primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD expected 'hp' or 'fp8', "
-            f"got {mode!r}"
-        )
+        raise ValueError(f"primus_turbo: {var} expected 'hp' or 'fp8', got {mode!r}")
     return mode
+
+
+def _hp_backend(ctx, a: torch.Tensor, g: torch.Tensor) -> tuple[BackendType, torch.dtype]:
+    """The bf16/fp16 grouped GEMM backend (and dtype) for a high-precision backward GEMM:
+    ``torch._grouped_mm`` for the vendor fp8 backend where it can run, else our Triton kernels;
+    the reference on the TORCH backend."""
+    fp8_backend = BackendType(ctx.backend_value)
+    if fp8_backend == BackendType.TORCH:
+        return BackendType.TORCH, a.dtype
+    hp = torch.bfloat16 if a.dtype == torch.float32 else a.dtype
+    vendor_ok = hp == torch.bfloat16 and a.shape[1] % 8 == 0 and g.shape[1] % 8 == 0
+    if fp8_backend == BackendType.HIPBLASLT and vendor_ok:
+        return BackendType.HIPBLASLT, hp
+    return BackendType.TRITON, hp
 
 
 def _wgrad_high_precision(a, g, group_lens, group_offs, trans_b, out_dtype, ctx):
     """The weight gradient in high precision on the saved input and the incoming gradient,
-    through the bf16/fp16 grouped GEMM (``torch._grouped_mm`` for the vendor fp8 backend where
-    it can run, else our Triton variable-K kernel; the reference on the TORCH backend). No
-    column quantization of the two ``[M, *]`` tensors and no fp8 variable-K kernel."""
-    fp8_backend = BackendType(ctx.backend_value)
-    hp = torch.bfloat16 if a.dtype == torch.float32 else a.dtype
-    if fp8_backend == BackendType.TORCH:
-        backend, hp = BackendType.TORCH, a.dtype
-    elif fp8_backend == BackendType.HIPBLASLT and hp == torch.bfloat16 and a.shape[1] % 8 == 0 \
-            and g.shape[1] % 8 == 0:  # fmt: skip
-        backend = BackendType.HIPBLASLT
-    else:
-        backend = BackendType.TRITON
+    through the bf16 grouped GEMM (see ``_hp_backend``): no column quantization of the two
+    ``[M, *]`` tensors and no fp8 variable-K kernel."""
+    backend, hp = _hp_backend(ctx, a, g)
     x, y = (g, a) if trans_b else (a, g)  # trans_b: [G, N, K] = grad_g^T @ a_g
     x, y = x.to(hp).contiguous(), y.to(hp).contiguous()
     offs = GroupedGemmDispatcher.backend_class(backend).prepare_offsets(group_lens, group_offs)
     wdt = out_dtype if backend != BackendType.HIPBLASLT else torch.bfloat16
-    out = grouped_gemm_variable_k_impl(x, y, group_lens, offs, wdt, backend)
-    return out.to(out_dtype)
+    return grouped_gemm_variable_k_impl(x, y, group_lens, offs, wdt, backend).to(out_dtype)
+
+
+def _dgrad_high_precision(a, b, g, group_lens, group_offs, trans_b, ctx):
+    """The input gradient ``g @ op(b)^T`` in high precision (no transposed copy and
+    re-quantization of the weights), through the bf16 grouped GEMM."""
+    backend, hp = _hp_backend(ctx, a, g)
+    offs = GroupedGemmDispatcher.backend_class(backend).prepare_offsets(group_lens, group_offs)
+    odt = a.dtype if backend != BackendType.HIPBLASLT else torch.bfloat16
+    gh, bh = g.to(hp).contiguous(), b.to(hp).contiguous()
+    return grouped_gemm_impl(gh, bh, group_lens, offs, not trans_b, odt, backend).to(a.dtype)
 
 
 class GroupedGemmFp8Function(torch.autograd.Function):
@@ -130,12 +146,14 @@ class GroupedGemmFp8Function(torch.autograd.Function):
         impl = GroupedGemmFp8Dispatcher.backend_class(BackendType(ctx.backend_value))
         g = grad_out.contiguous()
         grad_a = grad_b = None
-        if ctx.needs_input_grad[0]:  # grad [M, N] @ b_g [N, K]: b as [G, K, N] rows along N
+        if ctx.needs_input_grad[0] and _mode("DGRAD", "fp8") == "hp":
+            grad_a = _dgrad_high_precision(a, b, g, group_lens, group_offs, trans_b, ctx)
+        elif ctx.needs_input_grad[0]:  # grad [M, N] @ b_g [N, K]: b as [G, K, N] rows along N
             b_kn = (b.transpose(1, 2) if trans_b else b).contiguous()
             qg, sg = _quant_rows(g, dtype, gran)
             qb, sb = _quant_experts(b_kn, dtype, gran)
             grad_a = impl.execute(qg, sg, qb, sb, group_offs, group_lens, a.dtype)
-        if ctx.needs_input_grad[1] and _wgrad_mode() == "hp":
+        if ctx.needs_input_grad[1] and _mode("WGRAD", "hp") == "hp":
             grad_b = _wgrad_high_precision(a, g, group_lens, group_offs, trans_b, b.dtype, ctx)
         elif ctx.needs_input_grad[1]:
             qa, sa = _quant_cols(a, dtype, gran)

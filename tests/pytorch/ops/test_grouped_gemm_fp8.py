@@ -60,6 +60,37 @@ def test_grouped_gemm_fp8_hybrid(device):
     _check([7, 13], 48, 16, True, ScalingGranularity.ROWWISE, Format.HYBRID, device)
 
 
+def _set_modes(monkeypatch, wgrad, dgrad):
+    import importlib
+
+    mod = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm_fp8")
+    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD", wgrad)
+    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_DGRAD", dgrad)
+    mod._mode.cache_clear()
+    return mod
+
+
+@pytest.mark.parametrize("backend", [BackendType.TORCH, BackendType.TRITON], ids=lambda b: b.name)
+@pytest.mark.parametrize("wgrad,dgrad", [("fp8", "fp8"), ("hp", "hp")], ids=["fp8bw", "hpbw"])
+def test_grouped_gemm_fp8_backward_modes(wgrad, dgrad, backend, monkeypatch, device):
+    """Both backward precisions (env ``PRIMUS_TURBO_GROUPED_GEMM_FP8_{WGRAD,DGRAD}``)."""
+    mod = _set_modes(monkeypatch, wgrad, dgrad)
+    try:
+        GlobalBackendManager.set_grouped_gemm_backend(backend, precision=PrecisionType.FP8)
+        _check([5, 0, 11], 32, 16, True, ScalingGranularity.ROWWISE, Format.E4M3, device)
+    finally:
+        mod._mode.cache_clear()
+
+
+def test_grouped_gemm_fp8_bad_mode(monkeypatch, device):
+    mod = _set_modes(monkeypatch, "int4", "fp8")
+    try:
+        with pytest.raises(ValueError, match="PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD"):
+            mod._mode("WGRAD", "hp")
+    finally:
+        mod._mode.cache_clear()
+
+
 def _skip_no_vendor(device):
     from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_fp8_impl import (
         GroupedGemmFp8Dispatcher,
@@ -76,16 +107,23 @@ def _skip_no_vendor(device):
 @pytest.mark.parametrize("backend", [None, BackendType.HIPBLASLT], ids=["default", "HIPBLASLT"])
 @pytest.mark.parametrize("gran", GRANS, ids=lambda g: g.name)
 @pytest.mark.parametrize("lens,k,n", [([512, 0, 1000, 3, 2048, 129], 1024, 768)], ids=str)
-def test_grouped_gemm_fp8_gpu_shapes(lens, k, n, gran, backend, monkeypatch, device):
+@pytest.mark.parametrize("bw", ["hp-wgrad", "fp8-wgrad", "hp-dgrad"])
+def test_grouped_gemm_fp8_gpu_shapes(lens, k, n, gran, backend, bw, monkeypatch, device):
     from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel
 
     # the heuristic's tiles only: timing every candidate compiles ~24 fp8 kernels (minutes)
     monkeypatch.setattr(grouped_gemm_kernel, "_tune_min_work", lambda: 1 << 62)
+    modes = {"hp-wgrad": ("hp", "fp8"), "fp8-wgrad": ("fp8", "fp8"), "hp-dgrad": ("hp", "hp")}
+    mod = _set_modes(monkeypatch, *modes[bw])
+    request_clear = mod._mode.cache_clear
     if backend is not None:
         _skip_no_vendor(device)
         GlobalBackendManager.set_grouped_gemm_backend(backend, precision=PrecisionType.FP8)
-    _check(lens, k, n, True, gran, Format.E4M3, device)
-    _check(lens, k, n, False, gran, Format.E4M3, device)
+    try:
+        _check(lens, k, n, True, gran, Format.E4M3, device)
+        _check(lens, k, n, False, gran, Format.E4M3, device)
+    finally:
+        request_clear()
 
 
 def test_grouped_gemm_fp8_blockwise_not_implemented(device):
