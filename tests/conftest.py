@@ -30,6 +30,14 @@ import torch  # noqa: E402
 HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+else:
+    # Correctness tests run each Triton kernel at its heuristic config: per-shape config tuning
+    # (compile and time every candidate for every new shape) dominated the GPU suite's time.
+    # Tests of the tuned paths enable it themselves (test_gemm_triton_tuned_gpu, the "every
+    # candidate" tests); PRIMUS_TURBO_TEST_TRITON_TUNE=1 tunes everywhere.
+    os.environ.setdefault(
+        "PRIMUS_TURBO_TRITON_TUNE", os.environ.get("PRIMUS_TURBO_TEST_TRITON_TUNE", "0")
+    )
 
 from primus_turbo.pytorch.core import GlobalBackendManager  # noqa: E402
 

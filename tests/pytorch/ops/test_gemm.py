@@ -354,6 +354,19 @@ SPLIT_K_GPU_SHAPES = [(4096, 576, 7168), (4096, 1536, 7168)]
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(4096, 576, 7168), (1000, 1000, 1000)], ids=str)
+def test_gemm_triton_tuned_gpu(m, n, k, monkeypatch, device):
+    """The TRITON backend with per-shape config tuning on (the suite runs heuristic configs):
+    whatever candidate the tuner picks for fwd, dgrad and wgrad must be correct."""
+    from primus_turbo.triton.gemm import gemm_kernel as gk
+
+    monkeypatch.setattr(gk, "_config_tuning_enabled", lambda: True)
+    monkeypatch.setattr(gk, "_tuned", {})
+    GlobalBackendManager.set_gemm_backend(BackendType.TRITON)
+    _check_fwd_bwd(m, n, k, False, True, torch.bfloat16, device)
+
+
+@pytest.mark.gpu
 @pytest.mark.usefixtures("_split_k_mode_reset")
 @pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False)], ids=["NT", "TN"])
 @pytest.mark.parametrize("m,n,k", SPLIT_K_GPU_SHAPES, ids=str)
