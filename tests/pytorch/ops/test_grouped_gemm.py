@@ -138,9 +138,16 @@ def test_grouped_gemm_tail_rows_are_zero(backend, device):
     assert_close(out[:19], grouped_gemm_ref(a[:19], b, lens.cpu(), False, torch.float32))
 
 
-@pytest.mark.parametrize("backend", [BackendType.TORCH, BackendType.TRITON], ids=lambda b: b.name)
+@pytest.mark.parametrize(
+    "backend",
+    [BackendType.TORCH, BackendType.TRITON, BackendType.HIPBLASLT, None],
+    ids=lambda b: b.name if b is not None else "default",
+)
 def test_grouped_gemm_torch_compile(backend, device):
-    GlobalBackendManager.set_grouped_gemm_backend(backend)
+    """``None``: the default dispatch while dynamo traces (it must not touch the tune cache)."""
+    if backend is not None:
+        _skip_unsupported(backend, device, 16, 24)
+        GlobalBackendManager.set_grouped_gemm_backend(backend)
     torch._dynamo.reset()
     compiled = torch.compile(
         lambda a, b, gl: turbo.ops.grouped_gemm(a, b, gl, trans_b=True) * 2.0, fullgraph=True
