@@ -10,7 +10,8 @@
 #     BENCH_B="gemm_auto attention" bash scripts/gpu_sweep.sh
 #
 # TEST_ARGS adds pytest arguments (e.g. "-k 'gemm and not fp8'"); WORKERS sets xdist workers;
-# TESTS_B runs a second test set on GPU 1 (lane 1) before BENCH_B. SOLO names benchmarks run
+# TESTS_B runs a second test set on GPU 1 (lane 1) before BENCH_B (after it and LINES_B with
+# TESTS_B_LAST=1). SOLO names benchmarks run
 # first, alone on the machine (dispatch-overhead timings are CPU-bound: nothing else may run).
 # LINES_A / LINES_B name files of extra commands, one per line: "name|seconds|command" (env
 # assignments allowed in front of the command); they run after BENCH_A / BENCH_B.
@@ -103,14 +104,17 @@ run_lines() { # file of "name|seconds|command" lines
   done <"$1"
 }
 
-lane() { # gpu, test-set (may be empty), lines file, bench names...
-  local gpu=$1 tests=$2 lines=$3
-  shift 3
+lane() { # gpu, test-set (may be empty), tests-last (0/1), lines file, bench names...
+  local gpu=$1 tests=$2 last=$3 lines=$4
+  shift 4
   export CUDA_VISIBLE_DEVICES=$gpu
   # shellcheck disable=SC2086
-  [ -n "$tests" ] && run_tests "tests_gpu$gpu" $tests
+  [ -n "$tests" ] && [ "$last" != 1 ] && run_tests "tests_gpu$gpu" $tests
   for name in "$@"; do run_bench "$name"; done
   run_lines "$lines"
+  # shellcheck disable=SC2086
+  [ -n "$tests" ] && [ "$last" = 1 ] && run_tests "tests_gpu$gpu" $tests
+  return 0
 }
 
 t0=$(date +%s)
@@ -133,11 +137,11 @@ say "gpus: $ngpu"
 for name in ${SOLO:-}; do CUDA_VISIBLE_DEVICES=0 run_bench "$name"; done
 # shellcheck disable=SC2086
 if [ "$ngpu" -ge 2 ]; then
-  lane 0 "${TESTS:-}" "${LINES_A:-}" ${BENCH_A:-} &
-  lane 1 "${TESTS_B:-}" "${LINES_B:-}" ${BENCH_B:-} &
+  lane 0 "${TESTS:-}" 0 "${LINES_A:-}" ${BENCH_A:-} &
+  lane 1 "${TESTS_B:-}" "${TESTS_B_LAST:-0}" "${LINES_B:-}" ${BENCH_B:-} &
   wait
 else
-  lane 0 "${TESTS:-} ${TESTS_B:-}" "${LINES_A:-}" ${BENCH_A:-} ${BENCH_B:-}
+  lane 0 "${TESTS:-} ${TESTS_B:-}" 0 "${LINES_A:-}" ${BENCH_A:-} ${BENCH_B:-}
   run_lines "${LINES_B:-}"
 fi
 say "total $(($(date +%s) - t0)) s"
