@@ -242,6 +242,28 @@ def _launch_block(qa, qb, cfg, family):
     return out
 
 
+# sm_90 fp8 wgmma sums in a reduced-precision adder (about 13 fraction bits, truncating; the
+# "fast accumulation" of cuBLAS); Triton's sm_90 default max_num_imprecise_acc is 2**30, so every
+# K-block product is that imprecise (v1) and RESCALE also chains the running sum through it.
+# An emulation of that adder on these inputs gives v1 0.7-2.1e-4 and RESCALE 1.0-3.4e-4 relative
+# max error at K <= 1100 (RESCALE 1.6e-3 at K = 16384, v1 1.6e-4); the interpreter multiplies
+# exactly in fp32. Logic bugs (a wrong K-block scale, edge rows, the K tail) are >= 1e-2 here.
+BLOCK_TOL = 1e-5 if DEV == "cpu" else 2e-3
+
+
+def _block_err(out, ref, what: str) -> tuple[float, str]:
+    """Relative max error and a message naming where it is (row, col, out, ref)."""
+    diff = (out.float() - ref).abs()
+    flat = int(torch.nan_to_num(diff, nan=float("inf")).argmax())
+    i, j = divmod(flat, diff.shape[1])
+    err = float(diff.max() / ref.abs().max())
+    return err, (
+        f"{what}: relative max error {err:.2e} at [{i}, {j}] of {tuple(out.shape)}: "
+        f"out {float(out[i, j]):.6g} ref {float(ref[i, j]):.6g} (|ref| max "
+        f"{float(ref.abs().max()):.6g}, nonfinite {int((~torch.isfinite(out)).sum())})"
+    )
+
+
 @pytest.mark.parametrize("m,n,k,two_d", [(40, 48, 300, True), (33, 20, 256, False)])
 def test_gemm_fp8_block_rescale_kernel(m, n, k, two_d):
     """The rescaled-accumulator promotion (RESCALE, the v2 sm_90 candidates) against the
@@ -261,9 +283,10 @@ def test_gemm_fp8_block_rescale_kernel(m, n, k, two_d):
     family = ArchFamily.CPU if DEV == "cpu" else ArchFamily.OTHER_GPU
     size = 32 if DEV == "cpu" else 64
     cfg = kern._cfg(size, size, 128, 4, 1 if DEV == "cpu" else 3, per_cu=2, RESCALE=True)
-    out = _launch_block(qa, qb, cfg, family)
-    err = float((out - ref).abs().max() / ref.abs().max())
-    assert err < 1e-5, f"relative max error {err:.2e}"
+    err, msg = _block_err(_launch_block(qa, qb, cfg, family), ref, cfg.name)
+    plain = kern._cfg(size, size, 128, 4, 1 if DEV == "cpu" else 3)  # the v1 promotion, same tile
+    _, plain_msg = _block_err(_launch_block(qa, qb, plain, family), ref, plain.name)
+    assert err < BLOCK_TOL, f"{msg}; tolerance {BLOCK_TOL:.0e}; {plain_msg}"
 
 
 def test_gemm_fp8_block_config_sets(monkeypatch):
@@ -308,8 +331,7 @@ def test_gemm_fp8_block_every_candidate(two_d):
              for c in kern.fp8_configs(family, kern.BLOCK, s)}  # fmt: skip
     bad = []
     for name, cfg in cands.items():
-        out = _launch_block(qa, qb, cfg, family)
-        err = float((out - ref).abs().max() / ref.abs().max())
-        if not err < 1e-4:
-            bad.append(f"{name}: {err:.2e}")
-    assert not bad, f"candidates off the reference: {bad}"
+        err, msg = _block_err(_launch_block(qa, qb, cfg, family), ref, name)
+        if not err < BLOCK_TOL:
+            bad.append(msg)
+    assert not bad, f"candidates off the reference (tolerance {BLOCK_TOL:.0e}): {bad}"
