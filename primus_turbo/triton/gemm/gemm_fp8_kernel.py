@@ -211,7 +211,9 @@ _BLOCK_CONFIGS[ArchFamily.OTHER_GPU] = _BLOCK_CONFIGS[ArchFamily.HOPPER]
 # (2 per SM: 64K registers, 192 KiB); r128x256 w8 s3 255/145 KiB; r256x128 w8 s3 211/145 KiB;
 # r128 w4 s3 221/97 KiB (2 per SM); r64x128 w4 s3 maxnreg168 159/72 KiB (3 per SM: 61K
 # registers, 219 KiB with the per-block reserve; narrow N and short K); plain 64x128 w4 s4
-# 238/96 KiB (2 per SM).
+# 238/96 KiB (2 per SM); the 2-warpgroup big tiles with a 4-deep pipeline (1 per SM, for the
+# big shapes where r128 w4 cu2 sits at 0.81-0.85 of torch._scaled_mm): r256x128 w8 s4 211/193
+# KiB, r128x256 w8 s4 255/193 KiB. Spill: 64x256 w4 s2 (255 + 20 B), 128x128 w4 s2 maxnreg168.
 _BLOCK_CONFIGS_V2: dict[ArchFamily, tuple[GemmConfig, ...]] = {
     ArchFamily.HOPPER: (
         _cfg(128, 128, 128, 8, 3, per_cu=2, RESCALE=True, maxnreg=128),
@@ -219,6 +221,8 @@ _BLOCK_CONFIGS_V2: dict[ArchFamily, tuple[GemmConfig, ...]] = {
         _cfg(256, 128, 128, 8, 3, RESCALE=True),
         _cfg(128, 128, 128, 4, 3, per_cu=2, RESCALE=True),
         _cfg(64, 128, 128, 4, 3, per_cu=3, RESCALE=True, maxnreg=168),
+        _cfg(256, 128, 128, 8, 4, RESCALE=True),
+        _cfg(128, 256, 128, 8, 4, RESCALE=True),
         _cfg(128, 128, 128, 8, 4),
         _cfg(64, 128, 128, 4, 4, per_cu=2),
     ),
