@@ -321,7 +321,9 @@ def _match_runtime_libstdcxx() -> None:
     runtime = _runtime_libstdcxx()
     cxx = os.environ.get("CXX", "c++")
     mine = _compiler_libstdcxx(cxx)
-    if runtime is None or mine is None or mine == runtime:
+    # mine is None: CXX cannot name a shared libstdc++ (the H200 image's /opt/gcc wrapper
+    # answers "libstdc++.so" and links libstdc++ statically into _C)
+    if runtime is None or mine == runtime:
         return
     for cand in ("/usr/bin/g++", "g++"):
         exe = shutil.which(cand)
@@ -330,7 +332,8 @@ def _match_runtime_libstdcxx() -> None:
             gcc = exe[: -len("g++")] + "gcc"
             if os.path.exists(gcc):
                 os.environ["CC"] = gcc
-            _log(f"CXX {cxx} links {mine}, but torch runs with {runtime}: building with {exe}")
+            what = mine or "no shared libstdc++ it can name"
+            _log(f"CXX {cxx} links {what}, but torch runs with {runtime}: building with {exe}")
             return
     _log(f"WARNING: CXX {cxx} links {mine}, torch runs with {runtime}; no matching g++ found")
 

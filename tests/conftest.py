@@ -20,7 +20,14 @@ if _WORKER is None:
 else:
     _num = int(os.environ.get("PRIMUS_TURBO_TEST_NUM_GPUS", "0"))
     if _num > 0:
-        gpu = str(int(_WORKER.removeprefix("gw")) % _num)
+        # pick among the GPUs this run may use: an inherited CUDA_VISIBLE_DEVICES="1" means
+        # physical GPU 1, not "0" (session 3 ran two pytest lanes on one GPU that way)
+        _env = (
+            "HIP_VISIBLE_DEVICES" if "HIP_VISIBLE_DEVICES" in os.environ else "CUDA_VISIBLE_DEVICES"
+        )
+        _ids = [v.strip() for v in os.environ.get(_env, "").split(",") if v.strip()]
+        _ids = _ids[:_num] if len(_ids) >= _num else [str(i) for i in range(_num)]
+        gpu = _ids[int(_WORKER.removeprefix("gw")) % _num]
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
         os.environ["HIP_VISIBLE_DEVICES"] = gpu
 
