@@ -265,14 +265,18 @@ def _graph_times(
 
 
 def _graph_or_none(fn, warmup, rep, grad_to_none) -> list[float] | None:
+    """Graph samples, or ``None`` after a failed capture. A failed capture can leave CUDA state
+    (the RNG's capture bookkeeping) unusable for later captures, so graph timing is switched off
+    for the rest of the process and every later call is timed eagerly."""
     try:
         return _graph_times(fn, warmup, rep, grad_to_none)
     except Exception as e:  # noqa: BLE001 -- any capture failure means "time it eagerly"
         _TIMING["fallbacks"] += 1
+        _TIMING["mode"] = "eager"
         torch.cuda.synchronize()
         print(
-            f"[harness] CUDA graph capture failed ({type(e).__name__}: {str(e)[:120]}); "
-            "timed eagerly"
+            f"[harness] CUDA graph capture failed ({type(e).__name__}: {str(e)[:160]}); "
+            "this and every later timing in this process are eager"
         )
         return None
 
@@ -366,11 +370,7 @@ def bench_modes(
         graphed = _graph_bwd(fwd, grad_out, leaves, modes, warmup, rep, dev)
         if graphed is not None:
             return graphed
-        set_timing("eager")  # capture failed: time every mode of this op eagerly, alike
-        try:
-            return bench_modes(fwd, grad_out, leaves, modes, warmup, rep, device)
-        finally:
-            set_timing("graph")
+        return bench_modes(fwd, grad_out, leaves, modes, warmup, rep, device)  # now eager
     with torch.enable_grad():
         for mode in modes:
             if mode is Mode.FWD:
@@ -397,14 +397,21 @@ def bench_modes(
 
 def _graph_bwd(fwd, grad_out, leaves, modes, warmup, rep, device) -> dict[Mode, Timing] | None:
     """Graph timing of FWD/BWD/STEP: a captured backward needs its forward in the same capture,
-    so BWD is STEP minus FWD. ``None`` when either capture fails (the caller times eagerly)."""
+    so BWD is STEP minus FWD. ``None`` when either capture fails (the caller times eagerly).
+
+    The captured step computes the input gradients with ``torch.autograd.grad`` instead of
+    ``.backward()``: the leaves' AccumulateGrad nodes were made on the default stream before the
+    capture, and running them inside it invalidates the capture (seen on the H200, session 3).
+    The eager BWD mode resets ``.grad`` to ``None`` before each call, so it does no
+    accumulation work either: both modes time the same kernels."""
     assert grad_out is not None, "BWD mode needs grad_out"
     dw, dr = default_budget(device)
     warmup = dw if warmup is None else warmup
     rep = dr if rep is None else rep
+    inputs = [t for t in leaves if t.requires_grad]
 
     def _step() -> None:
-        fwd().backward(grad_out)
+        torch.autograd.grad(fwd(), inputs, grad_out, allow_unused=True)
 
     with torch.enable_grad():
         t_fwd = _graph_or_none(fwd, warmup, rep, leaves)
@@ -644,7 +651,7 @@ class Results:
             fell_back = _TIMING["fallbacks"] > self._fallbacks_seen
             self._fallbacks_seen = _TIMING["fallbacks"]
             mode = timing_mode()
-            row = {**row, "Timing": f"{mode} (eager fallback)" if fell_back else mode}
+            row = {**row, "Timing": "eager (graph capture failed)" if fell_back else mode}
         full = {**row, **self.info.columns()}
         self.rows.append(full)
         return full
