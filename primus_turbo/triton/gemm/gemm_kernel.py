@@ -136,7 +136,8 @@ def gemm_kernel(
             arrived = tl.atomic_add(cnt_ptr + tile_id, 1, sem="acq_rel")
             if arrived == split_k - 1:
                 # last slice of this tile to finish: fixed-order sum, read from L2 (.cg), in
-                # chunks of RED_M rows so that the sum never holds a whole fp32 tile (spills)
+                # chunks of RED_M rows (up to 64 values per thread, see _red_m): few dependent round
+                # trips, yet the sum never holds a whole fp32 tile (spills)
                 for r in range(0, BLOCK_M, RED_M):
                     rows = r + tl.arange(0, RED_M)
                     offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
@@ -254,8 +255,18 @@ def _launch(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily, split
 
 
 def _red_m(cfg: GemmConfig) -> int:
-    """Rows per chunk of the split-K reduction: 4096 fp32 values at most (a power of two)."""
-    return max(1, min(cfg.block_m, 4096 // cfg.block_n))
+    """Rows per chunk of the split-K reduction (a power of two).
+
+    A chunk holds ``max(4096, min(2048 * num_warps, tile / 2))`` fp32 values: up to 64 per
+    thread of a 32-wide warp (32 on a 64-wide wavefront), so that the running sum and one loaded
+    slice together need no more registers than the accumulator (dead by then) did; never fewer
+    than the 4096 of the first version. Each chunk costs ``split_k`` dependent L2 round trips
+    (the loads of slice ``q + 1`` issue only after slice ``q`` is added), so fewer, larger chunks
+    cut the reducer's latency: on sm_90 m256n128 w8 at ``split_k=3`` went from 8 chunks of 16
+    values per thread (24 round trips) to 2 chunks of 64 (6), same 222 registers, no spills
+    (docs/gemm_notes.md, "split-K on sm_90: static analysis")."""
+    values = max(4096, min(2048 * cfg.num_warps, cfg.block_m * cfg.block_n // 2))
+    return max(1, min(cfg.block_m, values // cfg.block_n))
 
 
 def _zeroed_counters(device: torch.device, count: int) -> torch.Tensor:

@@ -307,6 +307,35 @@ def test_gemm_triton_split_k_fp32_out(split_k, monkeypatch, device):
     _check_fwd_bwd(37, 20, 100, False, True, torch.float16, device, out_dtype=torch.float32)
 
 
+@pytest.mark.usefixtures("_split_k_mode_reset")
+def test_gemm_triton_split_k_reduction_chunks(monkeypatch, device):
+    """The last program's sum in several row chunks (``RED_M < BLOCK_M``, as the large GPU
+    tiles run it; the interpreter's tiles otherwise fit one chunk), with masked edge rows."""
+    gk = _force_split_k(monkeypatch, split_k=3)
+    monkeypatch.setattr(gk, "_red_m", lambda cfg: max(1, cfg.block_m // 4))
+    a = rand(37, 100, dtype=torch.bfloat16, device=device)
+    b = rand(20, 100, dtype=torch.bfloat16, device=device)
+    out = turbo.ops.gemm(a, b, trans_b=True)
+    assert_close(out, gemm_ref(a, b, False, True, torch.float32), torch.bfloat16)
+
+
+@pytest.mark.parametrize("family", ["CDNA3", "CDNA4", "HOPPER", "CPU"])
+def test_split_k_reduction_chunk_rule(family):
+    """``_red_m``: a power of two dividing BLOCK_M; at least 4096 values per chunk (or the
+    whole tile), at most 64 per thread of a 32-wide warp and half the tile beyond that."""
+    from primus_turbo.pytorch.core.platform import ArchFamily
+    from primus_turbo.triton.gemm import gemm_kernel as gk
+    from primus_turbo.triton.gemm.gemm_configs import gemm_configs
+
+    for cfg in gemm_configs(ArchFamily[family]):
+        rows = gk._red_m(cfg)
+        values = rows * cfg.block_n
+        assert rows & (rows - 1) == 0 and cfg.block_m % rows == 0, cfg.name
+        assert values >= min(4096, cfg.block_m * cfg.block_n), cfg.name
+        limit = min(2048 * cfg.num_warps, cfg.block_m * cfg.block_n // 2)
+        assert values <= max(4096, limit), cfg.name
+
+
 @pytest.mark.deterministic
 @pytest.mark.usefixtures("_split_k_mode_reset")
 def test_gemm_triton_split_k_deterministic(monkeypatch, device):
