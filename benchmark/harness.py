@@ -219,7 +219,14 @@ def _cpu_time(
 
 
 TIMING_MODES = ("eager", "graph")
-_TIMING = {"mode": os.environ.get("PRIMUS_TURBO_BENCH_TIMING", "eager"), "fallbacks": 0}
+_TIMING = {"mode": None, "fallbacks": 0}  # mode None: PRIMUS_TURBO_BENCH_TIMING at first use
+
+
+def _env_timing() -> str:
+    mode = os.environ.get("PRIMUS_TURBO_BENCH_TIMING", "").strip().lower() or "eager"
+    if mode not in TIMING_MODES:
+        raise ValueError(f"PRIMUS_TURBO_BENCH_TIMING expected one of {TIMING_MODES}, got {mode!r}")
+    return mode
 
 
 def set_timing(mode: str) -> None:
@@ -230,6 +237,8 @@ def set_timing(mode: str) -> None:
 
 
 def timing_mode() -> str:
+    if _TIMING["mode"] is None:
+        _TIMING["mode"] = _env_timing()
     return _TIMING["mode"]
 
 

@@ -224,3 +224,19 @@ def test_results_csv_keeps_numbers(tmp_path):
 def test_time_ms_cpu():
     t = harness.time_ms(lambda: sum(range(1000)), 1.0, 3.0, device=torch.device("cpu"))
     assert t.median_ms > 0 and t.stddev_ms >= 0
+
+
+def test_bench_timing_env_validated(monkeypatch):
+    """PRIMUS_TURBO_BENCH_TIMING (read at the first timing_mode()): eager/graph, else an error
+    naming the variable, the modes and the value."""
+    monkeypatch.setitem(harness._TIMING, "mode", None)
+    monkeypatch.setenv("PRIMUS_TURBO_BENCH_TIMING", "cuda-graph")
+    with pytest.raises(
+        ValueError, match=r"PRIMUS_TURBO_BENCH_TIMING .*'eager', 'graph'.*'cuda-graph'"
+    ):
+        harness.timing_mode()
+    monkeypatch.setenv("PRIMUS_TURBO_BENCH_TIMING", "graph")
+    assert harness.timing_mode() == "graph"
+    monkeypatch.delenv("PRIMUS_TURBO_BENCH_TIMING")
+    monkeypatch.setitem(harness._TIMING, "mode", None)
+    assert harness.timing_mode() == "eager"

@@ -79,8 +79,13 @@ def _split_dim(d: int, kind: str = "bwd") -> tuple[int, int]:
 def _split_kinds() -> tuple[str, ...]:
     import os
 
-    val = os.environ.get("PRIMUS_TURBO_ATTN_SPLIT_D", "1").strip().lower()
-    return {"0": (), "none": (), "fwd": ("fwd",), "bwd": ("bwd",)}.get(val, ("fwd", "bwd"))
+    val = os.environ.get("PRIMUS_TURBO_ATTN_SPLIT_D", "1").strip().lower() or "1"
+    kinds = {"1": ("fwd", "bwd"), "0": (), "none": (), "fwd": ("fwd",), "bwd": ("bwd",)}
+    if val not in kinds:
+        raise ValueError(
+            f"primus_turbo: PRIMUS_TURBO_ATTN_SPLIT_D expected one of {tuple(kinds)}, got {val!r}"
+        )
+    return kinds[val]
 
 
 def _strides3(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
@@ -130,8 +135,16 @@ def _pinned(kind: str) -> str:
     """``PRIMUS_TURBO_ATTN_FWD_CONFIG`` / ``_DQ_CONFIG`` / ``_DKDV_CONFIG``: one tile for every
     shape (no tuning; for A/B timing), empty = tune / heuristic."""
     import os
+    import re
 
-    return os.environ.get(f"PRIMUS_TURBO_ATTN_{kind.upper()}_CONFIG", "").strip()
+    var = f"PRIMUS_TURBO_ATTN_{kind.upper()}_CONFIG"
+    value = os.environ.get(var, "").strip()
+    if value and re.fullmatch(r"m(\d+)n(\d+)w(\d+)s(\d+)", value) is None:
+        raise ValueError(
+            f"primus_turbo: {var} expected m<BLOCK_M>n<BLOCK_N>w<warps>s<stages> "
+            f"(e.g. m16n64w8s1) or empty, got {value!r}"
+        )
+    return value
 
 
 def _bucket(x: int) -> int:
@@ -281,7 +294,14 @@ def attn_bwd_triton(do, q, k, v, out, lse, cu_q, cu_k, max_sq, max_sk, scale, ca
 def _dkdv_env() -> str:
     import os
 
-    return os.environ.get("PRIMUS_TURBO_ATTN_DKDV_PARTS", "").strip().lower()
+    value = os.environ.get("PRIMUS_TURBO_ATTN_DKDV_PARTS", "").strip().lower()
+    allowed = ("", "0", "fused", "1", "parts", "auto")
+    if value not in allowed:
+        raise ValueError(
+            f"primus_turbo: PRIMUS_TURBO_ATTN_DKDV_PARTS expected one of {allowed} "
+            f"('' = unset: per-arch default), got {value!r}"
+        )
+    return value
 
 
 def _dkdv_mode(family: ArchFamily, width: int) -> str:

@@ -242,7 +242,19 @@ def _tune_min_work() -> int:
     ``PRIMUS_TURBO_GROUPED_GEMM_TUNE_MIN_MNK`` overrides it (0: tune every shape)."""
     import os
 
-    return int(os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_TUNE_MIN_MNK", str(1 << 30)))
+    raw = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_TUNE_MIN_MNK", "").strip()
+    if not raw:
+        return 1 << 30
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(
+            "primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_TUNE_MIN_MNK expected a non-negative "
+            f"integer (M*N*K; default {1 << 30}), got {raw!r}"
+        )
+    return value
 
 
 def _choose(key: tuple, default, launch, family: ArchFamily, work: int = 1 << 62, candidates=None):

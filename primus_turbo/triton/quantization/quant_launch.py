@@ -96,6 +96,20 @@ def quant_impl_version() -> str:
     return v
 
 
+def _env_int(var: str, default: int) -> int:
+    """A positive integer override from ``var`` (unset or empty: ``default``)."""
+    raw = os.environ.get(var, "").strip()
+    if not raw:
+        return int(default)
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"primus_turbo: {var} expected a positive integer, got {raw!r}")
+    return value
+
+
 def _use_v2(x: torch.Tensor) -> bool:
     return quant_impl_version() == "v2" and x.stride(1) == 1
 
@@ -112,9 +126,9 @@ def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
     mode, bm, bn, dual, warps, stages = V2_CONFIGS[name]
     interp = triton_interpret()
     nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
-    stages = int(os.environ.get("PRIMUS_TURBO_QUANT_STAGES", stages if nvidia or interp else 1))
-    warps = int(os.environ.get("PRIMUS_TURBO_QUANT_WARPS", warps))
-    maxnreg = int(os.environ.get("PRIMUS_TURBO_QUANT_MAXNREG", MAXNREG))
+    stages = _env_int("PRIMUS_TURBO_QUANT_STAGES", stages if nvidia or interp else 1)
+    warps = _env_int("PRIMUS_TURBO_QUANT_WARPS", warps)
+    maxnreg = _env_int("PRIMUS_TURBO_QUANT_MAXNREG", MAXNREG)
     m, n = x.shape
     if m == 0 or n == 0:
         return

@@ -339,3 +339,31 @@ def test_sdpa_order_pins_kernel_and_respects_user_switches(device):
         assert q.grad is not None and torch.isfinite(q.grad.float()).all()
     finally:
         GlobalBackendManager.set_attn_backend(None)
+
+
+@pytest.mark.parametrize(
+    "var,reader,value",
+    [
+        ("PRIMUS_TURBO_ATTN_SPLIT_D", "_split_kinds", "both"),
+        ("PRIMUS_TURBO_ATTN_DKDV_PARTS", "_dkdv_env", "yes"),
+        ("PRIMUS_TURBO_ATTN_FWD_CONFIG", "_pinned", "m16n64"),
+    ],
+)
+def test_bad_env_values_raise(var, reader, value, monkeypatch):
+    """An invalid value of an attention env knob raises naming the variable and the value."""
+    from primus_turbo.triton.attention import attn_launch
+
+    fn = getattr(attn_launch, reader)
+    call = (lambda: fn("fwd")) if reader == "_pinned" else fn
+    monkeypatch.setenv(var, value)
+    fn.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=var) as err:
+            call()
+        assert repr(value) in str(err.value)
+        monkeypatch.setenv(var, "0" if reader != "_pinned" else "m16n64w8s1")
+        fn.cache_clear()
+        call()  # a valid value is accepted
+    finally:
+        monkeypatch.undo()
+        fn.cache_clear()

@@ -376,3 +376,33 @@ def test_grouped_gemm_tma_opt_in(lens, k, n, trans_b, monkeypatch, device):
     monkeypatch.setattr(grouped_gemm_tma, "tma_enabled", lambda: True)
     GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
     _check_fwd_bwd(lens, k, n, trans_b, torch.bfloat16, device)
+
+
+@pytest.mark.parametrize(
+    "var,module,reader,bad",
+    [
+        ("PRIMUS_TURBO_GROUPED_GEMM_TUNE_MIN_MNK", "triton.grouped_gemm.grouped_gemm_kernel",
+         "_tune_min_work", "1e9"),
+        ("PRIMUS_TURBO_GROUPED_GEMM_KERNEL", "triton.grouped_gemm.grouped_gemm_kernel",
+         "kernel_variant", "fast"),
+        ("PRIMUS_TURBO_GROUPED_GEMM_DEFAULT", "pytorch.kernels.grouped_gemm.grouped_gemm_impl",
+         "_default_mode", "hipblaslt"),
+        ("PRIMUS_TURBO_GROUPED_GEMM_VENDOR_FIXUP",
+         "pytorch.kernels.grouped_gemm.grouped_gemm_impl", "_fixup_mode", "zero"),
+        ("PRIMUS_TURBO_GROUPED_GEMM_FP8_DEFAULT",
+         "pytorch.kernels.grouped_gemm.grouped_gemm_fp8_impl", "_fp8_default", "aiter"),
+    ],
+)  # fmt: skip
+def test_grouped_gemm_env_validated(var, module, reader, bad, monkeypatch):
+    """Each grouped GEMM env knob raises on a bad value, naming the variable and the value."""
+    fn = getattr(importlib.import_module(f"primus_turbo.{module}"), reader)
+    monkeypatch.setenv(var, bad)
+    fn.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=rf"{var} expected .*got '{bad}'"):
+            fn()
+    finally:
+        monkeypatch.delenv(var)
+        fn.cache_clear()
+    fn()  # the default is accepted
+    fn.cache_clear()

@@ -332,3 +332,17 @@ def test_permute_impls_v1_v2_agree(pad, n_out, with_map, device, monkeypatch):
             outs[impl] += [u2, y.grad]
     for a, b in zip(outs["v1"], outs["v2"], strict=True):
         assert torch.equal(a, b) if a.dtype != torch.float32 else torch.allclose(a, b)
+
+
+def test_permute_impl_env_validated(monkeypatch):
+    """PRIMUS_TURBO_MOE_PERMUTE_IMPL: v1/v2 (any case) are accepted, anything else raises naming
+    the variable, the allowed values and the value given."""
+    from primus_turbo.pytorch.kernels.moe.permute_v2_impl import permute_impl_choice
+
+    monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_IMPL", " V1 ")
+    assert permute_impl_choice() == "v1"
+    monkeypatch.delenv("PRIMUS_TURBO_MOE_PERMUTE_IMPL")
+    assert permute_impl_choice() == "v2"
+    monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_IMPL", "v3")
+    with pytest.raises(ValueError, match=r"PRIMUS_TURBO_MOE_PERMUTE_IMPL.*'v1', 'v2'.*'v3'"):
+        permute_impl_choice()

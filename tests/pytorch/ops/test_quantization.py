@@ -362,3 +362,28 @@ def test_mx_scale_exponent_edges(monkeypatch, impl):
         q, s = quantize_fp8(x, dtype, G.MX_BLOCKWISE, block_size=32)
         q1, s1 = ref.quantize_mx_ref(x, dtype)
         _assert_q_close(q, q1, s, s1)
+
+
+@pytest.mark.parametrize("var", ["PRIMUS_TURBO_QUANT_STAGES", "PRIMUS_TURBO_QUANT_WARPS",
+                                 "PRIMUS_TURBO_QUANT_MAXNREG"])  # fmt: skip
+def test_quant_int_env_validated(monkeypatch, var):
+    """The v2 launch overrides take positive integers; anything else raises naming the variable
+    and the value (unset or empty keeps the config's value)."""
+    from primus_turbo.triton.quantization.quant_launch import _env_int
+
+    monkeypatch.delenv(var, raising=False)
+    assert _env_int(var, 4) == 4
+    monkeypatch.setenv(var, " 2 ")
+    assert _env_int(var, 4) == 2
+    for bad in ("two", "0", "-1"):
+        monkeypatch.setenv(var, bad)
+        with pytest.raises(ValueError, match=rf"{var} expected a positive integer, got '{bad}'"):
+            _env_int(var, 4)
+
+
+def test_quant_impl_env_validated(monkeypatch):
+    from primus_turbo.triton.quantization.quant_launch import quant_impl_version
+
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v3")
+    with pytest.raises(ValueError, match=r"PRIMUS_TURBO_QUANT_IMPL must be v1 or v2, got 'v3'"):
+        quant_impl_version()

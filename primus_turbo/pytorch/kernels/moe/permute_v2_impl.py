@@ -20,8 +20,10 @@ IMPLS = ("v1", "v2")
 def permute_impl_choice() -> str:
     """``v2`` (fused map building + copy, fewer launches) unless
     ``PRIMUS_TURBO_MOE_PERMUTE_IMPL=v1``; read per call, so an A/B needs no reload."""
-    v = os.environ.get(IMPL_ENV, "v2").strip().lower()
-    return v if v in IMPLS else "v2"
+    v = os.environ.get(IMPL_ENV, "v2").strip().lower() or "v2"
+    if v not in IMPLS:
+        raise ValueError(f"primus_turbo: {IMPL_ENV} expected one of {IMPLS}, got {v!r}")
+    return v
 
 
 def _empty_f32(dev) -> torch.Tensor:
