@@ -66,9 +66,11 @@ def _tile_mma(
 ):  # fmt: skip
     """fp32 ``A[rm, k] @ B[k, rn]`` over the K tiles ``[kt_start, kt_end)`` of one output tile."""
     offs_k = tl.arange(0, BLOCK_K)
-    k0 = kt_start * BLOCK_K
-    a_ptrs = a_ptr + rm64[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak
-    b_ptrs = b_ptr + (k0 + offs_k)[:, None] * stride_bk + rn64[None, :] * stride_bn
+    # the K start as one 64-bit scalar offset: k0 * stride can pass 2**31 (split-K / stream-K
+    # slices of a K-strided operand such as A^T); the per-element offsets stay small
+    k0 = tl.cast(kt_start, tl.int64) * BLOCK_K
+    a_ptrs = a_ptr + k0 * stride_ak + rm64[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + k0 * stride_bk + offs_k[:, None] * stride_bk + rn64[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in range(kt_start, kt_end):
         if EVEN_K:
@@ -407,16 +409,16 @@ def _stream_k_enabled() -> bool:
     Opt-in: on the H200 (2026-11-29, run 3) the tuner picked stream-K for DeepSeek-V3 kv_a
     (4096x576x7168) and the benchmark then measured it slower than the data-parallel kernel
     (fwd 0.39x vs 0.52x torch.matmul), so the default keeps it out until that is understood."""
-    import os
+    from primus_turbo.pytorch.core.checks import env_flag
 
-    return os.environ.get("PRIMUS_TURBO_GEMM_STREAM_K", "0").strip() == "1"
+    return env_flag("PRIMUS_TURBO_GEMM_STREAM_K", False)
 
 
 @functools.cache
 def _config_tuning_enabled() -> bool:
-    import os
+    from primus_turbo.pytorch.core.checks import env_flag
 
-    return os.environ.get("PRIMUS_TURBO_TRITON_TUNE", "1").strip() != "0"
+    return env_flag("PRIMUS_TURBO_TRITON_TUNE", True)
 
 
 def gemm_triton(

@@ -481,3 +481,19 @@ def test_interpreter_bf16_dot_workaround_is_scoped(dtype, upcast, monkeypatch):
     out = gk.gemm_triton(a, b, False, False, dtype)
     assert seen["UPCAST"] is upcast
     assert_close(out, gemm_ref(a, b, False, False, torch.float32), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("_split_k_mode_reset")
+def test_gemm_triton_split_k_64bit_k_start(monkeypatch, device):
+    """A K-strided A (an A^T view with a row stride of 2**19 elements, 8 GiB of storage) with
+    split 2: the second slice starts at k0 = 4096 and k0 * stride = 2**31, which overflowed
+    while the K start was an int32 offset."""
+    _force_split_k(monkeypatch, split_k=2)
+    m, n, k, row = 128, 128, 8192, 1 << 19
+    base = torch.empty(k, row, dtype=torch.bfloat16, device=device)
+    at = base[:, :m]  # [K, M] with strides (2**19, 1): op(a) = a^T has stride_ak = 2**19
+    at.copy_(rand(k, m, dtype=torch.bfloat16, device=device))
+    b = rand(k, n, dtype=torch.bfloat16, device=device)
+    out = turbo.ops.gemm(at, b, trans_a=True)
+    assert_close(out, gemm_ref(at.contiguous(), b, True, False, torch.float32), torch.bfloat16)
