@@ -76,6 +76,7 @@ def _check_common(op, q, k, v, q_rank, dropout_p, bias, alibi_slopes, return_att
         fail(op, "k", f"a head count dividing q's {hq} heads (GQA/MQA)", f"{hkv} heads")
     if k.shape[-1] != q.shape[-1]:
         fail(op, "k", f"head dim {q.shape[-1]} (same as q)", f"shape {tuple(k.shape)}")
+    check(q.shape[-1] >= 1, op, "q", "a head dim >= 1", f"shape {tuple(q.shape)}")
 
 
 def _inner_contig(t: torch.Tensor) -> torch.Tensor:

@@ -211,6 +211,8 @@ def grouped_gemm_fp8(
         group_offs = group_offsets(group_lens)
     else:
         check_tensor(_OP, "group_offs", group_offs, ndim=1, dtypes=(torch.int64,))
+        check(group_offs.device == a.device, _OP, "group_offs", f"a tensor on {a.device}",
+              group_offs.device)  # fmt: skip
         check(group_offs.shape[0] == g + 1, _OP, "group_offs", f"[{g + 1}]", group_offs.shape)
     out_dtype = out_dtype or a.dtype
     check_dtype_arg(_OP, "out_dtype", out_dtype, _OUT)

@@ -318,6 +318,7 @@ def _probs_topk(op, probs, probs_layout, idx, num_local_experts):
     """``probs`` as ``[T, K]`` fp32 in the order of ``idx`` (checked)."""
     t, k = idx.shape
     check_tensor(op, "probs", probs, ndim=2, dtypes=(torch.float32,))
+    check_same_device(op, expert_map=idx, probs=probs)
     if probs_layout == "routing_map":
         check(
             probs.shape == (t, num_local_experts),
@@ -376,6 +377,7 @@ def moe_unpermute(
     unpermuted_probs = None
     if permuted_probs is not None:
         check_tensor(op, "permuted_probs", permuted_probs, ndim=1, dtypes=(torch.float32,))
+        check_same_device(op, permuted_tokens=permuted_tokens, permuted_probs=permuted_probs)
         check(
             permuted_probs.shape[0] == n,
             op,

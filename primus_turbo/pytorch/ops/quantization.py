@@ -77,7 +77,9 @@ def _args(op, x, out_dtype, granularity, block_size, axis, recipe, dual):
         return "block", b, axis
     b = MX_BLOCK_SIZE if block_size is None else block_size
     check(b == MX_BLOCK_SIZE, op, "block_size", f"{MX_BLOCK_SIZE} for MX_BLOCKWISE", b)
-    return "mx", b, -1 if axis is None else axis
+    axis = -1 if axis is None else axis
+    check(axis in (-1, 0, 1), op, "axis", "-1, 0 or 1 (or None) for MX_BLOCKWISE", axis)
+    return "mx", b, axis
 
 
 def _mx_input(op, x, axis, dual):

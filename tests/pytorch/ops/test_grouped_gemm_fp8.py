@@ -143,3 +143,12 @@ def test_grouped_gemm_fp8_bad_sizes():
     match = r"grouped_gemm_fp8: argument 'group_lens' expected sizes summing to a.shape\[0\] = 8"
     with pytest.raises(ValueError, match=match):
         turbo.ops.grouped_gemm_fp8(a, b, torch.tensor([3, 4]))
+
+
+def test_grouped_gemm_fp8_group_offs_on_another_device():
+    a = rand(8, 16, dtype=torch.bfloat16, device="cpu")
+    b = rand(2, 8, 16, dtype=torch.bfloat16, device="cpu")
+    offs = torch.zeros(3, dtype=torch.int64, device="meta")
+    match = "grouped_gemm_fp8: argument 'group_offs' expected a tensor on cpu, got meta"
+    with pytest.raises(ValueError, match=match):
+        turbo.ops.grouped_gemm_fp8(a, b, torch.tensor([3, 5]), group_offs=offs)

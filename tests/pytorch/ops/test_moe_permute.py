@@ -346,3 +346,19 @@ def test_permute_impl_env_validated(monkeypatch):
     monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_IMPL", "v3")
     with pytest.raises(ValueError, match=r"PRIMUS_TURBO_MOE_PERMUTE_IMPL.*'v1', 'v2'.*'v3'"):
         permute_impl_choice()
+
+
+def test_permute_probs_on_another_device(device):
+    """probs / permuted_probs on a device other than the tokens' (here the meta device): the
+    standard device error, not a copy failure inside the gather or the kernel."""
+    x = rand(4, 8, dtype=torch.bfloat16, device=device)
+    idx = torch.zeros(4, 2, dtype=torch.int64, device=device)
+    other = torch.rand(4, 2, device="meta")
+    with pytest.raises(RuntimeError, match="moe_permute.*'expert_map/probs'.*one device"):
+        turbo.ops.moe_permute(x, idx, num_local_experts=2, probs=other)
+    with pytest.raises(RuntimeError, match="moe_permute.*'expert_map/probs'.*one device"):
+        turbo.ops.moe_permute(x, idx, num_local_experts=2, probs=torch.rand(4, 2).to("meta"),
+                              probs_layout="routing_map")  # fmt: skip
+    y, row_map, *_ = turbo.ops.moe_permute(x, idx, num_local_experts=2)
+    with pytest.raises(RuntimeError, match="moe_unpermute.*'permuted_tokens/permuted_probs'"):
+        turbo.ops.moe_unpermute(y, row_map, permuted_probs=torch.rand(y.shape[0], device="meta"))

@@ -270,6 +270,8 @@ def test_bad_arguments():
         quantize_fp8(x[0], E4M3, G.TENSORWISE)
     with pytest.raises(TypeError, match="granularity"):
         quantize_fp8(x, E4M3, "tensorwise")
+    with pytest.raises(ValueError, match="quantize_fp8: argument 'axis'.*MX_BLOCKWISE, got 2"):
+        quantize_fp8(_x(32, 32), E4M3, G.MX_BLOCKWISE, block_size=32, axis=2)
 
 
 def test_config_validation():
