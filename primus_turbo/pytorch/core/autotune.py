@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from primus_turbo.pytorch.core.checks import env_flag
 from primus_turbo.pytorch.core.logging import get_logger, warn_once
 
 CACHE_FILE_NAME = "autotune_v1.json"
@@ -34,7 +35,7 @@ def cache_dir() -> Path:
 
 
 def disk_cache_enabled() -> bool:
-    return os.environ.get("PRIMUS_TURBO_AUTOTUNE_CACHE", "1").strip() != "0"
+    return env_flag("PRIMUS_TURBO_AUTOTUNE_CACHE", True)
 
 
 def time_fn(

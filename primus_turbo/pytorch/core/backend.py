@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import torch
 
 from primus_turbo.pytorch.core.autotune import TuneCache, time_fn
+from primus_turbo.pytorch.core.checks import env_flag
 from primus_turbo.pytorch.core.logging import get_logger, reset_warn_once, warn_once
 from primus_turbo.pytorch.core.platform import device_name, is_graph_capturing
 
@@ -214,7 +215,7 @@ class GlobalBackendManager:
             return cls._auto_tune
         if cls._auto_tune_env is not None:
             return cls._auto_tune_env
-        enabled = os.environ.get("PRIMUS_TURBO_AUTO_TUNE", "0").strip() == "1"
+        enabled = env_flag("PRIMUS_TURBO_AUTO_TUNE", False)
         if not torch.compiler.is_compiling():  # tracing must not mutate class state
             cls._auto_tune_env = enabled
         return enabled

@@ -63,3 +63,26 @@ def check_dtype_arg(op: str, arg: str, value: object, allowed: Iterable[torch.dt
     """Check a ``torch.dtype`` argument (e.g. ``out_dtype``)."""
     if value not in allowed:
         fail(op, arg, f"a dtype in {_dtype_names(allowed)}", value, TypeError)
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """An on/off environment variable: ``1/true/yes/on`` or ``0/false/no/off`` (any case);
+    unset or empty means ``default``. Anything else raises, naming the variable (before, a
+    typo such as ``PRIMUS_TURBO_TRITON_TUNE=false`` silently left tuning on)."""
+    import os
+
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(
+        f"primus_turbo: environment variable {name} expected one of "
+        f"{_TRUE + _FALSE} (or unset), got {os.environ[name]!r}"
+    )

@@ -10,12 +10,11 @@ the check, malformed sizes cannot corrupt memory: the kernels clamp offsets to `
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
 from primus_turbo.pytorch.core.backend import BackendType
-from primus_turbo.pytorch.core.checks import check, check_dtype_arg, check_tensor, fail
+from primus_turbo.pytorch.core.checks import check, check_dtype_arg, check_tensor, env_flag, fail
 from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_impl import (
     GROUPED_DTYPES,
     GroupedGemmDispatcher,
@@ -65,7 +64,7 @@ class GroupedGemmFunction(torch.autograd.Function):
 
 @functools.cache
 def _validate_env() -> bool:
-    return os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_VALIDATE", "0").strip() == "1"
+    return env_flag("PRIMUS_TURBO_GROUPED_GEMM_VALIDATE", False)
 
 
 def _check_group_values(group_lens: torch.Tensor, m: int, op: str = _OP) -> None:

@@ -358,13 +358,10 @@ def _pick(args, m, n, k, family) -> GemmConfig:
 
 @functools.cache
 def _tuning_enabled() -> bool:
-    import os
-
+    from primus_turbo.pytorch.core.checks import env_flag
     from primus_turbo.pytorch.core.platform import is_graph_capturing
 
-    return os.environ.get("PRIMUS_TURBO_TRITON_TUNE", "1").strip() != "0" and not (
-        is_graph_capturing()
-    )
+    return env_flag("PRIMUS_TURBO_TRITON_TUNE", True) and not (is_graph_capturing())
 
 
 # ---- ahead-of-time check -------------------------------------------------------------------

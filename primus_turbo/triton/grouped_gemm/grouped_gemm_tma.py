@@ -15,12 +15,12 @@ CUDA sm_90 only; not used for the fp8 path or the wgrad. Needs 16-byte aligned r
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from primus_turbo.pytorch.core.checks import env_flag
 from primus_turbo.triton.gemm.gemm_configs import GemmConfig
 from primus_turbo.triton.gemm.gemm_kernel import _tile_coords
 from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import _group_rows
@@ -28,7 +28,7 @@ from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import _group_rows
 
 @functools.cache
 def tma_enabled() -> bool:
-    return os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_TMA", "0").strip() == "1"
+    return env_flag("PRIMUS_TURBO_GROUPED_GEMM_TMA", False)
 
 
 def tma_usable(a: torch.Tensor, b: torch.Tensor, trans_b: bool) -> bool:

@@ -353,3 +353,32 @@ def test_env_is_read_once_until_reset(monkeypatch):
     assert MemoDispatcher.resolve(x=x) == H  # documented: env vars are read on first use
     GlobalBackendManager.reset()
     assert MemoDispatcher.resolve(x=x) == T
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ("", True),
+        ("1", True),
+        ("TRUE", True),
+        ("yes", True),
+        ("0", False),
+        ("false", False),
+        ("Off", False),
+    ],  # fmt: skip
+)
+def test_env_flag_values(value, expected, monkeypatch):
+    from primus_turbo.pytorch.core.checks import env_flag
+
+    monkeypatch.setenv("PRIMUS_TURBO_TEST_FLAG", value)
+    assert env_flag("PRIMUS_TURBO_TEST_FLAG", True) is expected
+
+
+def test_env_flag_rejects_other_values(monkeypatch):
+    from primus_turbo.pytorch.core.checks import env_flag
+
+    monkeypatch.setenv("PRIMUS_TURBO_TEST_FLAG", "maybe")
+    with pytest.raises(ValueError, match=r"PRIMUS_TURBO_TEST_FLAG expected one of .*got 'maybe'"):
+        env_flag("PRIMUS_TURBO_TEST_FLAG", False)
+    monkeypatch.delenv("PRIMUS_TURBO_TEST_FLAG")
+    assert env_flag("PRIMUS_TURBO_TEST_FLAG", False) is False
