@@ -143,9 +143,9 @@ def attn_bwd_dkdv_kernel(
     sq64 = start_q.to(tl.int64)
     sk64 = start_k.to(tl.int64)
     n_ok = offs_n[:, None] < seqlen_k
-    k_base = k_ptr + b64 * stride_kb + sk64 * stride_ks + hk * stride_kh
+    k_base = k_ptr + b64 * stride_kb + sk64 * stride_ks + hk.to(tl.int64) * stride_kh
     k_rows = k_base + offs_n[:, None].to(tl.int64) * stride_ks
-    v_ptrs = v_ptr + b64 * stride_vb + sk64 * stride_vs + hk * stride_vh
+    v_ptrs = v_ptr + b64 * stride_vb + sk64 * stride_vs + hk.to(tl.int64) * stride_vh
     v_ptrs += offs_n[:, None].to(tl.int64) * stride_vs + offs_dv[None, :]
     k = tl.load(k_rows + offs_dk[None, :], mask=n_ok & (offs_dk[None, :] < DQK), other=0.0)
     v = tl.load(v_ptrs, mask=n_ok & (offs_dv[None, :] < DV), other=0.0)
@@ -165,11 +165,11 @@ def attn_bwd_dkdv_kernel(
         n_start, seqlen_q, seqlen_k, win_l, win_r, BLOCK_M, BLOCK_N, HAS_L, HAS_R
     )
     for g in range(0, group):
-        h = hk * group + g
-        q_base = q_ptr + b64 * stride_qb + sq64 * stride_qs + h * stride_qh
-        do_base = do_ptr + b64 * stride_dob + sq64 * stride_dos + h * stride_doh
-        lse_base = lse_ptr + b64 * stride_lb + h.to(tl.int64) * stride_lh + sq64 * stride_ls
-        delta_base = delta_ptr + b64 * stride_lb + h.to(tl.int64) * stride_lh + sq64 * stride_ls
+        h64 = (hk * group + g).to(tl.int64)  # 64-bit head offsets: bhsd views, stride_h = S * D
+        q_base = q_ptr + b64 * stride_qb + sq64 * stride_qs + h64 * stride_qh
+        do_base = do_ptr + b64 * stride_dob + sq64 * stride_dos + h64 * stride_doh
+        lse_base = lse_ptr + b64 * stride_lb + h64 * stride_lh + sq64 * stride_ls
+        delta_base = delta_ptr + b64 * stride_lb + h64 * stride_lh + sq64 * stride_ls
         dk, dk2, dv = _dkdv_steps(dk, dk2, dv, k, k2, v, q_base, do_base, lse_base, delta_base,
                                   stride_qs, stride_dos, stride_ls, offs_n, offs_dk, offs_dk2,
                                   offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, win_l, win_r,
@@ -186,7 +186,7 @@ def attn_bwd_dkdv_kernel(
                                   qk_scale, DQK, DV, BLOCK_M, SPLIT, True, HAS_L, HAS_R,
                                   UPCAST, PART)  # fmt: skip
     if PART != 1:
-        dk_rows = dk_ptr + b64 * stride_dkb + sk64 * stride_dks + hk * stride_dkh
+        dk_rows = dk_ptr + b64 * stride_dkb + sk64 * stride_dks + hk.to(tl.int64) * stride_dkh
         dk_rows += offs_n[:, None].to(tl.int64) * stride_dks
         dk_ty = dk_ptr.dtype.element_ty
         tl.store(dk_rows + offs_dk[None, :], (dk * sm_scale).to(dk_ty),
@@ -195,7 +195,7 @@ def attn_bwd_dkdv_kernel(
             tl.store(dk_rows + offs_dk2[None, :], (dk2 * sm_scale).to(dk_ty),
                      mask=n_ok & (offs_dk2[None, :] < DQK))  # fmt: skip
     if PART != 2:
-        dv_ptrs = dv_ptr + b64 * stride_dvb + sk64 * stride_dvs + hk * stride_dvh
+        dv_ptrs = dv_ptr + b64 * stride_dvb + sk64 * stride_dvs + hk.to(tl.int64) * stride_dvh
         dv_ptrs += offs_n[:, None].to(tl.int64) * stride_dvs + offs_dv[None, :]
         tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=n_ok & (offs_dv[None, :] < DV))
 
@@ -300,11 +300,11 @@ def attn_bwd_dq_kernel(
     sq64 = start_q.to(tl.int64)
     sk64 = start_k.to(tl.int64)
     m_ok = offs_m < seqlen_q
-    q_rows = q_ptr + b64 * stride_qb + sq64 * stride_qs + h * stride_qh
+    q_rows = q_ptr + b64 * stride_qb + sq64 * stride_qs + h.to(tl.int64) * stride_qh
     q_rows += offs_m[:, None].to(tl.int64) * stride_qs
-    do_ptrs = do_ptr + b64 * stride_dob + sq64 * stride_dos + h * stride_doh
+    do_ptrs = do_ptr + b64 * stride_dob + sq64 * stride_dos + h.to(tl.int64) * stride_doh
     do_ptrs += offs_m[:, None].to(tl.int64) * stride_dos + offs_dv[None, :]
-    o_ptrs = o_ptr + b64 * stride_ob + sq64 * stride_os + h * stride_oh
+    o_ptrs = o_ptr + b64 * stride_ob + sq64 * stride_os + h.to(tl.int64) * stride_oh
     o_ptrs += offs_m[:, None].to(tl.int64) * stride_os + offs_dv[None, :]
     dv_ok = m_ok[:, None] & (offs_dv[None, :] < DV)
     q = tl.load(q_rows + offs_dk[None, :], mask=m_ok[:, None] & (offs_dk[None, :] < DQK),
@@ -329,8 +329,8 @@ def attn_bwd_dq_kernel(
         dq2 = tl.zeros([BLOCK_M, BLOCK_DQK2], dtype=tl.float32)
     lse = tl.load(lse_ptr + l_off, mask=m_ok, other=0.0)
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    k_base = k_ptr + b64 * stride_kb + sk64 * stride_ks + hk * stride_kh
-    v_base = v_ptr + b64 * stride_vb + sk64 * stride_vs + hk * stride_vh
+    k_base = k_ptr + b64 * stride_kb + sk64 * stride_ks + hk.to(tl.int64) * stride_kh
+    v_base = v_ptr + b64 * stride_vb + sk64 * stride_vs + hk.to(tl.int64) * stride_vh
     lo, full_lo, full_hi, hi = key_ranges(
         m_start, seqlen_q, seqlen_k, win_l, win_r, BLOCK_M, BLOCK_N, HAS_L, HAS_R
     )
@@ -346,7 +346,7 @@ def attn_bwd_dq_kernel(
                         offs_m, offs_dk, offs_dk2, offs_dv, full_hi, hi, seqlen_q, seqlen_k,
                         win_l, win_r, qk_scale, DQK, DV, BLOCK_N, SPLIT, True, HAS_L, HAS_R,
                         UPCAST)  # fmt: skip
-    dq_rows = dq_ptr + b64 * stride_dqb + sq64 * stride_dqs + h * stride_dqh
+    dq_rows = dq_ptr + b64 * stride_dqb + sq64 * stride_dqs + h.to(tl.int64) * stride_dqh
     dq_rows += offs_m[:, None].to(tl.int64) * stride_dqs
     dq_ty = dq_ptr.dtype.element_ty
     tl.store(dq_rows + offs_dk[None, :], (dq * sm_scale).to(dq_ty),

@@ -171,9 +171,11 @@ def attn_fwd_kernel(
     offs_dk = tl.arange(0, BLOCK_DQK)
     offs_dv = tl.arange(0, BLOCK_DV)
     b64 = b.to(tl.int64)
-    q_base = q_ptr + b64 * stride_qb + start_q.to(tl.int64) * stride_qs + h * stride_qh
-    k_base = k_ptr + b64 * stride_kb + start_k.to(tl.int64) * stride_ks + hk * stride_kh
-    v_base = v_ptr + b64 * stride_vb + start_k.to(tl.int64) * stride_vs + hk * stride_vh
+    h64 = h.to(tl.int64)  # head offsets in 64 bits: bhsd views have stride_h = S * D
+    hk64 = hk.to(tl.int64)
+    q_base = q_ptr + b64 * stride_qb + start_q.to(tl.int64) * stride_qs + h64 * stride_qh
+    k_base = k_ptr + b64 * stride_kb + start_k.to(tl.int64) * stride_ks + hk64 * stride_kh
+    v_base = v_ptr + b64 * stride_vb + start_k.to(tl.int64) * stride_vs + hk64 * stride_vh
     q_ptrs = q_base + offs_m[:, None].to(tl.int64) * stride_qs + offs_dk[None, :]
     q = tl.load(q_ptrs, mask=(offs_m[:, None] < seqlen_q) & (offs_dk[None, :] < DQK), other=0.0)
     if UPCAST:
@@ -221,10 +223,10 @@ def attn_fwd_kernel(
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
-    o_base = o_ptr + b64 * stride_ob + start_q.to(tl.int64) * stride_os + h * stride_oh
+    o_base = o_ptr + b64 * stride_ob + start_q.to(tl.int64) * stride_os + h64 * stride_oh
     o_ptrs = o_base + offs_m[:, None].to(tl.int64) * stride_os + offs_dv[None, :]
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty),
              mask=(offs_m[:, None] < seqlen_q) & (offs_dv[None, :] < DV))  # fmt: skip
-    lse_ptrs = lse_ptr + b64 * stride_lb + h.to(tl.int64) * stride_lh
+    lse_ptrs = lse_ptr + b64 * stride_lb + h64 * stride_lh
     lse_ptrs += (start_q + offs_m).to(tl.int64) * stride_ls
     tl.store(lse_ptrs, lse, mask=offs_m < seqlen_q)
