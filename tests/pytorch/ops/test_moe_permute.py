@@ -362,3 +362,17 @@ def test_permute_probs_on_another_device(device):
     y, row_map, *_ = turbo.ops.moe_permute(x, idx, num_local_experts=2)
     with pytest.raises(RuntimeError, match="moe_unpermute.*'permuted_tokens/permuted_probs'"):
         turbo.ops.moe_unpermute(y, row_map, permuted_probs=torch.rand(y.shape[0], device="meta"))
+
+
+@pytest.mark.gpu
+def test_permute_round_trip_past_2_31_elements(device):
+    """T=65536, K=8, H=7168: the permuted [524288, 7168] tensor has 3.8e9 elements (7 GiB);
+    unpermute(permute(x)) sums the K copies of every row: exactly 8 * x in fp32, so bitwise."""
+    t, k, h, e = 65536, 8, 7168, 128
+    x = rand(t, h, dtype=torch.bfloat16, device=device)
+    idx = torch.randint(0, e, (t, k), device=device)
+    y, row_map, *_ = turbo.ops.moe_permute(x, idx, num_local_experts=e)
+    assert y.shape == (t * k, h)
+    out, _ = turbo.ops.moe_unpermute(y, row_map)
+    del y
+    assert torch.equal(out, x * 8)

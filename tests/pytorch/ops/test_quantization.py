@@ -389,3 +389,17 @@ def test_quant_impl_env_validated(monkeypatch):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v3")
     with pytest.raises(ValueError, match=r"PRIMUS_TURBO_QUANT_IMPL must be v1 or v2, got 'v3'"):
         quant_impl_version()
+
+
+@pytest.mark.gpu
+def test_with_trans_past_2_31_bytes():
+    """[128256, 4096] (525M elements, 1 GiB bf16; the dual copy's row offsets reach 4096 *
+    128256 and the input's byte offsets pass 2**31): the last 128-row block equals the
+    quantization of that block alone (1x128 and 128x1 blocks never cross it)."""
+    m, n = 128256, 4096
+    x = _x(m, n)
+    q, s, qt, st = quantize_fp8_with_trans(x, E4M3, G.BLOCKWISE, block_size=128)
+    q1, s1, qt1, st1 = quantize_fp8_with_trans(x[-128:].clone(), E4M3, G.BLOCKWISE, block_size=128)
+    u8 = torch.uint8
+    assert torch.equal(q[-128:].view(u8), q1.view(u8)) and torch.equal(s[-128:], s1)
+    assert torch.equal(qt[:, -128:].view(u8), qt1.view(u8)) and torch.equal(st[:, -1:], st1)
