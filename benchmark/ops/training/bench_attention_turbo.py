@@ -12,8 +12,8 @@ device call still gets every model; the cases not reached are listed. Timings us
 / ``--rep-ms`` (default 25 / 100 ms per mode: every call here takes milliseconds); SDPA flash and
 mem-efficient (no target) get ``--peer-rep-ms`` (default a quarter of it), SDPA flash is skipped
 where it cannot run (Dqk != Dv). Kernel configs can be pinned for A/B runs by env var, see
-primus_turbo/triton/attention/attn_launch.py (``PRIMUS_TURBO_ATTN_{FWD,DQ,DKDV}_CONFIG``,
-``PRIMUS_TURBO_ATTN_BWD_SPLIT``).
+primus_turbo/triton/attention/attn_launch.py (``PRIMUS_TURBO_ATTN_{FWD,DQ,DKDV,DV,DK}_CONFIG``,
+``PRIMUS_TURBO_ATTN_SPLIT_D``, ``PRIMUS_TURBO_ATTN_DKDV_PARTS``).
 
 FLOPs: forward ``2*B*Sq*Sk*Hq*(Dqk+Dv)``, halved when causal; backward
 ``2.5x`` forward; fwd+bwd TFLOPS = total FLOPs over fwd + bwd time.

@@ -15,13 +15,20 @@ def get_logger() -> logging.Logger:
     if not getattr(logger, "_primus_configured", False):
         level_name = os.environ.get("PRIMUS_TURBO_LOG_LEVEL", "WARNING").strip().upper()
         level = logging.getLevelName(level_name)
-        if not isinstance(level, int):
+        bad = not isinstance(level, int)
+        if bad:
             level = logging.WARNING
         logger.setLevel(level)
         if not logger.handlers:
             handler = logging.StreamHandler()
             handler.setFormatter(logging.Formatter("[primus_turbo %(levelname)s] %(message)s"))
             logger.addHandler(handler)
+        if bad:  # a typo must not silently change what gets logged
+            logger.warning(
+                "PRIMUS_TURBO_LOG_LEVEL expected one of DEBUG, INFO, WARNING, ERROR, CRITICAL, "
+                "got %r; using WARNING",
+                os.environ.get("PRIMUS_TURBO_LOG_LEVEL"),
+            )
         logger.propagate = False
         logger._primus_configured = True  # type: ignore[attr-defined]
     return logger

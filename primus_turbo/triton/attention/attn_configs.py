@@ -41,7 +41,7 @@ def _amd(bm, bn, warps, stages=1, waves=2):
 # kind -> head-dim class -> configs. Classes by the padded width the kernel works on: "small"
 # (<= 128), "mid" (the backward's split qk dim, e.g. 192 = 128 + 64 chunks, see
 # attn_launch._split_dim) and "large" (256: d256, the forward's padded 192, and the backward's
-# 192 with PRIMUS_TURBO_ATTN_BWD_SPLIT=0).
+# 192 with PRIMUS_TURBO_ATTN_SPLIT_D=0 or =fwd).
 # Register budget (AOT check, build/aot_report.md): per thread, the fp32 accumulators take
 # rows * BLOCK_D / threads; 4 warps with a 128x128 fp32 accumulator spill on sm_90, so every
 # d128 tile that holds two such accumulators (dK and dV) uses 8 warps.
