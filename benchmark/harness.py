@@ -248,29 +248,57 @@ class _SetTiming(argparse.Action):
         set_timing(values)
 
 
+_BENCH_STREAM: dict[int, torch.cuda.Stream] = {}
+
+
+def bench_stream() -> torch.cuda.Stream:
+    """The one non-default stream a graph-timed benchmark process runs on (see
+    :func:`use_bench_stream`)."""
+    dev = torch.cuda.current_device()
+    if dev not in _BENCH_STREAM:
+        _BENCH_STREAM[dev] = torch.cuda.Stream()
+    return _BENCH_STREAM[dev]
+
+
+def use_bench_stream() -> None:
+    """Make :func:`bench_stream` the current stream of the process (graph timing only).
+
+    Autograd records the current stream in a leaf's AccumulateGrad node when the node is made
+    (first forward that uses the leaf); a backward captured on another stream must then sync
+    with that stream, which invalidates the capture (H200, sessions 3 and 4: any forward made
+    before the timing -- the correctness check, a peer -- kept such a node alive on the default
+    stream). With every forward, warm-up and capture on one stream there is nothing to sync."""
+    if torch.cuda.is_available():
+        s = bench_stream()
+        s.wait_stream(torch.cuda.default_stream())
+        torch.cuda.set_stream(s)
+
+
 def _graph_times(
     fn: Callable[[], Any], warmup: float, rep: float, grad_to_none: Sequence[torch.Tensor] | None
 ) -> list[float]:
-    """do_bench samples of replaying ``fn`` captured once in a CUDA graph (warmed up on a side
-    stream first, as capture requires). Raises whatever capture raises."""
+    """do_bench samples of replaying ``fn`` captured once in a CUDA graph, warmed up and captured
+    on :func:`bench_stream` (not the legacy default stream, as capture requires). Raises whatever
+    capture raises."""
     import triton.testing
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
+    stream = bench_stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
         for _ in range(2):
             _reset_grads(grad_to_none)
             fn()
-    torch.cuda.current_stream().wait_stream(side)
-    _reset_grads(grad_to_none)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            fn()
-        return triton.testing.do_bench(graph.replay, warmup=warmup, rep=rep, return_mode="all")
-    finally:
-        del graph
         _reset_grads(grad_to_none)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, stream=stream):
+                fn()
+            return triton.testing.do_bench(graph.replay, warmup=warmup, rep=rep, return_mode="all")
+        finally:
+            del graph
+            _reset_grads(grad_to_none)
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # the graph's private pool; failed captures leaked 130 GB
 
 
 def _graph_or_none(fn, warmup, rep, grad_to_none) -> list[float] | None:
@@ -409,9 +437,10 @@ def _graph_bwd(fwd, grad_out, leaves, modes, warmup, rep, device) -> dict[Mode, 
     so BWD is STEP minus FWD. ``None`` when either capture fails (the caller times eagerly).
 
     The captured step computes the input gradients with ``torch.autograd.grad`` instead of
-    ``.backward()``: the leaves' AccumulateGrad nodes were made on the default stream before the
-    capture, and running them inside it invalidates the capture (seen on the H200, session 3).
-    The eager BWD mode resets ``.grad`` to ``None`` before each call, so it does no
+    ``.backward()`` (no ``.grad`` accumulation inside the graph), and every forward of a
+    graph-timed process runs on :func:`bench_stream` so that the leaves' AccumulateGrad nodes
+    belong to the capture stream (see :func:`use_bench_stream`). The eager BWD mode resets
+    ``.grad`` to ``None`` before each call, so it does no
     accumulation work either: both modes time the same kernels."""
     assert grad_out is not None, "BWD mode needs grad_out"
     dw, dr = default_budget(device)
@@ -615,6 +644,8 @@ def resolve_profile(profile: str | None) -> tuple[str, DeviceInfo]:
         profile = "gpu" if torch.cuda.is_available() else "cpu"
     if profile == "gpu" and not torch.cuda.is_available():
         raise SystemExit("--profile gpu: no GPU is visible (torch.cuda.is_available() is False)")
+    if profile == "gpu" and timing_mode() == "graph":
+        use_bench_stream()
     if profile == "cpu":
         # Tiny CPU GEMMs on a shared machine: OpenMP workers spin against other processes and
         # a 64^3 matmul takes 20 ms instead of 0.2 ms. One thread keeps the smoke run fast.
