@@ -21,6 +21,9 @@ Map conventions are those of ``permute_kernel.py``. No atomics: bitwise determin
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -83,6 +86,7 @@ def permute_fused_kernel(
     p_k,
     stride_x,
     stride_out,
+    COLS,
     K: tl.constexpr,
     CHUNK: tl.constexpr,
     SUB: tl.constexpr,
@@ -94,6 +98,10 @@ def permute_fused_kernel(
     EVEN_H: tl.constexpr,
 ):
     c = tl.program_id(0)
+    j = tl.program_id(1)  # column split: columns [j * COLS, min(H, (j + 1) * COLS))
+    first = j == 0  # the maps, probs and counters are written by the split-0 programs
+    h_lo = j * COLS
+    h_hi = tl.minimum(H, h_lo + COLS)
     cols = tl.arange(0, E_PAD)
     hcols = tl.arange(0, BLOCK_H)
     total = tl.zeros([E_PAD], dtype=tl.int32)
@@ -110,7 +118,7 @@ def permute_fused_kernel(
         sizes = total
     pstart = tl.cumsum(sizes, axis=0) - sizes
     used = tl.sum(sizes, axis=0)
-    if c == 0:
+    if (c == 0) & first:
         tl.store(tpe_ptr + cols, sizes.to(tl.int64), mask=cols < E)
         tl.store(disp_ptr, tl.minimum(used, N_OUT).to(tl.int64))
         tl.store(flag_ptr, (used > N_OUT).to(tl.uint8))
@@ -126,14 +134,15 @@ def permute_fused_kernel(
         dst = tl.sum(tl.where(hot, run[None, :] + cum - 1, 0), axis=1)
         ok = (tl.sum(hot_i, axis=1) > 0) & (dst < N_OUT)
         dst = tl.where(ok, dst, -1).to(tl.int64)
-        tl.store(row_map_ptr + i, dst, mask=m)
+        tl.store(row_map_ptr + i, dst, mask=m & first)
         if HAS_PROBS:
-            p = tl.load(probs_ptr + (i // K) * p_t + (i % K) * p_k, mask=m & ok, other=0.0)
-            tl.store(pprobs_ptr + dst, p, mask=m & ok)
+            pm = m & ok & first
+            p = tl.load(probs_ptr + (i // K) * p_t + (i % K) * p_k, mask=pm, other=0.0)
+            tl.store(pprobs_ptr + dst, p, mask=pm)
         run += tl.sum(hot_i, axis=0)
         tok = i // K  # consecutive copies share a token row: K reads of it, all but one cached
         d = tl.maximum(dst, 0)
-        for h0 in range(0, H, BLOCK_H):
+        for h0 in range(h_lo, h_hi, BLOCK_H):
             hc = h0 + hcols
             if EVEN_H:
                 msk = ok[:, None] & (hc < BLOCK_H + h0)[None, :]
@@ -152,9 +161,9 @@ def permute_fused_kernel(
             unused = (r >= used) & (r < N_OUT)
         if tl.sum(unused.to(tl.int32), axis=0) > 0:
             if HAS_PROBS:
-                tl.store(pprobs_ptr + r, tl.zeros([SUB], dtype=tl.float32), mask=unused)
+                tl.store(pprobs_ptr + r, tl.zeros([SUB], dtype=tl.float32), mask=unused & first)
             zero = tl.zeros([SUB, BLOCK_H], dtype=out_ptr.dtype.element_ty)
-            for h0 in range(0, H, BLOCK_H):
+            for h0 in range(h_lo, h_hi, BLOCK_H):
                 hc = h0 + hcols
                 tl.store(out_ptr + r[:, None] * stride_out + hc[None, :], zero,
                          mask=unused[:, None] & (hc < H)[None, :])  # fmt: skip
@@ -230,37 +239,45 @@ def unpermute_bwd_kernel(
     stride_y,
     stride_dy,
     num_tok_programs,
+    SPLITS,
+    COLS,
     K: tl.constexpr,
     K_PAD: tl.constexpr,
     ROWS: tl.constexpr,
+    ZROWS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     NEED_DW: tl.constexpr,
 ):
     """``permute_kernel.reduce_rows_bwd_kernel`` with ``y`` read only when ``NEED_DW``: tokens
     ``[ROWS]`` per program write ``dy[row] = w * dout[t]`` for their K copies (and ``dw``); the
-    programs past ``num_tok_programs`` zero the rows no copy maps to (``src < 0``)."""
+    programs past ``num_tok_programs * SPLITS`` zero the rows no copy maps to (``src < 0``),
+    ``ZROWS`` each. Token programs: ``pid // SPLITS`` is the token tile, ``pid % SPLITS`` the
+    column split ``[split * COLS, (split + 1) * COLS)`` (``SPLITS`` is 1 with ``NEED_DW``: dw
+    sums over the whole row)."""
     pid = tl.program_id(0)
     cols0 = tl.arange(0, BLOCK_H)
-    if pid >= num_tok_programs:
-        r = (pid - num_tok_programs).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    if pid >= num_tok_programs * SPLITS:
+        r = (pid - num_tok_programs * SPLITS).to(tl.int64) * ZROWS + tl.arange(0, ZROWS)
         src = tl.load(src_ptr + r, mask=r < N, other=0)
         dead = (src < 0) & (r < N)
         if tl.sum(dead.to(tl.int32), axis=0) > 0:
-            zero = tl.zeros([ROWS, BLOCK_H], dtype=dy_ptr.dtype.element_ty)
+            zero = tl.zeros([ZROWS, BLOCK_H], dtype=dy_ptr.dtype.element_ty)
             for h0 in range(0, H, BLOCK_H):
                 cols = h0 + cols0
                 tl.store(dy_ptr + r[:, None] * stride_dy + cols[None, :], zero,
                          mask=dead[:, None] & (cols < H)[None, :])  # fmt: skip
             if NEED_DW:
-                tl.store(dw_ptr + r, tl.zeros([ROWS], dtype=tl.float32), mask=dead)
+                tl.store(dw_ptr + r, tl.zeros([ZROWS], dtype=tl.float32), mask=dead)
         return
-    toks = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    toks = (pid // SPLITS).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    h_lo = (pid % SPLITS) * COLS
+    h_hi = tl.minimum(H, h_lo + COLS)
     in_rows = toks < T
     kk = tl.arange(0, K_PAD)
     rmap = tl.load(map_ptr + toks[:, None] * K + kk[None, :],
                    mask=in_rows[:, None] & (kk < K)[None, :], other=-1)  # fmt: skip
     dw = tl.zeros([ROWS, K_PAD], dtype=tl.float32)
-    for h0 in range(0, H, BLOCK_H):
+    for h0 in range(h_lo, h_hi, BLOCK_H):
         cols = h0 + cols0
         col_ok = cols < H
         g = tl.load(dout_ptr + toks[:, None] * stride_dout + cols[None, :],
@@ -285,16 +302,76 @@ def unpermute_bwd_kernel(
 # ---- launchers -------------------------------------------------------------------------------
 
 
-def _plan_v2(work: int, e: int) -> tuple[int, int, int, int, int]:
+def _plan_v2(work: int, e: int, geom: str = "2d") -> tuple[int, int, int, int, int]:
     """``(E_PAD, SUB, CHUNK, C, CB)``: 16-copy sub-blocks; up to 512 chunks (256 for 64+
-    experts, where every program sums a ``[C, E_PAD]`` count table)."""
+    experts, where every program sums a ``[C, E_PAD]`` count table). ``CB`` table rows are
+    summed per step: ``geom="v2"`` 4096 counts a step, ``"2d"`` up to 8192 (the whole table of
+    8 experts x 512 chunks in one L2 round trip, 2 for 32 experts, 4 for 128)."""
     e_pad = triton.next_power_of_2(max(e, 2))
     sub = 16
     max_c = 256 if e_pad >= 64 else 512
     chunk = max(sub, triton.next_power_of_2(-(-max(work, 1) // max_c)))
     grid = -(-max(work, 1) // chunk)
-    cb = max(1, min(64, 4096 // e_pad))
+    if geom == "v2":
+        cb = max(1, min(64, 4096 // e_pad))
+    else:
+        cb = max(1, min(triton.next_power_of_2(grid), 8192 // e_pad))
     return e_pad, sub, chunk, grid, cb
+
+
+GEOM_ENV = "PRIMUS_TURBO_MOE_PERMUTE_GEOM"
+GEOMS = ("2d", "v2")
+SPLITS_ENV = "PRIMUS_TURBO_MOE_PERMUTE_SPLITS"
+# Largest row block in bytes (1024 bf16 = 16-byte vectors for 128 threads); tests lower it to
+# get several column blocks (and splits) out of tiny interpreter shapes.
+MAX_BLOCK_BYTES = 2048
+# column-split targets, programs per SM: the fused permute reads the count table once per
+# program (so few), the unpermute backward has no prologue (a full 2-D grid, as the forward)
+PROGRAMS_PER_SM = {"permute": 4, "unpermute_bwd": 1 << 20}
+
+
+def geom_choice() -> str:
+    """Launch geometry of the v2 kernels, read per call: ``2d`` (default: column splits of the
+    fused permute and of the unpermute backward, wide count-table steps) or ``v2`` (the
+    one-program-per-chunk geometry of session 3)."""
+    v = os.environ.get(GEOM_ENV, "2d").strip().lower() or "2d"
+    if v not in GEOMS:
+        raise ValueError(f"primus_turbo: {GEOM_ENV} expected one of {GEOMS}, got {v!r}")
+    return v
+
+
+def splits_override() -> int:
+    """``PRIMUS_TURBO_MOE_PERMUTE_SPLITS``: 0 or unset = automatic, n >= 1 = at most n column
+    splits (an A/B knob of the ``2d`` geometry)."""
+    v = os.environ.get(SPLITS_ENV, "").strip() or "0"
+    if not v.isdigit():
+        raise ValueError(f"primus_turbo: {SPLITS_ENV} expected an integer >= 0, got {v!r}")
+    return int(v)
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(dev: torch.device) -> int:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).multi_processor_count
+    return 2  # the interpreter: small, so tiny test shapes get split too
+
+
+def _splits(dev: torch.device, programs: int, blocks: int, geom: str, kind: str) -> tuple[int, int]:
+    """``(splits, blocks_per_split)`` of the column dimension: enough splits to give about
+    ``PROGRAMS_PER_SM[kind]`` programs per SM (``programs`` without splits), never an empty
+    split."""
+    if geom == "v2" or blocks <= 1:
+        return 1, max(blocks, 1)
+    want = splits_override()
+    if want == 0:
+        want = -(-PROGRAMS_PER_SM[kind] * _sm_count(dev) // max(programs, 1))
+    want = max(1, min(want, blocks))
+    per = -(-blocks // want)
+    return -(-blocks // per), per
+
+
+def _block_h(h: int, elem: int) -> int:
+    return min(max(triton.next_power_of_2(max(h, 1)), 16), max(MAX_BLOCK_BYTES // elem, 8))
 
 
 def permute_fused_triton(
@@ -318,20 +395,22 @@ def permute_fused_triton(
     disp = torch.empty((), dtype=torch.int64, device=dev)
     flag = torch.empty((), dtype=torch.bool, device=dev)
     pprobs = torch.empty((num_out,), dtype=torch.float32, device=dev) if probs is not None else None
-    e_pad, sub, chunk, grid, cb = _plan_v2(max(tk, num_out), num_experts)
+    geom = geom_choice()
+    e_pad, sub, chunk, grid, cb = _plan_v2(max(tk, num_out), num_experts, geom)
     counts = torch.empty((grid, e_pad), dtype=torch.int32, device=dev)
     if h > 0 and x.stride(1) != 1:
         x = x.contiguous()
     v2_hist_kernel[(grid,)](idx, counts, tk, num_experts, idx.stride(0), idx.stride(1), K=k,
                             CHUNK=chunk, SUB=sub, E_PAD=e_pad, num_warps=4)  # fmt: skip
-    block = min(max(triton.next_power_of_2(max(h, 1)), 16), 1024 if x.element_size() <= 2 else 512)
+    block = _block_h(h, x.element_size())
+    splits, per = _splits(dev, grid, triton.cdiv(max(h, 1), block), geom, "permute")
     p_strides = (probs.stride(0), probs.stride(1)) if probs is not None else (0, 0)
-    permute_fused_kernel[(grid,)](
+    permute_fused_kernel[(grid, splits)](
         idx, counts, probs if probs is not None else counts, x, out, row_map,
         pprobs if pprobs is not None else counts, tpe, disp, flag.view(torch.uint8),
         tk, num_experts, grid, num_out, max(pad_multiple, 1), h, idx.stride(0), idx.stride(1),
-        *p_strides, x.stride(0), out.stride(0), K=k, CHUNK=chunk, SUB=sub, E_PAD=e_pad, CB=cb,
-        BLOCK_H=block, HAS_PROBS=probs is not None, HAS_PAD=pad_multiple > 0,
+        *p_strides, x.stride(0), out.stride(0), per * block, K=k, CHUNK=chunk, SUB=sub,
+        E_PAD=e_pad, CB=cb, BLOCK_H=block, HAS_PROBS=probs is not None, HAS_PAD=pad_multiple > 0,
         EVEN_H=h % block == 0, num_warps=8,
     )  # fmt: skip
     return out, row_map, tpe, disp, flag, pprobs
@@ -394,12 +473,21 @@ def unpermute_bwd_triton(
         return torch.zeros_like(y), (dw.zero_() if dw is not None else None)
     src = src_from_rows_triton(row_map, n)
     dy = torch.empty((n, h), dtype=y.dtype, device=y.device)
+    geom = geom_choice()
     rows, block, warps = _tile(h, 8 if need_dw else 4, t)
+    block = min(block, _block_h(h, 4))  # = _tile's block unless a test lowers MAX_BLOCK_BYTES
     tok_programs = triton.cdiv(t, rows)
-    unpermute_bwd_kernel[(tok_programs + triton.cdiv(n, rows),)](
+    blocks = triton.cdiv(h, block)
+    splits, per = _splits(
+        y.device, tok_programs, blocks, "v2" if need_dw else geom, "unpermute_bwd"
+    )
+    # zeroing programs: most find no dead row and exit; 32 rows each (v2: ROWS) keeps them few
+    zrows = rows if geom == "v2" else max(rows, 32)
+    unpermute_bwd_kernel[(tok_programs * splits + triton.cdiv(n, zrows),)](
         dout, y, row_map, w, src, dy, dw if dw is not None else w, t, n, h, dout.stride(0),
-        y.stride(0), dy.stride(0), tok_programs, K=k, K_PAD=triton.next_power_of_2(k),
-        ROWS=rows, BLOCK_H=block, NEED_DW=need_dw, num_warps=warps,
+        y.stride(0), dy.stride(0), tok_programs, splits, per * block, K=k,
+        K_PAD=triton.next_power_of_2(k), ROWS=rows, ZROWS=zrows, BLOCK_H=block,
+        NEED_DW=need_dw, num_warps=warps,
     )  # fmt: skip
     return dy, dw
 
@@ -417,7 +505,8 @@ def aot_specs(target: str) -> list[AotSpec]:
                        "pprobs_ptr": "*fp32", "tpe_ptr": "*i64", "disp_ptr": "*i64",
                        "flag_ptr": "*u8", "TK": "i32", "E": "i32", "C": "i32", "N_OUT": "i32",
                        "PAD": "i32", "H": "i32", "s_t": "i32", "s_k": "i32", "p_t": "i32",
-                       "p_k": "i32", "stride_x": "i64:16", "stride_out": "i64:16"},
+                       "p_k": "i32", "stride_x": "i64:16", "stride_out": "i64:16",
+                       "COLS": "i32"},
             constexprs={"K": 8, "CHUNK": chunk, "SUB": sub, "E_PAD": e_pad, "CB": cb,
                         "BLOCK_H": 1024, "HAS_PROBS": True, "HAS_PAD": False, "EVEN_H": True},
             options={"num_warps": 8},
@@ -448,8 +537,9 @@ def aot_specs(target: str) -> list[AotSpec]:
                        "w_ptr": "*fp32", "src_ptr": "*i64", "dy_ptr": f"*{dt}",
                        "dw_ptr": "*fp32", "T": "i32", "N": "i32", "H": "i32",
                        "stride_dout": "i64:16", "stride_y": "i64:16", "stride_dy": "i64:16",
-                       "num_tok_programs": "i32"},
-            constexprs={"K": 8, "K_PAD": 8, "ROWS": 8, "BLOCK_H": 512, "NEED_DW": False},
+                       "num_tok_programs": "i32", "SPLITS": "i32", "COLS": "i32"},
+            constexprs={"K": 8, "K_PAD": 8, "ROWS": 8, "ZROWS": 32, "BLOCK_H": 512,
+                        "NEED_DW": False},
             options={"num_warps": 8},
         ),
         AotSpec(

@@ -376,3 +376,67 @@ def test_permute_round_trip_past_2_31_elements(device):
     out, _ = turbo.ops.moe_unpermute(y, row_map)
     del y
     assert torch.equal(out, x * 8)
+
+
+def _run_v2_chain(x0, ids, p0, e, pad, n_out):
+    """permute -> weighted unpermute (probs gradient) and an unweighted unpermute whose backward
+    takes the column-split path; every output and gradient."""
+    x = x0.clone().requires_grad_()
+    p = p0.clone().requires_grad_()
+    perm, rmap, tpe, ovf, nd, _, pp = turbo.ops.moe_permute(
+        x, ids, num_local_experts=e, pad_multiple=pad, num_permuted_tokens=n_out, probs=p
+    )
+    u, up = turbo.ops.moe_unpermute(perm * 1.5, rmap, permuted_probs=pp)
+    (u.float().sum() + (pp * 0.5).sum() + (up * 0.25).sum()).backward()
+    y = perm.detach().clone().requires_grad_()
+    w = pp.detach().clone().requires_grad_()
+    u2, _ = turbo.ops.moe_unpermute(y, rmap)
+    u3, _ = turbo.ops.moe_unpermute(y * 0.5, rmap, permuted_probs=w.detach())  # dw not needed
+    (u2.float().square().sum() + u3.float().sum()).backward()
+    return [perm, rmap, tpe, ovf, nd, pp, u, up, x.grad, p.grad, u2, u3, y.grad]
+
+
+@pytest.mark.parametrize(
+    "dtype,pad,n_out,splits",
+    [(torch.bfloat16, 0, -1, "0"), (torch.bfloat16, 4, 48, "2"), (torch.float32, 0, 12, "3")],
+    ids=str,
+)
+def test_permute_geometry_2d_matches_v2(dtype, pad, n_out, splits, device, monkeypatch):
+    """PRIMUS_TURBO_MOE_PERMUTE_GEOM=2d (column splits of the fused permute and of the unpermute
+    backward, wide count-table steps) gives bitwise the results of the v2 geometry: row blocks
+    made small (MAX_BLOCK_BYTES) so H=40 spans several blocks and splits, padding, dropped and
+    non-local copies, a fixed allocation that overflows, probs gradients."""
+    from primus_turbo.triton.moe import permute_v2_kernel as kern
+
+    monkeypatch.setattr(kern, "MAX_BLOCK_BYTES", 32)
+    t, h, e, k = 13, 40, 5, 3
+    x0 = rand(t, h, dtype=dtype, device=device)
+    ids = torch.stack([torch.randperm(e + 1, device=device)[:k] for _ in range(t)])
+    ids[2, 0] = -1  # dropped
+    p0 = torch.rand(t, k, device=device)
+    outs = {}
+    monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_IMPL", "v2")
+    for geom in ("v2", "2d"):
+        monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_GEOM", geom)
+        monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_SPLITS", splits)
+        outs[geom] = _run_v2_chain(x0, ids, p0, e, pad, n_out)
+    for a, b in zip(outs["v2"], outs["2d"], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_permute_geometry_splits_plan(monkeypatch):
+    """Column splits: never more than the blocks, none empty, 1 with the v2 geometry."""
+    from primus_turbo.triton.moe import permute_v2_kernel as kern
+
+    dev = torch.device("cpu")
+    monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_SPLITS", "3")
+    for blocks in range(1, 12):
+        s, per = kern._splits(dev, 4, blocks, "2d", "permute")
+        assert 1 <= s <= min(3, blocks) and (s - 1) * per < blocks <= s * per
+        assert kern._splits(dev, 4, blocks, "v2", "permute") == (1, blocks)
+    monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_SPLITS", "x")
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_MOE_PERMUTE_SPLITS"):
+        kern.splits_override()
+    monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_GEOM", "3d")
+    with pytest.raises(ValueError, match=r"PRIMUS_TURBO_MOE_PERMUTE_GEOM.*'2d', 'v2'.*'3d'"):
+        kern.geom_choice()
