@@ -19,6 +19,7 @@ whose time goes to index work shows as a low fraction of copy bandwidth.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -79,6 +80,44 @@ def torch_unpermute(y, idx, probs):
     return (flat * probs.unsqueeze(-1)).sum(1).to(y.dtype)
 
 
+def _variants(spec: str | None) -> list[tuple[str, dict[str, str]]]:
+    """``--variants "IMPL=v1;IMPL=v2,GEOM=v2;GEOM=2d"`` -> ``[(label, {env var: value})]``;
+    short names mean ``PRIMUS_TURBO_MOE_PERMUTE_<NAME>``. None: one variant, the environment
+    as it is."""
+    if not spec:
+        return [("default", {})]
+    out = []
+    for item in filter(None, (v.strip() for v in spec.split(";"))):
+        env = {}
+        for kv in filter(None, (v.strip() for v in item.split(","))):
+            name, _, value = kv.partition("=")
+            name = name.strip().upper()
+            env[name if name.startswith("PRIMUS_") else f"PRIMUS_TURBO_MOE_PERMUTE_{name}"] = (
+                value.strip()
+            )
+        out.append((item, env))
+    return out
+
+
+class _env:
+    """Set environment variables for a block (the permute knobs are read per call)."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env, self.old = env, {}
+
+    def __enter__(self):
+        for k, v in self.env.items():
+            self.old[k] = os.environ.get(k)
+            os.environ[k] = v
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def bench_permute(tid, case, args, info) -> list[dict]:
     label, t, d, _, e, k, fn, groups, sel = case
     dev = info.device
@@ -91,44 +130,47 @@ def bench_permute(tid, case, args, info) -> list[dict]:
     dst = torch.empty_like(src)
     copy_gbs = gbps(2 * n * d * elt, time_ms(lambda: dst.copy_(src), device=dev).median_ms)
     rows = []
-
-    # permute
-    ours = turbo.ops.moe_permute(x, idx, num_local_experts=e)[0]
-    ok = torch.equal(ours, torch_permute(x.detach(), idx))
     g_perm = torch.randn(n, d, device=dev, dtype=torch.bfloat16)
     xp = x.detach().clone().requires_grad_()
     peer = compile_(torch_permute)
-    t_o, t_p = bench_pair(
-        (lambda: turbo.ops.moe_permute(x, idx, num_local_experts=e)[0], (x,)),
-        (lambda: peer(xp, idx), (xp,)), g_perm, warmup=args.warmup_ms, rep=args.rep_ms, device=dev,
-    )  # fmt: skip
-    rows.append(_row(tid, label, "permute", t, d, e, k, ok, t_o, t_p, copy_gbs,
-                     2 * n * d * elt, (n + t) * d * elt))  # fmt: skip
-
-    # unpermute (weighted by probs)
     y = torch.randn(n, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    _, row_map, _, _, _, _, pprobs = turbo.ops.moe_permute(x.detach(), idx, num_local_experts=e,
-                                                           probs=probs)  # fmt: skip
-    pprobs = pprobs.detach()
-    ref = torch_unpermute(y.detach().float(), idx, probs.float())
-    got = turbo.ops.moe_unpermute(y, row_map, permuted_probs=pprobs)[0]
-    ok = compute_snr(ref, got) > SNR_MIN
     g_un = torch.randn(t, d, device=dev, dtype=torch.bfloat16)
     yp = y.detach().clone().requires_grad_()
     peer_u = compile_(torch_unpermute)
-    t_o, t_p = bench_pair(
-        (lambda: turbo.ops.moe_unpermute(y, row_map, permuted_probs=pprobs)[0], (y,)),
-        (lambda: peer_u(yp, idx, probs), (yp,)), g_un,
-        warmup=args.warmup_ms, rep=args.rep_ms, device=dev,
-    )  # fmt: skip
-    rows.append(_row(tid, label, "unpermute", t, d, e, k, ok, t_o, t_p, copy_gbs,
-                     (n + t) * d * elt, 2 * n * d * elt))  # fmt: skip
+    ref_u = torch_unpermute(y.detach().float(), idx, probs.float())
+    for vname, env in _variants(args.variants):
+        with _env(env):
+            # permute
+            ours = turbo.ops.moe_permute(x, idx, num_local_experts=e)[0]
+            ok = torch.equal(ours, torch_permute(x.detach(), idx))
+            t_o, t_p = bench_pair(
+                (lambda: turbo.ops.moe_permute(x, idx, num_local_experts=e)[0], (x,)),
+                (lambda: peer(xp, idx), (xp,)), g_perm, warmup=args.warmup_ms, rep=args.rep_ms,
+                device=dev,
+            )  # fmt: skip
+            rows.append(_row(tid, label, "permute", t, d, e, k, ok, t_o, t_p, copy_gbs,
+                             2 * n * d * elt, (n + t) * d * elt, vname))  # fmt: skip
+
+            # unpermute (weighted by probs)
+            _, row_map, _, _, _, _, pprobs = turbo.ops.moe_permute(
+                x.detach(), idx, num_local_experts=e, probs=probs)  # fmt: skip
+            pprobs = pprobs.detach()
+            got = turbo.ops.moe_unpermute(y, row_map, permuted_probs=pprobs)[0]
+            ok = compute_snr(ref_u, got) > SNR_MIN
+            t_o, t_p = bench_pair(
+                (lambda rm=row_map, pp=pprobs: turbo.ops.moe_unpermute(y, rm, permuted_probs=pp)[0],
+                 (y,)),
+                (lambda: peer_u(yp, idx, probs), (yp,)), g_un,
+                warmup=args.warmup_ms, rep=args.rep_ms, device=dev,
+            )  # fmt: skip
+            rows.append(_row(tid, label, "unpermute", t, d, e, k, ok, t_o, t_p, copy_gbs,
+                             (n + t) * d * elt, 2 * n * d * elt, vname))  # fmt: skip
     return rows
 
 
-def _row(tid, label, op, t, d, e, k, ok, t_o, t_p, copy_gbs, fwd_b, bwd_b) -> dict:
-    row = {"TestID": tid, "Case": label, "Op": op, "T": t, "H": d, "E": e, "topk": k,
-           "Check": "PASS" if ok else "FAIL", "copy GB/s": copy_gbs}  # fmt: skip
+def _row(tid, label, op, t, d, e, k, ok, t_o, t_p, copy_gbs, fwd_b, bwd_b, variant) -> dict:
+    row = {"TestID": tid, "Case": label, "Op": op, "Variant": variant, "T": t, "H": d, "E": e,
+           "topk": k, "Check": "PASS" if ok else "FAIL", "copy GB/s": copy_gbs}  # fmt: skip
     for mode, key, nbytes in ((Mode.FWD, "Forward", fwd_b), (Mode.BWD, "Backward", bwd_b)):
         row[f"{key} Time (ms)"] = t_o[mode].median_ms
         row[f"{key} GB/s"] = gbps(nbytes, t_o[mode].median_ms)
@@ -209,7 +251,8 @@ def bench_layer(tid, case, args, info) -> dict:
 
 
 COLUMNS = {
-    "ops": ["Case", "Op", "T", "H", "E", "topk", "Check", "Forward GB/s", "Backward GB/s",
+    "ops": ["Case", "Op", "Variant", "T", "H", "E", "topk", "Check", "Forward Time (ms)",
+            "Backward Time (ms)", "Forward GB/s", "Backward GB/s",
             "copy GB/s", "Forward vs copy", "Backward vs copy", "Forward vs compile",
             "Backward vs compile"],
     "layer": ["Case", "T", "H", "F", "E", "topk", "Min Load", "Max Load", "Check",
@@ -223,12 +266,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--part", choices=("ops", "layer", "all"), default="all")
     p.add_argument("--fp8", choices=("off", "tensorwise", "rowwise"), default="off",
                    help="MoELayer expert GEMMs in FP8 (the loop peer stays bf16)")  # fmt: skip
+    p.add_argument(
+        "--variants",
+        default=None,
+        help="permute knob settings to compare in one process (the compiled peer is "
+        "shared), ';'-separated, each NAME=VALUE[,NAME=VALUE] with NAME short for "
+        "PRIMUS_TURBO_MOE_PERMUTE_NAME, e.g. 'IMPL=v1;GEOM=v2;GEOM=2d'",
+    )
+    p.add_argument(
+        "--cases",
+        default=None,
+        help="comma-separated substrings of the case labels to run (default: all)",
+    )
     add_common_args(p)
     args = p.parse_args(argv)
     profile, info = resolve_profile(args.profile)
     print(info.banner())
     notice = cpu_notice(info)
     cases = GPU_CASES if profile == "gpu" else CPU_CASES
+    if args.cases:
+        want = [w.strip().lower() for w in args.cases.split(",") if w.strip()]
+        cases = [c for c in cases if any(w in c[0].lower() for w in want)]
     all_rows = []
     for part in ("ops", "layer") if args.part == "all" else (args.part,):
         results = Results(info)
@@ -248,10 +306,14 @@ def main(argv: list[str] | None = None) -> int:
         ok = lambda r: r["Check"] == "PASS"  # noqa: E731
         keys = [c for c in COLUMNS[part] if " vs " in c]
         if part == "ops":
-            for op in ("permute", "unpermute"):
-                sel = lambda r, op=op: r["Check"] == "PASS" and r["Op"] == op  # noqa: E731
-                print(f"Geomean {op}: " + ", ".join(
-                    f"{c} {geomean(results.column(c, sel)):.3f}" for c in keys))  # fmt: skip
+            for vname, _ in _variants(args.variants):
+                for op in ("permute", "unpermute"):
+                    sel = lambda r, op=op, v=vname: (  # noqa: E731
+                        r["Check"] == "PASS" and r["Op"] == op and r.get("Variant") == v
+                    )
+                    tag = f"{op} [{vname}]" if args.variants else op
+                    print(f"Geomean {tag}: " + ", ".join(
+                        f"{c} {geomean(results.column(c, sel)):.3f}" for c in keys))  # fmt: skip
         else:
             print("Geomean MoELayer: " + ", ".join(
                 f"{c} {geomean(results.column(c, ok)):.3f}" for c in keys))  # fmt: skip
