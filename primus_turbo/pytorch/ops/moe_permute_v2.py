@@ -81,9 +81,13 @@ class _UnpermuteV2(torch.autograd.Function):
         dy = dw = None
         if g is not None and (ctx.needs_input_grad[0] or need_w):
             g = g.contiguous()
-            if w is None:
+            from primus_turbo.triton.moe.permute_v2_kernel import geom_choice
+
+            if w is None and geom_choice() == "v2":
                 src = moe_src_from_rows_v2(row_map, y.shape[0])
                 dy = moe_gather_rows(g, src, row_map.shape[1])
+            elif w is None:  # token order: each dout row read once for its K copies
+                dy, _ = moe_unpermute_bwd_v2(g, y, row_map, None, False)
             else:
                 dy, dw = moe_unpermute_bwd_v2(g, y, row_map, w, need_w)
         if need_w and g_up is not None:

@@ -224,6 +224,47 @@ def rows_to_src_kernel(map_ptr, src_ptr, TK, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _bwd_copy_k(
+    g,
+    rmap,
+    wall,
+    kk,
+    k,
+    w_ptr,
+    y_ptr,
+    dy_ptr,
+    stride_y,
+    stride_dy,
+    cols,
+    col_ok,
+    dw,
+    HAS_W: tl.constexpr,
+    PRELOAD_W: tl.constexpr,
+    NEED_DW: tl.constexpr,
+):
+    """Copy ``k`` of a token tile: ``dy[row] = w * g`` (and ``dw[:, k] += <g, y[row]>``)."""
+    r = tl.sum(tl.where(kk[None, :] == k, rmap, 0), axis=1)  # [ROWS] row of copy k
+    valid = r >= 0
+    rr = tl.maximum(r, 0)
+    m = valid[:, None] & col_ok[None, :]
+    v = g
+    if HAS_W:
+        if PRELOAD_W:
+            w = tl.sum(tl.where(kk[None, :] == k, wall, 0.0), axis=1)
+        else:
+            w = tl.load(w_ptr + rr, mask=valid, other=0.0).to(tl.float32)
+        v = g * w[:, None]
+    tl.store(
+        dy_ptr + rr[:, None] * stride_dy + cols[None, :], v.to(dy_ptr.dtype.element_ty), mask=m
+    )
+    if NEED_DW:
+        y = tl.load(y_ptr + rr[:, None] * stride_y + cols[None, :], mask=m, other=0.0)
+        part = tl.sum(g * y.to(tl.float32), axis=1)
+        dw += tl.where(kk[None, :] == k, part[:, None], 0.0)
+    return dw
+
+
+@triton.jit
 def unpermute_bwd_kernel(
     dout_ptr,
     y_ptr,
@@ -247,13 +288,17 @@ def unpermute_bwd_kernel(
     ZROWS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     NEED_DW: tl.constexpr,
+    HAS_W: tl.constexpr = True,
+    FAST: tl.constexpr = False,
 ):
     """``permute_kernel.reduce_rows_bwd_kernel`` with ``y`` read only when ``NEED_DW``: tokens
-    ``[ROWS]`` per program write ``dy[row] = w * dout[t]`` for their K copies (and ``dw``); the
-    programs past ``num_tok_programs * SPLITS`` zero the rows no copy maps to (``src < 0``),
-    ``ZROWS`` each. Token programs: ``pid // SPLITS`` is the token tile, ``pid % SPLITS`` the
-    column split ``[split * COLS, (split + 1) * COLS)`` (``SPLITS`` is 1 with ``NEED_DW``: dw
-    sums over the whole row)."""
+    ``[ROWS]`` per program write ``dy[row] = w * dout[t]`` for their K copies (``w = 1``
+    without ``HAS_W``; and ``dw``); the programs past ``num_tok_programs * SPLITS`` zero the
+    rows no copy maps to (``src < 0``), ``ZROWS`` each. Token programs: ``pid // SPLITS`` is
+    the token tile, ``pid % SPLITS`` the column split ``[split * COLS, (split + 1) * COLS)``
+    (``SPLITS`` is 1 with ``NEED_DW``: dw sums over the whole row). ``FAST`` (the 2d
+    geometry): the K weights are loaded once per program, not per column block and copy, and
+    without ``NEED_DW`` the K copies are unrolled so their stores issue back to back."""
     pid = tl.program_id(0)
     cols0 = tl.arange(0, BLOCK_H)
     if pid >= num_tok_programs * SPLITS:
@@ -276,24 +321,23 @@ def unpermute_bwd_kernel(
     kk = tl.arange(0, K_PAD)
     rmap = tl.load(map_ptr + toks[:, None] * K + kk[None, :],
                    mask=in_rows[:, None] & (kk < K)[None, :], other=-1)  # fmt: skip
+    wall = tl.zeros([ROWS, K_PAD], dtype=tl.float32)
+    if HAS_W and FAST:
+        wall = tl.load(w_ptr + tl.maximum(rmap, 0), mask=rmap >= 0, other=0.0).to(tl.float32)
     dw = tl.zeros([ROWS, K_PAD], dtype=tl.float32)
     for h0 in range(h_lo, h_hi, BLOCK_H):
         cols = h0 + cols0
         col_ok = cols < H
         g = tl.load(dout_ptr + toks[:, None] * stride_dout + cols[None, :],
                     mask=in_rows[:, None] & col_ok[None, :], other=0.0).to(tl.float32)  # fmt: skip
-        for k in range(K):
-            r = tl.sum(tl.where(kk[None, :] == k, rmap, 0), axis=1)
-            valid = r >= 0
-            rr = tl.maximum(r, 0)
-            w = tl.load(w_ptr + rr, mask=valid, other=0.0).to(tl.float32)
-            m = valid[:, None] & col_ok[None, :]
-            tl.store(dy_ptr + rr[:, None] * stride_dy + cols[None, :],
-                     (g * w[:, None]).to(dy_ptr.dtype.element_ty), mask=m)  # fmt: skip
-            if NEED_DW:
-                y = tl.load(y_ptr + rr[:, None] * stride_y + cols[None, :], mask=m, other=0.0)
-                part = tl.sum(g * y.to(tl.float32), axis=1)
-                dw += tl.where(kk[None, :] == k, part[:, None], 0.0)
+        if FAST and not NEED_DW:
+            for k in tl.static_range(K):
+                dw = _bwd_copy_k(g, rmap, wall, kk, k, w_ptr, y_ptr, dy_ptr, stride_y,
+                                 stride_dy, cols, col_ok, dw, HAS_W, FAST, NEED_DW)  # fmt: skip
+        else:  # not unrolled: K tiles of y in flight cost occupancy
+            for k in range(K):
+                dw = _bwd_copy_k(g, rmap, wall, kk, k, w_ptr, y_ptr, dy_ptr, stride_y,
+                                 stride_dy, cols, col_ok, dw, HAS_W, FAST, NEED_DW)  # fmt: skip
     if NEED_DW:
         ok = (rmap >= 0) & in_rows[:, None]
         tl.store(dw_ptr + tl.maximum(rmap, 0), dw, mask=ok)
@@ -462,12 +506,14 @@ def unpermute_bwd_triton(
     dout: torch.Tensor,
     y: torch.Tensor,
     row_map: torch.Tensor,
-    w: torch.Tensor,
+    w: torch.Tensor | None,
     need_dw: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(dy [N, H], dw [N] fp32 | None)`` of the weighted unpermute."""
+    """``(dy [N, H], dw [N] fp32 | None)`` of the unpermute (weighted by ``w``, or not: then
+    ``dy[row_map[t, k]] = dout[t]``, each ``dout`` row read once for its K copies)."""
     n, h = y.shape
     t, k = row_map.shape
+    need_dw = need_dw and w is not None
     dw = torch.empty((n,), dtype=torch.float32, device=y.device) if need_dw else None
     if t == 0 or k == 0 or h == 0 or n == 0:
         return torch.zeros_like(y), (dw.zero_() if dw is not None else None)
@@ -484,10 +530,10 @@ def unpermute_bwd_triton(
     # zeroing programs: most find no dead row and exit; 32 rows each (v2: ROWS) keeps them few
     zrows = rows if geom == "v2" else max(rows, 32)
     unpermute_bwd_kernel[(tok_programs * splits + triton.cdiv(n, zrows),)](
-        dout, y, row_map, w, src, dy, dw if dw is not None else w, t, n, h, dout.stride(0),
-        y.stride(0), dy.stride(0), tok_programs, splits, per * block, K=k,
-        K_PAD=triton.next_power_of_2(k), ROWS=rows, ZROWS=zrows, BLOCK_H=block,
-        NEED_DW=need_dw, num_warps=warps,
+        dout, y, row_map, w if w is not None else dout, src, dy, dw if dw is not None else dout,
+        t, n, h, dout.stride(0), y.stride(0), dy.stride(0), tok_programs, splits, per * block,
+        K=k, K_PAD=triton.next_power_of_2(k), ROWS=rows, ZROWS=zrows, BLOCK_H=block,
+        NEED_DW=need_dw, HAS_W=w is not None, FAST=geom != "v2", num_warps=warps,
     )  # fmt: skip
     return dy, dw
 
@@ -539,7 +585,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                        "stride_dout": "i64:16", "stride_y": "i64:16", "stride_dy": "i64:16",
                        "num_tok_programs": "i32", "SPLITS": "i32", "COLS": "i32"},
             constexprs={"K": 8, "K_PAD": 8, "ROWS": 8, "ZROWS": 32, "BLOCK_H": 512,
-                        "NEED_DW": False},
+                        "NEED_DW": False, "HAS_W": True, "FAST": True},
             options={"num_warps": 8},
         ),
         AotSpec(

@@ -97,9 +97,14 @@ def _reduce_v2_fake(y, row_map, w, out_dtype, mul_w, write_p):
 
 
 def _unpermute_bwd_v2_impl(
-    dout: torch.Tensor, y: torch.Tensor, row_map: torch.Tensor, w: torch.Tensor, need_dw: bool
+    dout: torch.Tensor,
+    y: torch.Tensor,
+    row_map: torch.Tensor,
+    w: torch.Tensor | None,
+    need_dw: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(dy [N, H], dw [N] fp32 (empty unless need_dw))`` of the weighted unpermute."""
+    """``(dy [N, H], dw [N] fp32 (empty unless need_dw and w))`` of the unpermute (weighted
+    by ``w`` or not)."""
     from primus_turbo.triton.moe.permute_v2_kernel import unpermute_bwd_triton
 
     dy, dw = unpermute_bwd_triton(dout, y, row_map, w, need_dw)
@@ -113,7 +118,8 @@ _unpermute_bwd_v2_op = torch.library.custom_op(
 
 @_unpermute_bwd_v2_op.register_fake
 def _unpermute_bwd_v2_fake(dout, y, row_map, w, need_dw):
-    return torch.empty_like(y), y.new_empty((y.shape[0] if need_dw else 0,), dtype=torch.float32)
+    n_dw = y.shape[0] if need_dw and w is not None else 0
+    return torch.empty_like(y), y.new_empty((n_dw,), dtype=torch.float32)
 
 
 def _src_from_rows_v2_impl(row_map: torch.Tensor, n: int) -> torch.Tensor:
