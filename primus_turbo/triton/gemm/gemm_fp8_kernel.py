@@ -227,17 +227,43 @@ _BLOCK_CONFIGS_V2: dict[ArchFamily, tuple[GemmConfig, ...]] = {
         _cfg(64, 128, 128, 4, 4, per_cu=2),
     ),
 }
-BLOCK_CONFIG_SETS = ("v1", "v2")
+# v3 (sm_90): the rescaled kernel with TMA operand loads (gemm_fp8_block_tma.py; ``TMA`` in
+# the config's extra routes the launch there) next to the v2 list. AOT sm_90 (registers,
+# shared): 128x128 w8 s3 128 regs / 96 KiB (2 per SM, no maxnreg needed), w4 s3 250 / 97 KiB
+# (2 per SM), 128x256 w8 s4 236 / 193 KiB, 256x128 w8 s4 245 / 193 KiB, 64x128 w4 s4 134 /
+# 96 KiB (2 per SM), 64x128 w4 s3 134 / 72 KiB (3 per SM); FLATTEN (the next tile's loads
+# during this tile's epilogue): 128x128 w8 s3 128 / 128 KiB (1 per SM), 128x256 w8 s4 222 /
+# 224 KiB. No spills.
+_TMA_CONFIGS: dict[ArchFamily, tuple[GemmConfig, ...]] = {
+    ArchFamily.HOPPER: (
+        _cfg(128, 128, 128, 8, 3, per_cu=2, TMA=True),
+        _cfg(128, 256, 128, 8, 4, TMA=True),
+        _cfg(256, 128, 128, 8, 4, TMA=True),
+        _cfg(128, 256, 128, 8, 4, TMA=True, FLATTEN=True),
+        _cfg(128, 128, 128, 4, 3, per_cu=2, TMA=True),
+        _cfg(128, 128, 128, 8, 3, TMA=True, FLATTEN=True),
+        _cfg(64, 128, 128, 4, 4, per_cu=2, TMA=True),
+        _cfg(64, 128, 128, 4, 3, per_cu=3, TMA=True),
+    ),
+}
+_BLOCK_CONFIGS_V3 = {f: _TMA_CONFIGS[f] + _BLOCK_CONFIGS_V2[f] for f in _TMA_CONFIGS}
+BLOCK_CONFIG_SETS = ("v1", "v2", "v3", "tma")
+
+
+def is_tma(cfg: GemmConfig) -> bool:
+    return dict(cfg.extra).get("TMA", False)
 
 
 @functools.cache
 def block_config_set() -> str:
     """``PRIMUS_TURBO_FP8_BLOCK_CONFIGS``: ``v1`` (per-K-block product tile, one program per
-    SM) or ``v2`` (default: adds the rescaled-accumulator tiles and 2 programs per SM on
-    sm_90; other arches have no v2 list yet and use v1). Read once per process."""
+    SM), ``v2`` (adds the rescaled-accumulator tiles and 2 programs per SM on sm_90), ``v3``
+    (default: v2 plus the rescaled kernel with TMA loads, sm_90) or ``tma`` (the TMA configs
+    only, to time them alone). Arches without a list fall back: v3/tma -> v2 -> v1; a TMA
+    config is skipped for operands TMA cannot describe. Read once per process."""
     import os
 
-    value = os.environ.get("PRIMUS_TURBO_FP8_BLOCK_CONFIGS", "v2").strip().lower() or "v2"
+    value = os.environ.get("PRIMUS_TURBO_FP8_BLOCK_CONFIGS", "v3").strip().lower() or "v3"
     if value not in BLOCK_CONFIG_SETS:
         raise ValueError(
             f"primus_turbo: PRIMUS_TURBO_FP8_BLOCK_CONFIGS expected one of "
@@ -251,16 +277,22 @@ def fp8_configs(
 ) -> tuple[GemmConfig, ...]:
     if mode != BLOCK:
         return _CONFIGS[family]
-    if (config_set or block_config_set()) == "v2" and family in _BLOCK_CONFIGS_V2:
+    chosen = config_set or block_config_set()
+    if chosen == "tma" and family in _TMA_CONFIGS:
+        return _TMA_CONFIGS[family]
+    if chosen in ("v3", "tma") and family in _BLOCK_CONFIGS_V3:
+        return _BLOCK_CONFIGS_V3[family]
+    if chosen != "v1" and family in _BLOCK_CONFIGS_V2:
         return _BLOCK_CONFIGS_V2[family]
     return _BLOCK_CONFIGS[family]
 
 
 def select_fp8_config(
-    m: int, n: int, k: int, family: ArchFamily, cus: int, mode: int = TENSOR
+    m: int, n: int, k: int, family: ArchFamily, cus: int, mode: int = TENSOR, tma_ok: bool = True
 ) -> GemmConfig:
-    """The largest tile that still gives every CU a tile; else the smallest."""
-    configs = fp8_configs(family, mode)
+    """The largest tile that still gives every CU a tile; else the smallest. ``tma_ok``:
+    whether TMA configs may be chosen (the operands fit a descriptor)."""
+    configs = tuple(c for c in fp8_configs(family, mode) if tma_ok or not is_tma(c))
     for cfg in configs:
         if -(-m // cfg.block_m) * -(-n // cfg.block_n) >= cus:
             return cfg
@@ -281,6 +313,12 @@ def _launch(a, b, c, sa, sb, mode, sa_group, sb_group, sa_strides, sb_strides, c
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     resident = num_compute_units(a.device) * cfg.programs_per_cu
     programs = tiles if family == ArchFamily.CPU else min(tiles, resident)
+    if is_tma(cfg):
+        from primus_turbo.triton.gemm.gemm_fp8_block_tma import launch_block_tma
+
+        launch_block_tma(a, b, c, sa, sb, sa_group, sb_group, sa_strides, sb_strides, cfg,
+                         programs, _interpreting())  # fmt: skip
+        return
     gemm_fp8_kernel[(programs,)](
         a, b, c, sa, sb, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         c.stride(0), c.stride(1), *sa_strides, *sb_strides, programs,
@@ -336,15 +374,18 @@ last_config: GemmConfig | None = None  # the config of the latest launch (benchm
 
 def _pick(args, m, n, k, family) -> GemmConfig:
     cus = num_compute_units(args[0].device)
-    if family == ArchFamily.CPU or not _tuning_enabled():
-        return select_fp8_config(m, n, k, family, cus, args[5])
     a, b = args[0], args[1]
+    tma_ok = args[5] == BLOCK and _tma_usable(a, b)
+    if family == ArchFamily.CPU or not _tuning_enabled():
+        return select_fp8_config(m, n, k, family, cus, args[5], tma_ok)
     key = (m, n, k, a.dtype, b.dtype, args[2].dtype, args[5], args[6], args[7],
-           a.stride(1) == 1, a.device, block_config_set())  # fmt: skip
+           a.stride(1) == 1, a.device, block_config_set(), tma_ok)  # fmt: skip
     cfg = _tuned.get(key)
     if cfg is None:
         timings = {}
         for cand in fp8_configs(family, args[5]):
+            if is_tma(cand) and not tma_ok:
+                continue
             try:
                 timings[cand] = triton.testing.do_bench(
                     lambda cand=cand: _launch(*args, cand, family), warmup=5, rep=20
@@ -353,7 +394,32 @@ def _pick(args, m, n, k, family) -> GemmConfig:
                 continue
         cfg = min(timings, key=timings.get)
         _tuned[key] = cfg
+        if _tune_log():  # every candidate's time, for choosing the lists and the heuristic
+            flops = 2.0 * m * n * k
+            ranked = sorted(timings.items(), key=lambda kv: kv[1])
+            print(f"[fp8 tune] mode={args[5]} M={m} N={n} K={k} " + " ".join(
+                f"{c.name}_cu{c.programs_per_cu}:{flops / t / 1e9:.0f}" for c, t in ranked
+            ) + " (TFLOPS)", flush=True)  # fmt: skip
     return cfg
+
+
+def _tma_usable(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """TMA descriptors: a CUDA sm_90+ device (or the interpreter) and aligned operands."""
+    if a.device.type == "cuda" and (
+        torch.version.hip is not None or torch.cuda.get_device_capability(a.device)[0] < 9
+    ):
+        return False
+    from primus_turbo.triton.gemm.gemm_fp8_block_tma import tma_usable
+
+    return tma_usable(a, b)
+
+
+@functools.cache
+def _tune_log() -> bool:
+    """``PRIMUS_TURBO_FP8_TUNE_LOG=1``: print every tuner candidate's TFLOPS per shape."""
+    from primus_turbo.pytorch.core.checks import env_flag
+
+    return env_flag("PRIMUS_TURBO_FP8_TUNE_LOG", False)
 
 
 @functools.cache
@@ -415,4 +481,8 @@ def aot_specs(target: str) -> list[AotSpec]:
                     default=cfg == default and mode == TENSOR,
                 )
             )
+    if family in _TMA_CONFIGS:
+        from primus_turbo.triton.gemm.gemm_fp8_block_tma import aot_specs as tma_specs
+
+        specs += tma_specs(fp8, _TMA_CONFIGS[family])
     return specs

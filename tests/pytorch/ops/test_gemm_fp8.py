@@ -301,7 +301,13 @@ def test_gemm_fp8_block_config_sets(monkeypatch):
         ArchFamily.CDNA3, kern.BLOCK, "v1"
     )
     kern.block_config_set.cache_clear()
-    monkeypatch.setenv("PRIMUS_TURBO_FP8_BLOCK_CONFIGS", "v3")
+    v3 = kern.fp8_configs(ArchFamily.HOPPER, kern.BLOCK, "v3")
+    tma = kern.fp8_configs(ArchFamily.HOPPER, kern.BLOCK, "tma")
+    assert all(kern.is_tma(c) for c in tma) and set(v3) == set(v2) | set(tma)
+    assert kern.fp8_configs(ArchFamily.CDNA3, kern.BLOCK, "v3") == kern.fp8_configs(
+        ArchFamily.CDNA3, kern.BLOCK, "v1"
+    )
+    monkeypatch.setenv("PRIMUS_TURBO_FP8_BLOCK_CONFIGS", "v9")
     try:
         with pytest.raises(ValueError, match="PRIMUS_TURBO_FP8_BLOCK_CONFIGS"):
             kern.block_config_set()
@@ -331,7 +337,46 @@ def test_gemm_fp8_block_every_candidate(two_d):
              for c in kern.fp8_configs(family, kern.BLOCK, s)}  # fmt: skip
     bad = []
     for name, cfg in cands.items():
+        if kern.is_tma(cfg):  # K = 1100: rows not 16-byte aligned (test_gemm_fp8_block_tma)
+            continue
         err, msg = _block_err(_launch_block(qa, qb, cfg, family), ref, name)
         if not err < BLOCK_TOL:
             bad.append(msg)
     assert not bad, f"candidates off the reference (tolerance {BLOCK_TOL:.0e}): {bad}"
+
+
+@pytest.mark.parametrize(
+    "m,n,k,two_d", [(40, 48, 304, True), (33, 20, 256, False)] if DEV == "cpu" else
+    [(777, 1000, 1104, True), (777, 1000, 1104, False), (4096, 4096, 4096, True)],
+)  # fmt: skip
+def test_gemm_fp8_block_tma(m, n, k, two_d):
+    """The TMA kernel (v3/tma sets, sm_90; the interpreter on CPU) against the dequantized fp32
+    product: K tail (K % 128 != 0, 16-byte rows), edge tiles zero-filled by the descriptor,
+    both b scale layouts; on the GPU every TMA candidate."""
+    from primus_turbo.pytorch.core.platform import ArchFamily
+    from primus_turbo.pytorch.kernels.gemm.gemm_fp8_impl import dequant_operand
+    from primus_turbo.pytorch.ops.gemm_fp8 import _quant_dual
+    from primus_turbo.triton.gemm import gemm_fp8_kernel as kern
+
+    if torch.version.hip or (HAS_GPU and torch.cuda.get_device_capability()[0] < 9):
+        pytest.skip("TMA descriptors need CUDA sm_90+")
+    a = torch.randn(m, k, device=DEV) * torch.logspace(-3, 2, k, device=DEV)
+    b = torch.randn(n, k, device=DEV)
+    qa, _ = _quant_dual(a, E4M3_DEV, G.BLOCKWISE)
+    qb, _ = _quant_dual(b, E4M3_DEV, G.BLOCKWISE, two_d)
+    assert kern._tma_usable(qa[0], qb[0])
+    bw = G.BLOCKWISE.value
+    ref = dequant_operand(qa[0], qa[1], bw, qa[2]) @ dequant_operand(qb[0], qb[1], bw, qb[2]).t()
+    if DEV == "cpu":
+        family = ArchFamily.CPU
+        cands = [kern._cfg(32, 32, 32, 4, 1, TMA=True), kern._cfg(16, 32, 64, 4, 1, TMA=True,
+                                                                 FLATTEN=True)]  # fmt: skip
+    else:
+        family = ArchFamily.HOPPER
+        cands = list(kern.fp8_configs(family, kern.BLOCK, "tma"))
+    bad = []
+    for cfg in cands:
+        err, msg = _block_err(_launch_block(qa, qb, cfg, family), ref, cfg.name)
+        if not err < BLOCK_TOL:
+            bad.append(msg)
+    assert not bad, f"TMA candidates off the reference (tolerance {BLOCK_TOL:.0e}): {bad}"
