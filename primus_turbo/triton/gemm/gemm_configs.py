@@ -22,6 +22,14 @@ class GemmConfig:
     num_stages: int = 3
     programs_per_cu: int = 1  # persistent grid = min(tiles, CUs * this): resident CTAs per CU
     extra: tuple[tuple[str, Any], ...] = ()  # backend compile options, e.g. waves_per_eu
+    # composite N tile: a second, narrower column block of ``block_n2`` (a power of two, 0 = none)
+    # next to the first, sharing its A tile; the tile is ``block_n + block_n2`` wide (e.g. 144)
+    block_n2: int = 0
+
+    @property
+    def tile_n(self) -> int:
+        """Output columns per tile (``block_n`` plus the composite part, if any)."""
+        return self.block_n + self.block_n2
 
     @functools.cached_property
     def options(self) -> dict[str, Any]:
@@ -31,8 +39,9 @@ class GemmConfig:
     @property
     def name(self) -> str:
         extra = "".join(f"_{k}{v}" for k, v in self.extra)
+        n2 = f"p{self.block_n2}" if self.block_n2 else ""
         return (
-            f"m{self.block_m}n{self.block_n}k{self.block_k}g{self.group_m}"
+            f"m{self.block_m}n{self.block_n}{n2}k{self.block_k}g{self.group_m}"
             f"w{self.num_warps}s{self.num_stages}{extra}"
         )
 
@@ -121,8 +130,8 @@ def select_config(m: int, n: int, k: int, family: ArchFamily, num_cus: int) -> G
     best = configs[-1]
     best_area = 0
     for cfg in configs:
-        tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
-        area = cfg.block_m * cfg.block_n
+        tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.tile_n)
+        area = cfg.block_m * cfg.tile_n
         waste = (cfg.block_m - m % cfg.block_m) % cfg.block_m
         fits = tiles >= num_cus and waste * 4 <= cfg.block_m
         if fits and area > best_area:
@@ -140,6 +149,8 @@ SPLIT_K_MIN_GAIN = 0.9  # split only if the model predicts at least a 10% shorte
 
 def split_k_eligible(m: int, n: int, k: int, cfg: GemmConfig, num_cus: int) -> bool:
     """Few output tiles (under two waves of the persistent grid) and a long K."""
+    if cfg.block_n2:
+        return False  # the split-K workspace layout assumes a plain tile
     tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
     return k >= SPLIT_K_MIN_K and tiles < 2 * num_cus * cfg.programs_per_cu
 
@@ -187,7 +198,7 @@ def use_stream_k(m: int, n: int, k: int, cfg: GemmConfig, num_cus: int) -> bool:
     every program still gets at least two K tiles of work. Tiles above 128x128 are left out:
     the finishing program holds a loaded partial next to its accumulator, and 128x256 spills
     on sm_90 (build/aot_report.md)."""
-    if cfg.block_m * cfg.block_n > STREAM_K_MAX_TILE:
+    if cfg.block_m * cfg.block_n > STREAM_K_MAX_TILE or cfg.block_n2:
         return False
     tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
     slots = num_cus * cfg.programs_per_cu
@@ -195,3 +206,66 @@ def use_stream_k(m: int, n: int, k: int, cfg: GemmConfig, num_cus: int) -> bool:
     efficiency = tiles / (waves * slots)
     k_tiles = _cdiv(k, cfg.block_k)
     return efficiency < 0.85 and waves <= 4 and tiles * k_tiles >= 2 * num_cus
+
+
+# Composite ("narrow") N tiles: a tile ``block_m x (block_n + block_n2)`` whose width is a sum of
+# two powers of two, computed as two dots per K step sharing the A tile. It lets the tile count
+# match the CU count where every power-of-two tiling wastes most of a last round, e.g.
+# DeepSeek-V3 kv_a 4096x576 on 132 SMs: 128x128 gives 160 tiles (2 rounds, the second 21%
+# full), 128x256 gives 96 tiles at 75% column use; 128x(128+16) gives 128 tiles in one round
+# with no padding. The model below (pure, unit-tested) picks one only where it predicts a clear
+# gain over every plain config; the tuner then times it next to them.
+TILE_EDGE_COST = 64  # per-tile cost per row/column of the tile (operand loads, issue, epilogue)
+NARROW_MIN_N = 32  # the narrow dot costs at least as much as one this wide (small-N MMA rate)
+NARROW_MIN_GAIN = 0.85  # use a composite tile only if its modelled time is <= 85% of the best
+NARROW_MAX_ACC = 128 * 256  # fp32 accumulator elements per tile (the largest plain tile's)
+
+
+def tile_cost(block_m: int, block_n: int, block_n2: int = 0) -> int:
+    """Modelled time of one tile per K step: MMA area (the narrow dot counted at least
+    ``NARROW_MIN_N`` wide) plus ``TILE_EDGE_COST`` per row and column (what small tiles lose to
+    operand traffic and fixed costs; 128x128 is then 0.875x as efficient as 128x256)."""
+    mma_n = block_n + (max(block_n2, NARROW_MIN_N) if block_n2 else 0)
+    return block_m * mma_n + TILE_EDGE_COST * (block_m + block_n + block_n2)
+
+
+def plan_cost(m: int, n: int, cfg: GemmConfig, num_cus: int) -> int:
+    """Modelled kernel time: rounds of the persistent grid times the tile cost (programs
+    sharing a CU each take ``programs_per_cu`` times as long per round)."""
+    tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.tile_n)
+    rounds = _cdiv(tiles, num_cus * cfg.programs_per_cu)
+    return rounds * cfg.programs_per_cu * tile_cost(cfg.block_m, cfg.block_n, cfg.block_n2)
+
+
+def narrow_config(family: ArchFamily, bm: int, bn: int, bn2: int, bk: int) -> GemmConfig:
+    warps = 8 if bm * (bn + bn2) > 128 * 128 else 4
+    stage_bytes = (bm + bn + bn2) * bk * 2
+    if family in (ArchFamily.CDNA3, ArchFamily.CDNA4):
+        opts = (("matrix_instr_nonkdim", 16), ("waves_per_eu", 0))
+        return GemmConfig(bm, bn, bk, 8, warps, 2, 1, opts, block_n2=bn2)
+    stages = max(2, min(4, (200 << 10) // stage_bytes))
+    return GemmConfig(bm, bn, bk, 8, warps, stages, 1, block_n2=bn2)
+
+
+@functools.lru_cache(maxsize=4096)
+def select_narrow(m: int, n: int, k: int, family: ArchFamily, num_cus: int) -> GemmConfig | None:
+    """The composite-tile config with the lowest ``plan_cost``, or None where it is not at least
+    ``1 - NARROW_MIN_GAIN`` better than every plain config of the family (most shapes: many
+    rounds amortise the last one). None on the CPU (tests build composite configs directly)."""
+    if family == ArchFamily.CPU or m <= 0 or n <= 0:
+        return None
+    plain = min(plan_cost(m, n, cfg, num_cus) for cfg in gemm_configs(family))
+    best, best_key = None, None
+    for bm in (64, 128, 256):
+        for bn in (64, 128, 256):
+            for bn2 in (16, 32, 64, 128):
+                if bn2 >= bn or bm * (bn + bn2) > NARROW_MAX_ACC:
+                    continue
+                cfg = narrow_config(family, bm, bn, bn2, 64)
+                cost = plan_cost(m, n, cfg, num_cus)
+                key = (cost, -bm * cfg.tile_n)  # cheaper first, then the larger tile
+                if best_key is None or key < best_key:
+                    best, best_key = cfg, key
+    if best is None or best_key[0] > NARROW_MIN_GAIN * plain:
+        return None
+    return best

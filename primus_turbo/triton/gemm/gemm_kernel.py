@@ -40,7 +40,9 @@ from primus_turbo.triton.gemm.gemm_configs import (
     STREAM_K_MAX_TILE,
     GemmConfig,
     gemm_configs,
+    narrow_config,
     select_config,
+    select_narrow,
     select_split_k,
     use_stream_k,
 )
@@ -91,19 +93,59 @@ def _tile_mma(
 
 
 @triton.jit
+def _tile_mma2(
+    a_ptr, b_ptr, rm64, rn64, rn2_64, mask_m, mask_n, mask_n2, K,
+    stride_am, stride_ak, stride_bk, stride_bn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Composite tile: fp32 ``A[rm, :] @ B[:, rn]`` and ``A[rm, :] @ B[:, rn2]`` over all of K,
+    two dots per K step sharing one A tile (the tile is ``BLOCK_N + BLOCK_N2`` wide)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rm64[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + rn64[None, :] * stride_bn
+    b2_ptrs = b_ptr + offs_k[:, None] * stride_bk + rn2_64[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N2), dtype=tl.float32)
+    for kt in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=mask_m, other=0.0)
+            b = tl.load(b_ptrs, mask=mask_n, other=0.0)
+            b2 = tl.load(b2_ptrs, mask=mask_n2, other=0.0)
+        else:
+            k_left = K - kt * BLOCK_K
+            a = tl.load(a_ptrs, mask=mask_m & (offs_k[None, :] < k_left), other=0.0)
+            b = tl.load(b_ptrs, mask=mask_n & (offs_k[:, None] < k_left), other=0.0)
+            b2 = tl.load(b2_ptrs, mask=mask_n2 & (offs_k[:, None] < k_left), other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+            b2 = b2.to(tl.float32)
+        acc = tl.dot(a, b, acc)
+        acc2 = tl.dot(a, b2, acc2)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+        b2_ptrs += BLOCK_K * stride_bk
+    return acc, acc2
+
+
+@triton.jit
 def gemm_kernel(
     a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     num_programs, split_k, k_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
-    SPLIT: tl.constexpr = False, RED_M: tl.constexpr = 16,
+    SPLIT: tl.constexpr = False, RED_M: tl.constexpr = 16, BLOCK_N2: tl.constexpr = 0,
 ):  # fmt: skip
     """``split_k`` slices of ``k_per_split`` K tiles per output tile when ``SPLIT`` (else
-    ``split_k == 1`` and ``ws_ptr``/``cnt_ptr``/``k_per_split`` are unused)."""
+    ``split_k == 1`` and ``ws_ptr``/``cnt_ptr``/``k_per_split`` are unused). ``BLOCK_N2 > 0``:
+    composite tiles ``BLOCK_M x (BLOCK_N + BLOCK_N2)`` (two dots sharing A; never with SPLIT)."""
+    tl.static_assert(not (SPLIT and BLOCK_N2 > 0), "split-K takes plain tiles only")
+    TILE_N: tl.constexpr = BLOCK_N + BLOCK_N2
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_n = tl.cdiv(N, TILE_N)
     num_tiles = num_pid_m * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
     for work_id in range(pid, num_tiles * split_k, num_programs):
@@ -118,7 +160,7 @@ def gemm_kernel(
             kt_end = k_tiles
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rn = pid_n * TILE_N + tl.arange(0, BLOCK_N)
         # Pointers come from the plain aranges (64-bit) so that Triton's axis analysis sees the
         # contiguous dimension whichever layout A and B have and emits vector loads; edges are
         # masked (a clamped index such as where(rm < M, rm, 0) would hide the contiguity).
@@ -126,10 +168,23 @@ def gemm_kernel(
         rn64 = rn.to(tl.int64)
         mask_m = rm[:, None] < M
         mask_n = rn[None, :] < N
-        acc = _tile_mma(
-            a_ptr, b_ptr, rm64, rn64, mask_m, mask_n, kt_start, kt_end, K,
-            stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST,
-        )  # fmt: skip
+        if BLOCK_N2 > 0:
+            rn2 = pid_n * TILE_N + BLOCK_N + tl.arange(0, BLOCK_N2)
+            rn2_64 = rn2.to(tl.int64)
+            mask_n2 = rn2[None, :] < N
+            acc, acc2 = _tile_mma2(
+                a_ptr, b_ptr, rm64, rn64, rn2_64, mask_m, mask_n, mask_n2, K,
+                stride_am, stride_ak, stride_bk, stride_bn,
+                BLOCK_M, BLOCK_N, BLOCK_N2, BLOCK_K, EVEN_K, UPCAST,
+            )  # fmt: skip
+            c2_ptrs = c_ptr + rm64[:, None] * stride_cm + rn2_64[None, :] * stride_cn
+            tl.store(c2_ptrs, acc2.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n2)
+        else:
+            acc = _tile_mma(
+                a_ptr, b_ptr, rm64, rn64, mask_m, mask_n, kt_start, kt_end, K,
+                stride_am, stride_ak, stride_bk, stride_bn,
+                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST,
+            )  # fmt: skip
         if SPLIT:
             offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
             ws_tile = ws_ptr + tile_id.to(tl.int64) * split_k * (BLOCK_M * BLOCK_N)
@@ -230,9 +285,10 @@ def _launch(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily, split
     """Launch one config; with ``split_k > 1`` the K range of every tile is cut into that many
     slices (fewer if K is short) and reduced inside the same launch (see the module doc)."""
     # plain integer ceil-div: triton.cdiv is a @jit function, slow to call from the host
-    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.tile_n)
     k_per_split = 0
     if split_k > 1:
+        assert not cfg.block_n2, "split-K takes plain tiles only"
         k_tiles = -(-k // cfg.block_k)
         k_per_split = -(-k_tiles // min(split_k, k_tiles))
         split_k = -(-k_tiles // k_per_split)  # no empty slices
@@ -252,7 +308,7 @@ def _launch(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily, split
         programs, split_k, k_per_split,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         EVEN_K=k % cfg.block_k == 0, UPCAST=_interpreting() and a.dtype == torch.bfloat16,
-        SPLIT=split_k > 1, RED_M=_red_m(cfg), **cfg.options,
+        SPLIT=split_k > 1, RED_M=_red_m(cfg), BLOCK_N2=cfg.block_n2, **cfg.options,
     )  # fmt: skip
 
 
@@ -289,6 +345,7 @@ def _zeroed_counters(device: torch.device, count: int) -> torch.Tensor:
 def _launch_stream_k(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily, programs=0):
     """Stream-K launch: one program per CU (all resident, so the partial hand-off cannot stall);
     ``programs`` overrides the count (tests use a few programs to force split tiles)."""
+    assert not cfg.block_n2, "stream-K takes plain tiles only"
     k_tiles = -(-k // cfg.block_k)
     total = -(-m // cfg.block_m) * -(-n // cfg.block_n) * k_tiles
     if programs <= 0:
@@ -346,17 +403,25 @@ def _candidates(m: int, n: int, k: int, family: ArchFamily, cus: int) -> list[Pl
 
 def _pick_config(a, b, c, m, n, k, sa, sb, family: ArchFamily) -> Plan:
     cus = num_compute_units(a.device)
+    narrow = select_narrow(m, n, k, family, cus) if _narrow_enabled(family) else None
     if is_graph_capturing():
         # no split-K while capturing: its counter buffer must not be first allocated in a graph
-        return select_config(m, n, k, family, cus), 1, False
+        return narrow or select_config(m, n, k, family, cus), 1, False
     if family == ArchFamily.CPU or not _config_tuning_enabled():
+        if narrow is not None:
+            return narrow, 1, False
         cfg = select_config(m, n, k, family, cus)
         return cfg, select_split_k(m, n, k, cfg, cus) if _split_k_mode() != "0" else 1, False
-    key = _tune_key(m, n, k, a, b, c, sa, sb)
+    # the composite config depends on the exact N, so it is part of the key (shapes of one
+    # power-of-two bucket with different composite choices are tuned apart)
+    key = (*_tune_key(m, n, k, a, b, c, sa, sb), narrow)
     choice = _tuned.get(key)
     if choice is None:
         timings = {}
-        for plan in _candidates(m, n, k, family, cus):
+        candidates = _candidates(m, n, k, family, cus)
+        if narrow is not None:
+            candidates.append((narrow, 1, False))
+        for plan in candidates:
             try:
                 timings[plan] = triton.testing.do_bench(
                     lambda plan=plan: _run(a, b, c, m, n, k, sa, sb, plan, family),
@@ -412,6 +477,18 @@ def _stream_k_enabled() -> bool:
     from primus_turbo.pytorch.core.checks import env_flag
 
     return env_flag("PRIMUS_TURBO_GEMM_STREAM_K", False)
+
+
+@functools.cache
+def _narrow_enabled(family: ArchFamily) -> bool:
+    """``PRIMUS_TURBO_GEMM_NARROW``: composite N tiles (``select_narrow``) where the model
+    predicts a clear gain; with tuning on they are timed next to the plain plans, without tuning
+    they are used directly. Default on for NVIDIA (target: kv_a on the H200), off on AMD
+    (compiled by the AOT check, not yet measured there). Read once per process."""
+    from primus_turbo.pytorch.core.checks import env_flag
+
+    default = family not in (ArchFamily.CDNA3, ArchFamily.CDNA4)
+    return env_flag("PRIMUS_TURBO_GEMM_NARROW", default)
 
 
 @functools.cache
@@ -499,6 +576,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                 "UPCAST": False,
                 "SPLIT": False,
                 "RED_M": _red_m(cfg),
+                "BLOCK_N2": 0,
             }
             name = f"gemm_{t}_{cfg.name}"
             specs.append(AotSpec(name, gemm_kernel, signature, constexprs, cfg.options,
@@ -512,7 +590,8 @@ def aot_specs(target: str) -> list[AotSpec]:
                 specs.append(
                     AotSpec(f"gemm_streamk_{t}_{cfg.name}", gemm_streamk_kernel,
                             {k: sk_sig[k] for k in _STREAMK_ARGS},
-                            {k: v for k, v in constexprs.items() if k not in ("SPLIT", "RED_M")},
+                            {k: v for k, v in constexprs.items()
+                             if k not in ("SPLIT", "RED_M", "BLOCK_N2")},
                             cfg.options)
                 )  # fmt: skip
             if dtype == torch.bfloat16:  # split-K: every config can get a split plan
@@ -520,7 +599,25 @@ def aot_specs(target: str) -> list[AotSpec]:
                     AotSpec(f"{name}_splitk", gemm_kernel, split_sig,
                             {**constexprs, "SPLIT": True}, cfg.options)
                 )  # fmt: skip
+        if dtype == torch.bfloat16:  # composite N tiles: kv_a's choice and a 128+64 one
+            for cfg in _aot_narrow_configs(family):
+                constexprs = {
+                    "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                    "GROUP_M": cfg.group_m, "EVEN_K": True, "UPCAST": False, "SPLIT": False,
+                    "RED_M": _red_m(cfg), "BLOCK_N2": cfg.block_n2,
+                }  # fmt: skip
+                specs.append(AotSpec(f"gemm_{t}_{cfg.name}", gemm_kernel, signature, constexprs,
+                                     cfg.options))  # fmt: skip
     return specs
+
+
+def _aot_narrow_configs(family: ArchFamily) -> list[GemmConfig]:
+    """Composite configs the AOT check compiles: the one ``select_narrow`` picks for
+    DeepSeek-V3 kv_a (4096x576x7168) on the family's usual CU count, and 128x(128+64)."""
+    cus = {ArchFamily.HOPPER: 132, ArchFamily.CDNA3: 304, ArchFamily.CDNA4: 256}[family]
+    picked = select_narrow(4096, 576, 7168, family, cus)
+    extra = narrow_config(family, 128, 128, 64, 64)
+    return [picked, extra] if picked is not None and picked != extra else [extra]
 
 
 _KERNEL_ARGS = (

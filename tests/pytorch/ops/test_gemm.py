@@ -497,3 +497,115 @@ def test_gemm_triton_split_k_64bit_k_start(monkeypatch, device):
     b = rand(k, n, dtype=torch.bfloat16, device=device)
     out = turbo.ops.gemm(at, b, trans_a=True)
     assert_close(out, gemm_ref(at.contiguous(), b, True, False, torch.float32), torch.bfloat16)
+
+
+# ---- composite ("narrow") N tiles: BLOCK_N + BLOCK_N2 columns, two dots sharing A ----------
+
+
+def _force_composite(monkeypatch, cfg):
+    """TRITON backend whose every call (fwd, dgrad, wgrad) runs the composite config ``cfg``."""
+    from primus_turbo.triton.gemm import gemm_kernel as gk
+
+    monkeypatch.setattr(gk, "_pick_config", lambda *args: (cfg, 1, False))
+    GlobalBackendManager.set_gemm_backend(BackendType.TRITON)
+    return gk
+
+
+@pytest.mark.parametrize(
+    "m,n,k,trans_a,trans_b,out_dtype",
+    [
+        (37, 53, 29, False, True, None),  # last tile: wide part partly, narrow part fully masked
+        (20, 20, 48, False, False, None),  # narrow part partly masked, K a multiple of BLOCK_K
+        (33, 47, 40, True, True, torch.float32),  # transposed A, fp32 output, several col tiles
+    ],
+    ids=["NT-odd", "NN-evenK", "TT-fp32"],
+)
+def test_gemm_triton_composite_tile(m, n, k, trans_a, trans_b, out_dtype, monkeypatch, device):
+    """Composite tiles (16 + 8 columns; 16 + 16 on a GPU, where dots need 16 columns) give the
+    product for forward, dgrad and wgrad, with edge masks in both column blocks."""
+    from primus_turbo.triton.gemm.gemm_configs import GemmConfig
+
+    n2 = 8 if device == "cpu" else 16
+    cfg = GemmConfig(16, 16, 16, 2, 1 if device == "cpu" else 4, 1, block_n2=n2)
+    _force_composite(monkeypatch, cfg)
+    _check_fwd_bwd(m, n, k, trans_a, trans_b, torch.bfloat16, device, out_dtype=out_dtype)
+
+
+def test_gemm_triton_composite_launch_grid(monkeypatch, device):
+    """The launcher counts tiles of ``block_n + block_n2`` columns (a grid of plain-width tiles
+    would compute the right columns twice and cost a round); checked through the grid size."""
+    from primus_turbo.triton.gemm import gemm_kernel as gk
+    from primus_turbo.triton.gemm.gemm_configs import GemmConfig
+
+    grids = []
+    real = gk.gemm_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(gk, "gemm_kernel", Spy())
+    cfg = GemmConfig(16, 16, 16, 2, 1, 1, block_n2=8)
+    a = rand(40, 32, dtype=torch.float16, device="cpu")
+    b = rand(32, 50, dtype=torch.float16, device="cpu")
+    c = torch.empty(40, 50, dtype=torch.float16)
+    gk._launch(a, b, c, 40, 50, 32, a.stride(), b.stride(), cfg, gk.ArchFamily.CPU)
+    assert grids == [(3 * 3,)]  # cdiv(40, 16) row tiles x cdiv(50, 24) column tiles
+    assert_close(c, gemm_ref(a, b, False, False, torch.float32), torch.float16)
+
+
+def test_select_narrow_model():
+    """The pure chooser: kv_a (4096x576) on 132 SMs gets 128x(128+16) tiles, 128 of them in one
+    round; large shapes (many rounds), the CPU and empty outputs keep the plain configs."""
+    from primus_turbo.pytorch.core.platform import ArchFamily
+    from primus_turbo.triton.gemm.gemm_configs import gemm_configs, plan_cost, select_narrow
+
+    hopper = ArchFamily.HOPPER
+    cfg = select_narrow(4096, 576, 7168, hopper, 132)
+    assert (cfg.block_m, cfg.block_n, cfg.block_n2, cfg.tile_n) == (128, 128, 16, 144)
+    assert cfg.name.startswith("m128n128p16k64")
+    plain = min(plan_cost(4096, 576, c, 132) for c in gemm_configs(hopper))
+    assert plan_cost(4096, 576, cfg, 132) <= 0.7 * plain
+    for m, n in [(8192, 8192), (8192, 28672), (4096, 129280), (4096, 32768)]:
+        assert select_narrow(m, n, 4096, hopper, 132) is None, (m, n)
+    assert select_narrow(4096, 576, 7168, ArchFamily.CPU, 4) is None
+    assert select_narrow(0, 576, 7168, hopper, 132) is None
+
+
+@pytest.mark.parametrize(
+    "value,family,expect",
+    [("", "HOPPER", True), ("", "CDNA3", False), ("1", "CDNA4", True), ("off", "HOPPER", False)],
+)
+def test_narrow_env_flag(value, family, expect, monkeypatch):
+    """``PRIMUS_TURBO_GEMM_NARROW``: default on for NVIDIA, off on AMD; bad values raise."""
+    from primus_turbo.pytorch.core.platform import ArchFamily
+    from primus_turbo.triton.gemm import gemm_kernel as gk
+
+    monkeypatch.setenv("PRIMUS_TURBO_GEMM_NARROW", value)
+    gk._narrow_enabled.cache_clear()
+    try:
+        assert gk._narrow_enabled(ArchFamily[family]) is expect
+        monkeypatch.setenv("PRIMUS_TURBO_GEMM_NARROW", "maybe")
+        gk._narrow_enabled.cache_clear()
+        with pytest.raises(ValueError, match="PRIMUS_TURBO_GEMM_NARROW"):
+            gk._narrow_enabled(ArchFamily[family])
+    finally:
+        gk._narrow_enabled.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("trans_b", [True, False], ids=["NT", "NN"])
+def test_gemm_triton_composite_gpu(trans_b, monkeypatch, device):
+    """DeepSeek-V3 kv_a's composite plan (128x(128+16), chosen by ``select_narrow`` for the
+    device) on the real shape, forward and both gradients; and an N that is not a multiple of
+    the 144-wide tile (the narrow block of the last tile partly masked)."""
+    from primus_turbo.pytorch.core.platform import arch_family, num_compute_units
+    from primus_turbo.triton.gemm.gemm_configs import narrow_config, select_narrow
+
+    family = arch_family(torch.device(device))
+    cfg = select_narrow(4096, 576, 7168, family, num_compute_units(device))
+    cfg = cfg or narrow_config(family, 128, 128, 16, 64)
+    _force_composite(monkeypatch, cfg)
+    _check_fwd_bwd(4096, 576, 7168, False, trans_b, torch.bfloat16, device)
+    _check_fwd_bwd(1000, 600, 520, False, trans_b, torch.bfloat16, device)
