@@ -297,8 +297,8 @@ def unpermute_bwd_kernel(
     rows no copy maps to (``src < 0``), ``ZROWS`` each. Token programs: ``pid // SPLITS`` is
     the token tile, ``pid % SPLITS`` the column split ``[split * COLS, (split + 1) * COLS)``
     (``SPLITS`` is 1 with ``NEED_DW``: dw sums over the whole row). ``FAST`` (the 2d
-    geometry): the K weights are loaded once per program, not per column block and copy, and
-    without ``NEED_DW`` the K copies are unrolled so their stores issue back to back."""
+    geometry): the K weights are loaded once per program, not per column block and copy (a
+    dependent L2 round trip before every store)."""
     pid = tl.program_id(0)
     cols0 = tl.arange(0, BLOCK_H)
     if pid >= num_tok_programs * SPLITS:
@@ -330,14 +330,11 @@ def unpermute_bwd_kernel(
         col_ok = cols < H
         g = tl.load(dout_ptr + toks[:, None] * stride_dout + cols[None, :],
                     mask=in_rows[:, None] & col_ok[None, :], other=0.0).to(tl.float32)  # fmt: skip
-        if FAST and not NEED_DW:
-            for k in tl.static_range(K):
-                dw = _bwd_copy_k(g, rmap, wall, kk, k, w_ptr, y_ptr, dy_ptr, stride_y,
-                                 stride_dy, cols, col_ok, dw, HAS_W, FAST, NEED_DW)  # fmt: skip
-        else:  # not unrolled: K tiles of y in flight cost occupancy
-            for k in range(K):
-                dw = _bwd_copy_k(g, rmap, wall, kk, k, w_ptr, y_ptr, dy_ptr, stride_y,
-                                 stride_dy, cols, col_ok, dw, HAS_W, FAST, NEED_DW)  # fmt: skip
+        # not unrolled: K tiles of y (or K pointer tiles of dy) in flight cost registers (255
+        # and spills on sm_90 when unrolled); the stores need no wait, the weights are loaded
+        for k in range(K):
+            dw = _bwd_copy_k(g, rmap, wall, kk, k, w_ptr, y_ptr, dy_ptr, stride_y, stride_dy,
+                             cols, col_ok, dw, HAS_W, FAST, NEED_DW)  # fmt: skip
     if NEED_DW:
         ok = (rmap >= 0) & in_rows[:, None]
         tl.store(dw_ptr + tl.maximum(rmap, 0), dw, mask=ok)
