@@ -137,10 +137,13 @@ def gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
     SPLIT: tl.constexpr = False, RED_M: tl.constexpr = 16, BLOCK_N2: tl.constexpr = 0,
+    FLATTEN: tl.constexpr = False,
 ):  # fmt: skip
     """``split_k`` slices of ``k_per_split`` K tiles per output tile when ``SPLIT`` (else
     ``split_k == 1`` and ``ws_ptr``/``cnt_ptr``/``k_per_split`` are unused). ``BLOCK_N2 > 0``:
-    composite tiles ``BLOCK_M x (BLOCK_N + BLOCK_N2)`` (two dots sharing A; never with SPLIT)."""
+    composite tiles ``BLOCK_M x (BLOCK_N + BLOCK_N2)`` (two dots sharing A; never with SPLIT).
+    ``FLATTEN`` (CUDA): the tile loop and the K loop become one pipelined loop, so the next
+    tile's first loads are in flight during this tile's epilogue (short-K shapes)."""
     tl.static_assert(not (SPLIT and BLOCK_N2 > 0), "split-K takes plain tiles only")
     TILE_N: tl.constexpr = BLOCK_N + BLOCK_N2
     pid = tl.program_id(0)
@@ -148,7 +151,7 @@ def gemm_kernel(
     num_pid_n = tl.cdiv(N, TILE_N)
     num_tiles = num_pid_m * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
-    for work_id in range(pid, num_tiles * split_k, num_programs):
+    for work_id in tl.range(pid, num_tiles * split_k, num_programs, flatten=FLATTEN):
         if SPLIT:
             tile_id = work_id // split_k
             k_slice = work_id % split_k
@@ -308,7 +311,8 @@ def _launch(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily, split
         programs, split_k, k_per_split,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         EVEN_K=k % cfg.block_k == 0, UPCAST=_interpreting() and a.dtype == torch.bfloat16,
-        SPLIT=split_k > 1, RED_M=_red_m(cfg), BLOCK_N2=cfg.block_n2, **cfg.options,
+        SPLIT=split_k > 1, RED_M=_red_m(cfg), BLOCK_N2=cfg.block_n2,
+        FLATTEN=split_k == 1 and _flatten_enabled(family), **cfg.options,
     )  # fmt: skip
 
 
@@ -492,6 +496,20 @@ def _narrow_enabled(family: ArchFamily) -> bool:
 
 
 @functools.cache
+def _flatten_enabled(family: ArchFamily) -> bool:
+    """``PRIMUS_TURBO_GEMM_FLATTEN=1``: flatten the persistent tile loop with the K loop
+    (``tl.range(..., flatten=True)``) in the plain and composite kernels, NVIDIA only (the
+    other Triton kernels of the package use it on CUDA only). Off by default until measured:
+    the target is the epilogue exposure of short-K shapes such as kv_b (K=512, 8 K steps per
+    tile). Read once per process."""
+    from primus_turbo.pytorch.core.checks import env_flag
+
+    if family in (ArchFamily.CDNA3, ArchFamily.CDNA4, ArchFamily.CPU):
+        return False
+    return env_flag("PRIMUS_TURBO_GEMM_FLATTEN", False)
+
+
+@functools.cache
 def _config_tuning_enabled() -> bool:
     from primus_turbo.pytorch.core.checks import env_flag
 
@@ -577,6 +595,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                 "SPLIT": False,
                 "RED_M": _red_m(cfg),
                 "BLOCK_N2": 0,
+                "FLATTEN": False,
             }
             name = f"gemm_{t}_{cfg.name}"
             specs.append(AotSpec(name, gemm_kernel, signature, constexprs, cfg.options,
@@ -591,7 +610,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                     AotSpec(f"gemm_streamk_{t}_{cfg.name}", gemm_streamk_kernel,
                             {k: sk_sig[k] for k in _STREAMK_ARGS},
                             {k: v for k, v in constexprs.items()
-                             if k not in ("SPLIT", "RED_M", "BLOCK_N2")},
+                             if k not in ("SPLIT", "RED_M", "BLOCK_N2", "FLATTEN")},
                             cfg.options)
                 )  # fmt: skip
             if dtype == torch.bfloat16:  # split-K: every config can get a split plan
@@ -604,10 +623,19 @@ def aot_specs(target: str) -> list[AotSpec]:
                 constexprs = {
                     "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                     "GROUP_M": cfg.group_m, "EVEN_K": True, "UPCAST": False, "SPLIT": False,
-                    "RED_M": _red_m(cfg), "BLOCK_N2": cfg.block_n2,
+                    "RED_M": _red_m(cfg), "BLOCK_N2": cfg.block_n2, "FLATTEN": False,
                 }  # fmt: skip
                 specs.append(AotSpec(f"gemm_{t}_{cfg.name}", gemm_kernel, signature, constexprs,
                                      cfg.options))  # fmt: skip
+            if family == ArchFamily.HOPPER:  # PRIMUS_TURBO_GEMM_FLATTEN=1 variants (CUDA only)
+                for cfg in (default, *_aot_narrow_configs(family)):
+                    constexprs = {
+                        "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                        "GROUP_M": cfg.group_m, "EVEN_K": True, "UPCAST": False, "SPLIT": False,
+                        "RED_M": _red_m(cfg), "BLOCK_N2": cfg.block_n2, "FLATTEN": True,
+                    }  # fmt: skip
+                    specs.append(AotSpec(f"gemm_{t}_{cfg.name}_flat", gemm_kernel, signature,
+                                         constexprs, cfg.options))  # fmt: skip
     return specs
 
 
