@@ -234,6 +234,19 @@ def run_case(
             row["Check"] = "SKIPPED"
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        if args.kernels:
+            ends = torch.cumsum(gl, 0).to(torch.int32)
+            row.update(kernel_times(a, b, gl, grad, ends, args))
+            print(
+                "  kernels alone (ms, TRITON vs grouped_mm, ratio = peer/ours): "
+                + " | ".join(
+                    f"{x} {row[f'{x} ms']:.3f} vs {row[f'{x} grouped_mm ms']:.3f}"
+                    f" x{row[f'{x} kernel ratio']:.3f}"
+                    for x in ("fwd", "dgrad", "wgrad")
+                )
+            )
+            if args.kernels_only:
+                return row
         ours = (lambda: op(a, b, gl), (a, b))
         ends = torch.cumsum(gl, 0).to(torch.int32)
         peers = {
@@ -308,6 +321,48 @@ def run_case(
     return row
 
 
+def kernel_times(a, b, gl, grad, ends, args) -> dict[str, float]:
+    """Each GEMM of one training step alone (no autograd, no dispatch): the TRITON kernels
+    (forward ``a @ b[g]^T``, dgrad ``grad @ b[g]``, variable-K wgrad ``grad_g^T @ a_g``, each with
+    its tuned plan) vs the same three ``torch._grouped_mm`` calls; ``{"<gemm> ms": ...,
+    "<gemm> grouped_mm ms": ..., "<gemm> kernel ratio": peer / ours}``. This shows which of
+    the three kernels holds the step back."""
+    from harness import time_ms
+
+    from primus_turbo.pytorch.reference import group_offsets
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import (
+        grouped_gemm_triton,
+        variable_k_triton,
+    )
+
+    a, b = a.detach(), b.detach()
+    offs = group_offsets(gl)
+    g = b.shape[0]
+    gemms = {
+        "fwd": (
+            lambda: grouped_gemm_triton(a, b, offs, True),
+            lambda: torch._grouped_mm(a, b.transpose(1, 2), offs=ends),
+        ),
+        "dgrad": (
+            lambda: grouped_gemm_triton(grad, b, offs, False),
+            lambda: torch._grouped_mm(grad, b, offs=ends),
+        ),
+        "wgrad": (
+            lambda: variable_k_triton(grad, a, offs, g, a.dtype),
+            lambda: torch._grouped_mm(grad.t(), a, offs=ends),
+        ),
+    }
+    out = {}
+    for name, (ours, peer) in gemms.items():
+        ours()  # the config tuner's first call, outside the timing
+        t_ours = time_ms(ours, args.warmup_ms, args.rep_ms).median_ms
+        t_peer = time_ms(peer, args.warmup_ms, args.rep_ms).median_ms
+        out[f"{name} ms"] = t_ours
+        out[f"{name} grouped_mm ms"] = t_peer
+        out[f"{name} kernel ratio"] = t_peer / t_ours
+    return out
+
+
 def _triton_plans() -> dict:
     from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel
 
@@ -342,6 +397,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="time only these peers (default: all that apply; the loop peer is slow on G=128)",
     )
     p.add_argument("--skip-check", action="store_true", help="time only (no fp32 reference)")
+    p.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also time the TRITON forward, dgrad and wgrad kernels alone vs the same three "
+        "torch._grouped_mm calls (which kernel loses; bf16 only)",
+    )
+    p.add_argument(
+        "--kernels-only",
+        action="store_true",
+        help="with --kernels: skip the op-level fwd/bwd timings (faster A/B of kernel variants)",
+    )
     add_common_args(p)
     args = p.parse_args(argv)
     if args.models:
@@ -387,9 +453,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     print()
-    print(results.markdown(TABLE_COLUMNS))
+    kcols = [f"{x} kernel ratio" for x in ("fwd", "dgrad", "wgrad")] if args.kernels else []
+    print(results.markdown(TABLE_COLUMNS + kcols))
     ok = lambda r: r["Check"] in ("PASS", "SKIPPED")  # noqa: E731
-    gm = {c: geomean(results.column(c, ok)) for c in METRIC_COLUMNS if "Ratio" in c}
+    gm = {c: geomean(results.column(c, ok)) for c in METRIC_COLUMNS + kcols if "atio" in c}
     print(
         f"\nGeomean over {len(results.column('Check', ok))}/{len(results.rows)} rows: "
         f"turbo fwd {geomean(results.column('Forward TFLOPS', ok)):.4g} "

@@ -128,3 +128,106 @@ def select_variable_k_config(
         if tiles >= num_cus and area > best_area:
             best, best_area = cfg, area
     return best
+
+
+# ---- kernel variants and the tuner's candidate plans (env knobs for A/B runs) ----------------
+
+
+def _env_choice(var: str, default: str, allowed: tuple[str, ...]) -> str:
+    import os
+
+    mode = os.environ.get(var, default).strip().lower() or default
+    if mode not in allowed:
+        raise ValueError(
+            f"primus_turbo: {var} expected one of {', '.join(repr(x) for x in allowed)}, "
+            f"got {mode!r}"
+        )
+    return mode
+
+
+@functools.cache
+def kernel_variant() -> str:
+    """``PRIMUS_TURBO_GROUPED_GEMM_KERNEL``: the forward/dgrad kernel. ``table`` (the original
+    ``grouped_gemm_kernel``), ``flat`` (``grouped_gemm_flat``: flattened, pipelined tile loop
+    and a one-pass tile lookup), ``tma`` (the flat walk with TMA operand loads,
+    ``grouped_gemm_flat_tma_kernel``; CUDA sm_90+ with aligned contiguous operands, else
+    ``flat``), or ``tune`` (default): the config tuner times every variant's configs on the
+    first call per shape (``table`` with the heuristic's config where nothing is timed)."""
+    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_KERNEL", "tune", ("table", "flat", "tma", "tune"))
+
+
+@functools.cache
+def variable_k_variant() -> str:
+    """``PRIMUS_TURBO_GROUPED_GEMM_VK``: the wgrad kernel. ``table`` (``variable_k_kernel``,
+    pointer loads masked every step), ``tma`` (``variable_k_tma_kernel``: TMA loads for the
+    whole K steps of a group, one masked pointer step for its last rows; where usable, else
+    ``table``), or ``tune`` (default): both timed on the first call per shape."""
+    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_VK", "tune", ("table", "tma", "tune"))
+
+
+@functools.cache
+def config_filter(var: str) -> tuple[str, ...]:
+    """``PRIMUS_TURBO_GROUPED_GEMM_CONFIG`` (forward/dgrad) / ``..._VK_CONFIG`` (wgrad): a
+    comma-separated list of config names (``m128n256k64g8w8s4``) that restricts the tuner's
+    candidates; one name that fits means no timing at all. Empty (default): no restriction."""
+    import os
+
+    raw = os.environ.get(var, "").strip()
+    return tuple(x.strip() for x in raw.split(",") if x.strip())
+
+
+def flat_config_ok(cfg: GemmConfig) -> bool:
+    """The flat variant keeps more values live across the flattened loop: with one warpgroup a
+    tile above 64x128 spills on sm_90 (255 registers; the AOT report), so those are left out."""
+    return cfg.num_warps >= 8 or cfg.block_m * cfg.block_n <= 64 * 128
+
+
+def tma_configs(family: ArchFamily, flat: bool = True) -> tuple[GemmConfig, ...]:
+    """Configs of the TMA kernels (``flat``: the flattened forward/dgrad walk, which keeps only
+    the flat-safe tiles; else the wgrad, all tiles), plus the 128x256 tile with 4 stages
+    (192 KiB of operand ring: TMA loads need no address registers; 190 registers, no spills on
+    sm_90)."""
+    base = tuple(cfg for cfg in grouped_gemm_configs(family) if flat_config_ok(cfg) or not flat)
+    if family in (ArchFamily.HOPPER, ArchFamily.OTHER_GPU):
+        base = (GemmConfig(128, 256, 64, 8, 8, 4), *base)
+    return base
+
+
+def forward_plans(
+    family: ArchFamily, mode: str, tma_ok: bool, k: int, trans_b: bool
+) -> list[tuple[str, GemmConfig]]:
+    """The (kernel, config) candidates the tuner times for the forward/dgrad."""
+    configs = grouped_gemm_configs(family)
+    # tune: the table kernel lost every forward/dgrad key to flat on the H200 (session 3), so
+    # with TMA candidates present it is left out (fewer compiles on the first call)
+    table = mode == "table" or (mode == "tune" and not tma_ok)
+    plans = [("table", cfg) for cfg in configs] if table else []
+    if mode in ("flat", "tune") or (mode == "tma" and not tma_ok):
+        plans += [("flat", cfg) for cfg in configs if flat_config_ok(cfg)]
+    if mode in ("tma", "tune") and tma_ok:
+        tma = [("tma", cfg) for cfg in tma_configs(family) if trans_b or k % cfg.block_k == 0]
+        if tma:
+            plans += tma
+        elif mode == "tma":  # NN with K not a multiple of any tile's BLOCK_K
+            plans += [("flat", cfg) for cfg in configs if flat_config_ok(cfg)]
+    return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_CONFIG")
+
+
+def variable_k_plans(family: ArchFamily, mode: str, tma_ok: bool) -> list[tuple[str, GemmConfig]]:
+    """The (kernel, config) candidates the tuner times for the wgrad."""
+    configs = grouped_gemm_configs(family)
+    plans = [("table", cfg) for cfg in configs] if mode != "tma" or not tma_ok else []
+    if mode in ("tma", "tune") and tma_ok:
+        plans += [("tma", cfg) for cfg in tma_configs(family, flat=False)]
+    return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG")
+
+
+def _filtered(plans: list, var: str) -> list:
+    names = config_filter(var)
+    if not names:
+        return plans
+    kept = [p for p in plans if p[1].name in names]
+    if not kept:
+        have = sorted({p[1].name for p in plans})
+        raise ValueError(f"primus_turbo: {var} expected config names in {have}, got {names}")
+    return kept

@@ -42,9 +42,14 @@ from primus_turbo.triton.aot import AOT_TARGETS, AotSpec, triton_dtype_name
 from primus_turbo.triton.gemm.gemm_configs import GemmConfig
 from primus_turbo.triton.gemm.gemm_kernel import _config_tuning_enabled, _tile_coords, _tile_mma
 from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import (
+    flat_config_ok,
+    forward_plans,
     grouped_gemm_configs,
+    kernel_variant,
     select_grouped_config,
     select_variable_k_config,
+    variable_k_plans,
+    variable_k_variant,
 )
 
 
@@ -262,11 +267,13 @@ def _choose(key: tuple, default, launch, family: ArchFamily, work: int = 1 << 62
     ``work = M * N * K`` at least ``_tune_min_work()``) the fastest of the family's configs
     timed on this call's inputs. Timing synchronises once per key;
     ``PRIMUS_TURBO_TRITON_TUNE=0`` keeps the heuristic (no synchronisation at all)."""
+    choice = _tuned.get(key)  # an earlier timing's answer also holds while capturing a graph
+    if choice is not None:
+        return choice
     if family == ArchFamily.CPU or is_graph_capturing() or not _config_tuning_enabled():
         return default
     if work < _tune_min_work():
         return default
-    choice = _tuned.get(key)
     if choice is None:
         timings = {}
         for cand in candidates if candidates is not None else grouped_gemm_configs(family):
@@ -281,43 +288,16 @@ def _choose(key: tuple, default, launch, family: ArchFamily, work: int = 1 << 62
     return choice
 
 
+def _flat_tma_usable(a: torch.Tensor, b: torch.Tensor, trans_b: bool, scaled: bool) -> bool:
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import flat_tma_usable
+
+    return flat_tma_usable(a, b, trans_b, scaled)
+
+
 def _tma_usable(a: torch.Tensor, b: torch.Tensor, trans_b: bool) -> bool:
     from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import tma_usable
 
     return tma_usable(a, b, trans_b)
-
-
-@functools.cache
-def kernel_variant() -> str:
-    """``PRIMUS_TURBO_GROUPED_GEMM_KERNEL``: which forward/dgrad kernel runs. ``table`` (the
-    original ``grouped_gemm_kernel``), ``flat`` (``grouped_gemm_flat``: flattened, pipelined
-    tile loop and a one-pass tile lookup), or ``tune`` (default): the config tuner times both
-    kernels' configs on the first call per shape (``table`` with the heuristic's config where
-    nothing is timed)."""
-    import os
-
-    mode = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_KERNEL", "tune").strip().lower()
-    if mode not in ("table", "flat", "tune"):
-        raise ValueError(
-            "primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_KERNEL expected one of 'table', 'flat', "
-            f"'tune', got {mode!r}"
-        )
-    return mode
-
-
-def _plans(family: ArchFamily, mode: str) -> list[tuple[str, GemmConfig]]:
-    """The (kernel, config) candidates the tuner times."""
-    configs = grouped_gemm_configs(family)
-    plans = [("table", cfg) for cfg in configs] if mode != "flat" else []
-    if mode != "table":
-        plans += [("flat", cfg) for cfg in configs if flat_config_ok(cfg)]
-    return plans
-
-
-def flat_config_ok(cfg: GemmConfig) -> bool:
-    """The flat variant keeps more values live across the flattened loop: with one warpgroup a
-    tile above 64x128 spills on sm_90 (255 registers; the AOT report), so those are left out."""
-    return cfg.num_warps >= 8 or cfg.block_m * cfg.block_n <= 64 * 128
 
 
 def _programs(work_bound: int, cfg: GemmConfig, device: torch.device, family: ArchFamily) -> int:
@@ -374,6 +354,10 @@ def grouped_gemm_triton(
         bound = (-(-m // cfg.block_m) + g + 1) * -(-n // cfg.block_n)
         programs = _programs(bound, cfg, a.device, family)
         flags["EVEN_K"] = k % cfg.block_k == 0
+        if variant == "tma":
+            from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import launch_flat_tma
+
+            return launch_flat_tma(a, b, c, group_offs, trans_b, cfg, programs, flatten, upcast)
         if variant == "flat":
             from primus_turbo.triton.grouped_gemm.grouped_gemm_flat import launch_flat
 
@@ -394,14 +378,19 @@ def grouped_gemm_triton(
         )  # fmt: skip
 
     mode = "table" if use_tma else kernel_variant()
+    tma_ok = mode in ("tma", "tune") and _flat_tma_usable(a, b, trans_b, scales is not None)
     if config is not None:
         plan = ("flat" if mode == "flat" else "table", config)
     else:
         cfg = select_grouped_config(m, n, k, g, family, num_compute_units(a.device))
-        default = ("flat" if mode == "flat" else "table", cfg)
+        plans = forward_plans(family, mode, tma_ok, k, trans_b)
+        default = ("table", cfg) if mode == "tune" else plans[0]
+        if mode != "tune" and any(p[1] == cfg for p in plans):
+            default = next(p for p in plans if p[1] == cfg)  # the heuristic's tile, this kernel
         key = ("fwd", _bucket(m), n, k, g, a.dtype, c.dtype, sbk == 1, a.stride(1) == 1, a.device,
-               use_tma, mode)  # fmt: skip
-        plan = _choose(key, default, launch, family, m * n * k, _plans(family, mode))
+               use_tma, mode, tma_ok)  # fmt: skip
+        work = m * n * k
+        plan = plans[0] if len(plans) == 1 else _choose(key, default, launch, family, work, plans)
     launch(plan)
     return c
 
@@ -435,9 +424,16 @@ def variable_k_triton(
     sx, sy = scales if scales is not None else (c, c)
     s_strides = (sx.stride(-1), sy.stride(-1)) if scales is not None else (0, 0)
 
-    def launch(cfg: GemmConfig) -> None:
+    upcast = _interpreting() and x.dtype == torch.bfloat16
+
+    def launch(plan: tuple[str, GemmConfig]) -> None:
+        variant, cfg = plan
         tiles = num_groups * -(-p // cfg.block_m) * -(-q // cfg.block_n)
         programs = _programs(tiles, cfg, x.device, family)
+        if variant == "tma":
+            from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import launch_variable_k_tma
+
+            return launch_variable_k_tma(x, y, c, group_offs, num_groups, cfg, programs, upcast)
         variable_k_kernel[(programs,)](
             x,
             y,
@@ -462,18 +458,27 @@ def variable_k_triton(
             BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k,
             GROUP_M=cfg.group_m,
-            UPCAST=_interpreting() and x.dtype == torch.bfloat16,
+            UPCAST=upcast,
             SCALED=scales is not None,
             **cfg.options,
         )
 
-    if config is None:
-        cus = num_compute_units(x.device)
-        default = select_variable_k_config(p, q, m, num_groups, family, cus)
-        key = ("vk", _bucket(m), p, q, num_groups, x.dtype, c.dtype, x.stride(1) == 1,
-               y.stride(1) == 1, x.device)  # fmt: skip
-        config = _choose(key, default, launch, family, m * p * q)
-    launch(config)
+    if config is not None:
+        launch(("table", config))
+        return c
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import variable_k_tma_usable
+
+    mode = variable_k_variant()
+    tma_ok = mode != "table" and variable_k_tma_usable(x, y, scales is not None)
+    plans = variable_k_plans(family, mode, tma_ok)
+    cfg = select_variable_k_config(p, q, m, num_groups, family, num_compute_units(x.device))
+    default = next((pl for pl in plans if pl[1] == cfg), plans[0])
+    if mode == "tune":
+        default = ("table", cfg)
+    key = ("vk", _bucket(m), p, q, num_groups, x.dtype, c.dtype, x.stride(1) == 1,
+           y.stride(1) == 1, x.device, mode, tma_ok)  # fmt: skip
+    plan = plans[0] if len(plans) == 1 else _choose(key, default, launch, family, m * p * q, plans)
+    launch(plan)
     return c
 
 
@@ -588,8 +593,9 @@ def aot_specs(target: str) -> list[AotSpec]:
         specs.append(AotSpec(name, spec.fn, sig, constexprs, spec.options))
     specs += _flat_aot_specs(target, [s for s in specs if s.fn is grouped_gemm_kernel])
     from primus_turbo.triton.grouped_gemm.grouped_gemm_fixup import aot_specs as fixup_specs
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import aot_specs as tma_specs
 
-    return specs + fixup_specs(target)
+    return specs + fixup_specs(target) + tma_specs(target)
 
 
 def _flat_aot_specs(target: str, forward_specs: list[AotSpec]) -> list[AotSpec]:

@@ -125,3 +125,251 @@ def launch_tma(a, b, c, group_offs, trans_b: bool, cfg: GemmConfig, programs: in
         TRANS_B=trans_b,
         **cfg.options,
     )
+
+
+@triton.jit
+def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
+@triton.jit
+def grouped_gemm_flat_tma_kernel(
+    a_desc, b_desc, c_ptr, offs_ptr, M, N, K, G, stride_cm, stride_cn, num_programs,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, TRANS_B: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    """The ``flat`` kernel's tile walk (constant K trip count, one-pass tile lookup, tail rows
+    in a second loop) with TMA operand loads: fewer instructions and registers per K step
+    than 16-byte ``cp.async`` pointer loads, and the flattened loop issues the next tile's
+    first TMA loads during this tile's epilogue. A and B descriptors as for
+    ``grouped_gemm_tma_kernel`` (rows of a neighbouring group or expert only feed output rows /
+    columns that the masked store drops; NN needs ``K % BLOCK_K == 0``, see the launcher)."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    gi = tl.arange(0, G_PAD)
+    real = gi < G
+    lo = tl.load(offs_ptr + tl.minimum(gi, G), mask=real, other=0)
+    hi = tl.load(offs_ptr + tl.minimum(gi + 1, G), mask=real, other=0)
+    lo = tl.minimum(tl.maximum(lo, 0), M).to(tl.int32)
+    hi = tl.minimum(tl.maximum(hi, lo), M).to(tl.int32)
+    tiles = tl.cdiv(hi - lo, BLOCK_M) * num_pid_n
+    ends = tl.cumsum(tiles, axis=0)
+    first = ends - tiles
+    total = tl.sum(tiles, axis=0)
+    for t_glob in tl.range(pid, total, num_programs, flatten=FLATTEN):
+        here = (first <= t_glob) & (t_glob < ends)
+        g, start, stop, t0 = tl.reduce(
+            (
+                tl.where(here, gi, 0),
+                tl.where(here, lo, 0),
+                tl.where(here, hi, 0),
+                tl.where(here, first, 0),
+            ),
+            0,
+            _add4,
+        )
+        m_g = stop - start
+        pid_m, pid_n = _tile_coords(t_glob - t0, tl.cdiv(m_g, BLOCK_M), num_pid_n, GROUP_M)
+        row0 = start + pid_m * BLOCK_M
+        col0 = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(0, k_tiles):
+            a = a_desc.load([row0, kt * BLOCK_K])
+            if TRANS_B:
+                b = b_desc.load([g * N + col0, kt * BLOCK_K])
+                if UPCAST:
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                acc = tl.dot(a, b.T, acc)
+            else:
+                b = b_desc.load([g * K + kt * BLOCK_K, col0])
+                if UPCAST:
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                acc = tl.dot(a, b, acc)
+        rows = start.to(tl.int64) + pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+        mask_m = rows[:, None] < stop
+        c_rows = c_ptr + rows[:, None] * stride_cm
+        rn = col0 + tl.arange(0, BLOCK_N)
+        tl.store(
+            c_rows + rn.to(tl.int64)[None, :] * stride_cn,
+            acc.to(c_ptr.dtype.element_ty),
+            mask=mask_m & (rn[None, :] < N),
+        )
+    # rows past offs[G] (an over-allocated A): zeros
+    tail0 = tl.minimum(tl.maximum(tl.load(offs_ptr + G), 0), M).to(tl.int64)
+    tail_tiles = tl.cdiv((M - tail0).to(tl.int32), BLOCK_M) * num_pid_n
+    zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
+    for t in range(pid, tail_tiles, num_programs):
+        rows = tail0 + (t // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+        rn = (t % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
+        tl.store(c_ptrs, zero, mask=(rows[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def variable_k_tma_kernel(
+    x_desc, y_desc, x_ptr, y_ptr, c_ptr, offs_ptr, M, P, Q, G,
+    stride_xm, stride_ym, stride_cg, stride_cp, stride_cq, num_programs,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """``C[g] = X_g^T @ Y_g`` (the wgrad) with TMA loads for the whole ``BLOCK_K``-row steps of
+    each group (no mask: they never leave the group) and one masked pointer step for the last
+    ``m_g % BLOCK_K`` rows. ``X [M, P]`` and ``Y [M, Q]`` have unit column strides; the X tile
+    arrives as ``[BLOCK_K, BLOCK_M]`` and enters the MMA transposed (an M-major operand)."""
+    pid = tl.program_id(0)
+    num_pid_p = tl.cdiv(P, BLOCK_M)
+    num_pid_q = tl.cdiv(Q, BLOCK_N)
+    per_group = num_pid_p * num_pid_q
+    offs_k = tl.arange(0, BLOCK_K)
+    for w in range(pid, G * per_group, num_programs):
+        g = w // per_group
+        pid_p, pid_q = _tile_coords(w % per_group, num_pid_p, num_pid_q, GROUP_M)
+        start, end = _group_rows(offs_ptr, g, G, M)
+        m_g = (end - start).to(tl.int32)
+        row0 = start.to(tl.int32)
+        p0 = pid_p * BLOCK_M
+        q0 = pid_q * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(0, m_g // BLOCK_K):
+            x = x_desc.load([row0 + kt * BLOCK_K, p0])
+            y = y_desc.load([row0 + kt * BLOCK_K, q0])
+            if UPCAST:
+                x = x.to(tl.float32)
+                y = y.to(tl.float32)
+            acc = tl.dot(x.T, y, acc)
+        rp = p0 + tl.arange(0, BLOCK_M)
+        rq = q0 + tl.arange(0, BLOCK_N)
+        rp64 = rp.to(tl.int64)
+        rq64 = rq.to(tl.int64)
+        mask_p = rp[:, None] < P
+        mask_q = rq[None, :] < Q
+        rem = m_g % BLOCK_K
+        if rem > 0:
+            r = start + (m_g - rem) + offs_k.to(tl.int64)
+            x = tl.load(x_ptr + r[None, :] * stride_xm + rp64[:, None],
+                        mask=mask_p & (offs_k[None, :] < rem), other=0.0)  # fmt: skip
+            y = tl.load(y_ptr + r[:, None] * stride_ym + rq64[None, :],
+                        mask=mask_q & (offs_k[:, None] < rem), other=0.0)  # fmt: skip
+            if UPCAST:
+                x = x.to(tl.float32)
+                y = y.to(tl.float32)
+            acc = tl.dot(x, y, acc)
+        c_ptrs = c_ptr + g.to(tl.int64) * stride_cg + rp64[:, None] * stride_cp
+        c_ptrs += rq64[None, :] * stride_cq
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_p & mask_q)
+
+
+# ---- launchers of the descriptor kernels (chosen by grouped_gemm_kernel's plans) -------------
+
+
+def _descriptor_device(t: torch.Tensor) -> bool:
+    """Host TMA descriptors: CUDA sm_90+ (not ROCm), or the CPU interpreter (tests)."""
+    if t.device.type == "cpu":
+        from primus_turbo.pytorch.core.platform import triton_interpret
+
+        return triton_interpret()
+    if not t.is_cuda or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(t.device)[0] >= 9
+
+
+def _tma_layout_ok(t: torch.Tensor) -> bool:
+    """2-byte elements, unit inner stride, 16-byte aligned base and outer strides."""
+    if t.element_size() != 2 or t.stride(-1) != 1 or t.data_ptr() % 16:
+        return False
+    return all((s * 2) % 16 == 0 for s in t.stride()[:-1])
+
+
+def flat_tma_usable(a: torch.Tensor, b: torch.Tensor, trans_b: bool, scaled: bool) -> bool:
+    """Whether ``launch_flat_tma`` can take these operands (``b`` must be contiguous: it is
+    viewed as ``[G * N, K]`` / ``[G * K, N]``)."""
+    if scaled or not _descriptor_device(a) or not b.is_contiguous():
+        return False
+    return _tma_layout_ok(a) and _tma_layout_ok(b)
+
+
+def flat_tma_config_ok(cfg: GemmConfig, k: int, trans_b: bool) -> bool:
+    """NN (dgrad): a K tile past the expert's K rows would read the next expert's rows; they
+    meet zero-filled A columns, but 0 * inf = nan, so only whole K tiles are allowed."""
+    return trans_b or k % cfg.block_k == 0
+
+
+def launch_flat_tma(a, b, c, group_offs, trans_b, cfg, programs, flatten, upcast) -> None:
+    """``c = grouped(a, op(b))`` with ``grouped_gemm_flat_tma_kernel``."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m, k = a.shape
+    g = b.shape[0]
+    n = b.shape[1] if trans_b else b.shape[2]
+    a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
+    if trans_b:
+        b_desc = TensorDescriptor.from_tensor(b.view(g * n, k), [cfg.block_n, cfg.block_k])
+    else:
+        b_desc = TensorDescriptor.from_tensor(b.view(g * k, n), [cfg.block_k, cfg.block_n])
+    grouped_gemm_flat_tma_kernel[(programs,)](
+        a_desc, b_desc, c, group_offs, m, n, k, g, c.stride(0), c.stride(1), programs,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        TRANS_B=trans_b, G_PAD=triton.next_power_of_2(max(g, 2)), FLATTEN=flatten,
+        UPCAST=upcast, **cfg.options,
+    )  # fmt: skip
+
+
+def variable_k_tma_usable(x: torch.Tensor, y: torch.Tensor, scaled: bool) -> bool:
+    return not scaled and _descriptor_device(x) and _tma_layout_ok(x) and _tma_layout_ok(y)
+
+
+def launch_variable_k_tma(x, y, c, group_offs, num_groups, cfg, programs, upcast) -> None:
+    """``c[g] = x_g^T @ y_g`` with ``variable_k_tma_kernel``."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m, p = x.shape
+    q = y.shape[1]
+    x_desc = TensorDescriptor.from_tensor(x, [cfg.block_k, cfg.block_m])
+    y_desc = TensorDescriptor.from_tensor(y, [cfg.block_k, cfg.block_n])
+    variable_k_tma_kernel[(programs,)](
+        x_desc, y_desc, x, y, c, group_offs, m, p, q, num_groups, x.stride(0), y.stride(0),
+        c.stride(0), c.stride(1), c.stride(2), programs,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        UPCAST=upcast, **cfg.options,
+    )  # fmt: skip
+
+
+def aot_specs(target: str) -> list:
+    """sm_90 only (TMA descriptors are CUDA-only): the flat TMA forward for NT (GroupedLinear)
+    and NN (dgrad) and the TMA wgrad, bf16, every TMA config."""
+    from primus_turbo.pytorch.core.platform import ArchFamily
+    from primus_turbo.triton.aot import AotSpec
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import tma_configs
+
+    if target != "sm_90":
+        return []
+    specs = []
+    ints = {"M": "i32", "N": "i32:16", "K": "i32:16", "G": "i32"}
+    flat_ok = tma_configs(ArchFamily.HOPPER)
+    for cfg in tma_configs(ArchFamily.HOPPER, flat=False):
+        bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+        for lay, trans_b in (("nt", True), ("nn", False)) if cfg in flat_ok else ():
+            b_block = f"[{bn},{bk}]" if trans_b else f"[{bk},{bn}]"
+            sig = {"a_desc": f"tensordesc<bf16[{bm},{bk}]>", "b_desc": f"tensordesc<bf16{b_block}>",
+                   "c_ptr": "*bf16", "offs_ptr": "*i64", **ints, "stride_cm": "i32:16",
+                   "stride_cn": "i32:1", "num_programs": "i32"}  # fmt: skip
+            constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
+                          "TRANS_B": trans_b, "G_PAD": 256, "FLATTEN": True,
+                          "UPCAST": False}  # fmt: skip
+            name = f"grouped_gemm_flat_tma_bf16_{lay}_{cfg.name}"
+            specs.append(AotSpec(name, grouped_gemm_flat_tma_kernel, sig, constexprs,
+                                 cfg.options))  # fmt: skip
+        sig = {"x_desc": f"tensordesc<bf16[{bk},{bm}]>", "y_desc": f"tensordesc<bf16[{bk},{bn}]>",
+               "x_ptr": "*bf16", "y_ptr": "*bf16", "c_ptr": "*bf16", "offs_ptr": "*i64",
+               "M": "i32", "P": "i32:16", "Q": "i32:16", "G": "i32", "stride_xm": "i32:16",
+               "stride_ym": "i32:16", "stride_cg": "i32:16", "stride_cp": "i32:16",
+               "stride_cq": "i32:1", "num_programs": "i32"}  # fmt: skip
+        constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
+                      "UPCAST": False}  # fmt: skip
+        specs.append(AotSpec(f"grouped_gemm_variable_k_tma_bf16_{cfg.name}",
+                             variable_k_tma_kernel, sig, constexprs, cfg.options))  # fmt: skip
+    return specs
