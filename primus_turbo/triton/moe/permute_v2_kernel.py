@@ -345,12 +345,15 @@ def unpermute_bwd_kernel(
 
 def _plan_v2(work: int, e: int, geom: str = "2d") -> tuple[int, int, int, int, int]:
     """``(E_PAD, SUB, CHUNK, C, CB)``: 16-copy sub-blocks; up to 512 chunks (256 for 64+
-    experts, where every program sums a ``[C, E_PAD]`` count table). ``CB`` table rows are
+    experts, where every program sums a ``[C, E_PAD]`` count table; ``"2d"``: 256, or
+    ``PRIMUS_TURBO_MOE_PERMUTE_CHUNKS``). ``CB`` table rows are
     summed per step: ``geom="v2"`` 4096 counts a step, ``"2d"`` up to 8192 (the whole table of
     8 experts x 512 chunks in one L2 round trip, 2 for 32 experts, 4 for 128)."""
     e_pad = triton.next_power_of_2(max(e, 2))
     sub = 16
     max_c = 256 if e_pad >= 64 else 512
+    if geom != "v2":  # the column splits bring the parallelism back: halve the table traffic
+        max_c = _int_env(CHUNKS_ENV) or 256
     chunk = max(sub, triton.next_power_of_2(-(-max(work, 1) // max_c)))
     grid = -(-max(work, 1) // chunk)
     if geom == "v2":
@@ -363,6 +366,7 @@ def _plan_v2(work: int, e: int, geom: str = "2d") -> tuple[int, int, int, int, i
 GEOM_ENV = "PRIMUS_TURBO_MOE_PERMUTE_GEOM"
 GEOMS = ("2d", "v2")
 SPLITS_ENV = "PRIMUS_TURBO_MOE_PERMUTE_SPLITS"
+CHUNKS_ENV = "PRIMUS_TURBO_MOE_PERMUTE_CHUNKS"
 # Largest row block in bytes (1024 bf16 = 16-byte vectors for 128 threads); tests lower it to
 # get several column blocks (and splits) out of tiny interpreter shapes.
 MAX_BLOCK_BYTES = 2048
@@ -381,13 +385,20 @@ def geom_choice() -> str:
     return v
 
 
+def _int_env(name: str) -> int:
+    v = os.environ.get(name, "").strip() or "0"
+    if not v.isdigit():
+        raise ValueError(f"primus_turbo: {name} expected an integer >= 0, got {v!r}")
+    return int(v)
+
+
 def splits_override() -> int:
     """``PRIMUS_TURBO_MOE_PERMUTE_SPLITS``: 0 or unset = automatic, n >= 1 = at most n column
-    splits (an A/B knob of the ``2d`` geometry)."""
-    v = os.environ.get(SPLITS_ENV, "").strip() or "0"
-    if not v.isdigit():
-        raise ValueError(f"primus_turbo: {SPLITS_ENV} expected an integer >= 0, got {v!r}")
-    return int(v)
+    splits (an A/B knob of the ``2d`` geometry). ``PRIMUS_TURBO_MOE_PERMUTE_CHUNKS`` (0 =
+    automatic) caps the chunk count of the ``2d`` fused permute:
+    every program reads the whole ``[chunks, E_PAD]`` count table, so fewer chunks mean less
+    L2 traffic and longer per-program walks (the splits restore the parallelism); default 256."""
+    return _int_env(SPLITS_ENV)
 
 
 @functools.lru_cache(maxsize=8)

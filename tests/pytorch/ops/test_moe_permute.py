@@ -397,11 +397,15 @@ def _run_v2_chain(x0, ids, p0, e, pad, n_out):
 
 
 @pytest.mark.parametrize(
-    "dtype,pad,n_out,splits",
-    [(torch.bfloat16, 0, -1, "0"), (torch.bfloat16, 4, 48, "2"), (torch.float32, 0, 12, "3")],
+    "dtype,pad,n_out,splits,chunks",
+    [
+        (torch.bfloat16, 0, -1, "0", "0"),
+        (torch.bfloat16, 4, 48, "2", "2"),
+        (torch.float32, 0, 12, "3", "1"),
+    ],
     ids=str,
 )
-def test_permute_geometry_2d_matches_v2(dtype, pad, n_out, splits, device, monkeypatch):
+def test_permute_geometry_2d_matches_v2(dtype, pad, n_out, splits, chunks, device, monkeypatch):
     """PRIMUS_TURBO_MOE_PERMUTE_GEOM=2d (column splits of the fused permute and of the unpermute
     backward, wide count-table steps) gives bitwise the results of the v2 geometry: row blocks
     made small (MAX_BLOCK_BYTES) so H=40 spans several blocks and splits, padding, dropped and
@@ -419,6 +423,7 @@ def test_permute_geometry_2d_matches_v2(dtype, pad, n_out, splits, device, monke
     for geom in ("v2", "2d"):
         monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_GEOM", geom)
         monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_SPLITS", splits)
+        monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_CHUNKS", chunks)
         outs[geom] = _run_v2_chain(x0, ids, p0, e, pad, n_out)
     for a, b in zip(outs["v2"], outs["2d"], strict=True):
         assert torch.equal(a, b)
@@ -437,6 +442,11 @@ def test_permute_geometry_splits_plan(monkeypatch):
     monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_SPLITS", "x")
     with pytest.raises(ValueError, match="PRIMUS_TURBO_MOE_PERMUTE_SPLITS"):
         kern.splits_override()
+    monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_CHUNKS", "-4")
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_MOE_PERMUTE_CHUNKS"):
+        kern._plan_v2(100, 4)
+    monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_CHUNKS", "4")
+    assert kern._plan_v2(1000, 4)[3] <= 4 and kern._plan_v2(1000, 4, "v2")[3] > 4
     monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_GEOM", "3d")
     with pytest.raises(ValueError, match=r"PRIMUS_TURBO_MOE_PERMUTE_GEOM.*'2d', 'v2'.*'3d'"):
         kern.geom_choice()
