@@ -385,6 +385,8 @@ def test_grouped_gemm_tma_opt_in(lens, k, n, trans_b, monkeypatch, device):
          "_tune_min_work", "1e9"),
         ("PRIMUS_TURBO_GROUPED_GEMM_KERNEL", "triton.grouped_gemm.grouped_gemm_kernel",
          "kernel_variant", "fast"),
+        ("PRIMUS_TURBO_GROUPED_GEMM_VK", "triton.grouped_gemm.grouped_gemm_configs",
+         "variable_k_variant", "flat"),
         ("PRIMUS_TURBO_GROUPED_GEMM_DEFAULT", "pytorch.kernels.grouped_gemm.grouped_gemm_impl",
          "_default_mode", "hipblaslt"),
         ("PRIMUS_TURBO_GROUPED_GEMM_VENDOR_FIXUP",
@@ -449,3 +451,35 @@ def test_grouped_gemm_tma_every_config(cfg, trans_b, monkeypatch, device):
     shared memory fits and results match on the H200."""
     _force_tma(monkeypatch, device, plans=[("tma", cfg)])
     _check_fwd_bwd([0, 3000, 1, 0, 64, 255, 2500, 7000], 2048, 768, trans_b, torch.bfloat16, device)
+
+
+@pytest.mark.parametrize("var", ["PRIMUS_TURBO_GROUPED_GEMM_CONFIG",
+                                 "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG"])  # fmt: skip
+def test_grouped_gemm_config_filter(var, monkeypatch):
+    """The config-name filters keep only the named tiles (the tuner then times those, or none
+    for a single one) and raise naming the variable and the known names for an unknown one."""
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
+
+    plans = {
+        "PRIMUS_TURBO_GROUPED_GEMM_CONFIG": lambda: gc.forward_plans(
+            ArchFamily.HOPPER, "tune", True, 4096, False
+        ),
+        "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG": lambda: gc.variable_k_plans(
+            ArchFamily.HOPPER, "tune", True
+        ),
+    }[var]
+    gc.config_filter.cache_clear()
+    try:
+        every = plans()
+        want = {"table", "tma"} if "VK" in var else {"flat", "tma"}
+        assert {v for v, _ in every} == want
+        monkeypatch.setenv(var, "m128n256k64g8w8s4")
+        gc.config_filter.cache_clear()
+        assert plans() == [("tma", gc.GemmConfig(128, 256, 64, 8, 8, 4))]
+        monkeypatch.setenv(var, "m1n1k1")
+        gc.config_filter.cache_clear()
+        with pytest.raises(ValueError, match=rf"{var} expected config names in .*m1n1k1"):
+            plans()
+    finally:
+        monkeypatch.delenv(var, raising=False)
+        gc.config_filter.cache_clear()
