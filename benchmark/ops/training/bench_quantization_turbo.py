@@ -15,12 +15,18 @@ tensorwise, 1.0 for the single-pass recipes.
 
     python benchmark/ops/training/bench_quantization_turbo.py
     PRIMUS_TURBO_QUANT_IMPL=v1 python ... --no-compile --max-shapes 3   # A/B of the kernels
+    python ... --no-compile --variants "IMPL=v2" "IMPL=v3" "IMPL=v3 WARPS=16 MAXNREG=64"
+
+``--variants``: each argument is a space-separated list of ``KEY=VALUE`` set as
+``PRIMUS_TURBO_QUANT_<KEY>`` (the launchers read them per call) before that variant's rows;
+one process, one copy timing per shape, a "Variant" column and one geomean line per variant.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -50,7 +56,7 @@ from primus_turbo.pytorch.reference import quantization as ref  # noqa: E402
 from primus_turbo.triton.quantization.quant_launch import quant_impl_version  # noqa: E402
 
 G = ScalingGranularity
-COLUMNS = ["M", "K", "Recipe", "Check", "Time (us)", "GB/s", "Moved GB/s", "Copy GB/s",
+COLUMNS = ["M", "K", "Variant", "Recipe", "Check", "Time (us)", "GB/s", "Moved GB/s", "Copy GB/s",
            "vs Copy", "Bound", "Compiled ref (us)", "vs Compiled"]  # fmt: skip
 READS = {"tensorwise": 2, "tensorwise_dual": 2}  # input reads per element (others: 1)
 
@@ -85,11 +91,59 @@ def _first(out):
     return out
 
 
+def _parse_variant(text: str):
+    """'IMPL=v3 WARPS=16' -> ('IMPL=v3 WARPS=16', {'PRIMUS_TURBO_QUANT_IMPL': 'v3', ...})."""
+    env = {}
+    for item in text.split():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--variants: expected KEY=VALUE items, got {item!r} in {text!r}")
+        env["PRIMUS_TURBO_QUANT_" + key.upper()] = value
+    return text.strip(), env
+
+
+def _set_env(base: dict, extra: dict) -> None:
+    """The PRIMUS_TURBO_QUANT_* variables of the process start, then ``extra`` on top."""
+    for key in [k for k in os.environ if k.startswith("PRIMUS_TURBO_QUANT_")]:
+        del os.environ[key]
+    os.environ.update(base)
+    os.environ.update(extra)
+
+
+def _measure(args, dev, x, m, k, name, entry, ref_fn, copy_gbps) -> dict:
+    """One row: check against the reference, time ours (and the compiled reference)."""
+    ours, reference, out_bytes = entry
+    row = {"M": m, "K": k, "Recipe": name, "Check": "ERROR"}
+    try:
+        q = _first(ours(x))
+        q_ref = _first(reference(x))
+        diff = (q.float() - q_ref.float()).abs() <= q_ref.float().abs() * 0.26 + 2.0**-9
+        row["Check"] = "PASS" if bool(diff.all()) else "FAIL"
+        t = time_ms(lambda f=ours, x=x: f(x), args.warmup_ms, args.rep_ms, device=dev)
+        row["Time (us)"] = t.median_ms * 1e3
+        reads = READS.get(name, 1)
+        row["GB/s"] = gbps(m * k * (2.0 + out_bytes), t.median_ms)
+        row["Moved GB/s"] = gbps(m * k * (2.0 * reads + out_bytes), t.median_ms)
+        row["Copy GB/s"] = copy_gbps
+        row["vs Copy"] = ratio(row["GB/s"], copy_gbps)
+        row["Bound"] = (2.0 + out_bytes) / (2.0 * reads + out_bytes)
+        row["Compiled ref (us)"] = math.nan
+        if ref_fn is not None:
+            tc = time_ms(lambda f=ref_fn, x=x: f(x), args.warmup_ms, args.rep_ms, device=dev)
+            row["Compiled ref (us)"] = tc.median_ms * 1e3
+        row["vs Compiled"] = ratio(row["Compiled ref (us)"], row["Time (us)"])
+    except Exception as e:
+        print(f"  ERROR {name} {m}x{k}: {type(e).__name__}: {e}")
+    return row
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--recipes", nargs="+", default=None)
     p.add_argument("--max-shapes", type=int, default=8)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    p.add_argument("--variants", nargs="+", default=None,
+                   help="env settings to compare, e.g. 'IMPL=v2' 'IMPL=v3 WARPS=16'")  # fmt: skip
     add_common_args(p)
     args = p.parse_args(argv)
     profile, info = resolve_profile(args.profile)
@@ -110,7 +164,8 @@ def main(argv=None) -> int:
         w = torch.empty(1 << 27, device=dev, dtype=torch.bfloat16)
         time_ms(lambda: w.clone(), 300.0, 100.0, device=dev)
         del w
-    print(f"quantization impl: {quant_impl_version()} (PRIMUS_TURBO_QUANT_IMPL)")
+    variants = [_parse_variant(v) for v in (args.variants or [""])]
+    base_env = {k: v for k, v in os.environ.items() if k.startswith("PRIMUS_TURBO_QUANT_")}
     compiled = {}
     if not args.no_compile and info.is_gpu:
         compiled = {n: torch.compile(table[n][1], dynamic=True) for n in names}
@@ -118,40 +173,32 @@ def main(argv=None) -> int:
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         copy_t = time_ms(lambda x=x: x.clone(), args.warmup_ms, args.rep_ms, device=dev)
         copy_gbps = gbps(4.0 * m * k, copy_t.median_ms)
-        for name in names:
-            ours, reference, out_bytes = table[name]
-            row = {"M": m, "K": k, "Recipe": name, "Check": "ERROR"}
-            try:
-                q = _first(ours(x))
-                q_ref = _first(reference(x))
-                diff = (q.float() - q_ref.float()).abs() <= q_ref.float().abs() * 0.26 + 2.0**-9
-                row["Check"] = "PASS" if bool(diff.all()) else "FAIL"
-                t = time_ms(lambda f=ours, x=x: f(x), args.warmup_ms, args.rep_ms, device=dev)
-                row["Time (us)"] = t.median_ms * 1e3
-                reads = READS.get(name, 1)
-                row["GB/s"] = gbps(m * k * (2.0 + out_bytes), t.median_ms)
-                row["Moved GB/s"] = gbps(m * k * (2.0 * reads + out_bytes), t.median_ms)
-                row["Copy GB/s"] = copy_gbps
-                row["vs Copy"] = ratio(row["GB/s"], copy_gbps)
-                row["Bound"] = (2.0 + out_bytes) / (2.0 * reads + out_bytes)
-                row["Compiled ref (us)"] = math.nan
-                if name in compiled:
-                    tc = time_ms(lambda f=compiled[name], x=x: f(x), args.warmup_ms, args.rep_ms,
-                                 device=dev)  # fmt: skip
-                    row["Compiled ref (us)"] = tc.median_ms * 1e3
-                row["vs Compiled"] = ratio(row["Compiled ref (us)"], row["Time (us)"])
-            except Exception as e:
-                print(f"  ERROR {name} {m}x{k}: {type(e).__name__}: {e}")
-            results.add(row)
-            print(f"{m}x{k} {name}: {row['Check']} {row.get('GB/s', math.nan):.0f} GB/s "
-                  f"(copy {copy_gbps:.0f}) x{row.get('vs Copy', math.nan):.3f} of copy "
-                  f"(bound {row.get('Bound', math.nan):.2f}), "
-                  f"x{row.get('vs Compiled', math.nan):.3f} vs compiled ref")  # fmt: skip
+        for vi, (vname, venv) in enumerate(variants):
+            _set_env(base_env, venv)
+            if vi == 0 or len(variants) > 1:
+                print(f"quantization impl: {quant_impl_version()} (PRIMUS_TURBO_QUANT_IMPL)"
+                      f"{' variant ' + vname if vname else ''}")  # fmt: skip
+            for name in names:
+                ref_fn = compiled.get(name) if vi == 0 else None
+                row = _measure(args, dev, x, m, k, name, table[name], ref_fn, copy_gbps)
+                row["Variant"] = vname or quant_impl_version()
+                results.add(row)
+                print(f"{m}x{k} {row['Variant']} {name}: {row['Check']} "
+                      f"{row.get('GB/s', math.nan):.0f} GB/s "
+                      f"(copy {copy_gbps:.0f}) x{row.get('vs Copy', math.nan):.3f} of copy "
+                      f"(bound {row.get('Bound', math.nan):.2f}), "
+                      f"x{row.get('vs Compiled', math.nan):.3f} vs compiled ref")  # fmt: skip
+    _set_env(base_env, {})
     print(results.markdown(COLUMNS))
-    for name in names:
-        sel = lambda r, n=name: r["Recipe"] == n and r["Check"] == "PASS"  # noqa: E731
-        print(f"Geomean {name}: x{geomean(results.column('vs Copy', sel)):.3f} of copy, "
-              f"x{geomean(results.column('vs Compiled', sel)):.3f} vs compiled ref")  # fmt: skip
+    for vname in dict.fromkeys(r["Variant"] for r in results.rows):
+        for name in names:
+            sel = lambda r, n=name, v=vname: (  # noqa: E731
+                r["Recipe"] == n and r["Variant"] == v and r["Check"] == "PASS"
+            )
+            tag = f"{vname} {name}" if len(variants) > 1 else name
+            g_copy = geomean(results.column("vs Copy", sel))
+            g_comp = geomean(results.column("vs Compiled", sel))
+            print(f"Geomean {tag}: x{g_copy:.3f} of copy, x{g_comp:.3f} vs compiled ref")
     if notice:
         print(notice)
     path = results.write_csv(

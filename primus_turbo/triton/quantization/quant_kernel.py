@@ -77,20 +77,42 @@ def _scale_of(amax, FMAX: tl.constexpr, IS_MX: tl.constexpr, EMAX: tl.constexpr)
 
 
 @triton.jit
-def amax_partial_kernel(x_ptr, part_ptr, numel, BLOCK: tl.constexpr, NP: tl.constexpr):
-    """Tensorwise pass 1 over a contiguous input seen flat: exactly ``NP`` programs (the grid)
-    stride over ``BLOCK``-wide tiles (tile ``t`` at iteration ``t // NP``) with wide vector
-    loads; program ``p`` writes the finite amax of its tiles to ``part_ptr[p]`` (every slot is
-    written, so no zero-init launch, no atomics, deterministic). ``evict_last`` keeps the tail
-    of the input in L2 for the cast pass, which walks the tiles in reverse."""
-    pid = tl.program_id(0)
+def _amax_loop(x_ptr, numel, pid, BLOCK: tl.constexpr, NP: tl.constexpr, FINITE: tl.constexpr,
+               EVEN: tl.constexpr):  # fmt: skip
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for t in range(pid, tl.cdiv(numel, BLOCK), NP):
         o = tl.cast(t, tl.int64) * BLOCK + offs
-        x = tl.load(x_ptr + o, mask=o < numel, other=0.0, eviction_policy="evict_last")
-        acc = tl.maximum(acc, _finite_abs(x.to(tl.float32)))
-    tl.store(part_ptr + pid, tl.max(acc, axis=0))
+        if EVEN:
+            x = tl.load(x_ptr + o, eviction_policy="evict_last")
+        else:
+            x = tl.load(x_ptr + o, mask=o < numel, other=0.0, eviction_policy="evict_last")
+        if FINITE:
+            acc = tl.maximum(acc, _finite_abs(x.to(tl.float32)))
+        else:
+            acc = tl.maximum(acc, tl.abs(x.to(tl.float32)))
+    return tl.max(acc, axis=0)
+
+
+@triton.jit
+def amax_partial_kernel(
+    x_ptr, part_ptr, numel, BLOCK: tl.constexpr, NP: tl.constexpr, FAST: tl.constexpr = False,
+    EVEN: tl.constexpr = False,
+):  # fmt: skip
+    """Tensorwise pass 1 over a contiguous input seen flat: exactly ``NP`` programs (the grid)
+    stride over ``BLOCK``-wide tiles (tile ``t`` at iteration ``t // NP``) with wide vector
+    loads; program ``p`` writes the finite amax of its tiles to ``part_ptr[p]`` (every slot is
+    written, so no zero-init launch, no atomics, deterministic). ``evict_last`` keeps the tail
+    of the input in L2 for the cast pass, which walks the tiles in reverse.
+    ``FAST`` (v3): the loop takes plain ``|x|`` (no inf/NaN select per element); only when the
+    result is not finite (an inf, or a NaN the max did not drop) the program re-reads its tiles
+    with the finite filter, so the result is the same. ``EVEN``: ``numel % BLOCK == 0``."""
+    pid = tl.program_id(0)
+    amax = _amax_loop(x_ptr, numel, pid, BLOCK, NP, not FAST, EVEN)
+    if FAST:
+        if tl.where(amax < float("inf"), 0, 1) != 0:
+            amax = _amax_loop(x_ptr, numel, pid, BLOCK, NP, True, EVEN)
+    tl.store(part_ptr + pid, amax)
 
 
 @triton.jit
@@ -104,9 +126,12 @@ def cast_flat_kernel(
     NP: tl.constexpr,
     FMAX: tl.constexpr,
     FMT: tl.constexpr = (0, 0, 0, 0),
+    SAT: tl.constexpr = False,
+    EVEN: tl.constexpr = False,
 ):
     """Tensorwise pass 2: every program reduces the ``NP`` partial maxima (4 KB from L2), then
-    casts its tiles in reverse order (the tiles pass 1 read last are the ones still in L2)."""
+    casts its tiles in reverse order (the tiles pass 1 read last are the ones still in L2).
+    ``SAT`` / ``EVEN`` (v3): no clamp (hardware satfinite), no masks (``numel % BLOCK == 0``)."""
     pid = tl.program_id(0)
     amax = tl.max(tl.load(part_ptr + tl.arange(0, NP)), axis=0)
     scale, sinv = _scale_of(amax, FMAX, False, 0)
@@ -116,10 +141,18 @@ def cast_flat_kernel(
     ntiles = tl.cdiv(numel, BLOCK)
     for i in range(pid, ntiles, NP):
         o = tl.cast(ntiles - 1 - i, tl.int64) * BLOCK + offs
-        mask = o < numel
-        x = tl.load(x_ptr + o, mask=mask, other=0.0, eviction_policy="evict_first")
-        q = _cast(x.to(tl.float32), scale, FMAX, q_ptr.dtype.element_ty, FMT)
-        tl.store(q_ptr + o, q, mask=mask)
+        if EVEN:
+            x = tl.load(x_ptr + o, eviction_policy="evict_first")
+        else:
+            x = tl.load(x_ptr + o, mask=o < numel, other=0.0, eviction_policy="evict_first")
+        if SAT:  # NVIDIA cvt.rn.satfinite clamps (inf included) and keeps NaN itself
+            q = (x.to(tl.float32) * scale).to(q_ptr.dtype.element_ty)
+        else:
+            q = _cast(x.to(tl.float32), scale, FMAX, q_ptr.dtype.element_ty, FMT)
+        if EVEN:
+            tl.store(q_ptr + o, q)
+        else:
+            tl.store(q_ptr + o, q, mask=o < numel)
 
 
 @triton.jit
@@ -237,10 +270,16 @@ def quant_rows_kernel(
     FMAX: tl.constexpr,
     FMT: tl.constexpr = (0, 0, 0, 0),
     ONE_PASS: tl.constexpr = False,
+    SAT: tl.constexpr = False,
+    FAST: tl.constexpr = False,
+    EVEN: tl.constexpr = False,
 ):
     """Rowwise: one scale per row. ``ONE_PASS`` (``BN >= N``): each row is read once and held
     in registers (amax, scale, cast, store). Otherwise an amax loop then a cast loop over the
-    row (the second read hits L1/L2 for rows up to a few MB)."""
+    row (the second read hits L1/L2 for rows up to a few MB). v3 flags of the one-pass path:
+    ``SAT`` (NVIDIA satfinite conversion, no clamp), ``FAST`` (amax of plain ``|x|``; the
+    finite filter only when a row's amax is not finite), ``EVEN`` (``N == BN``, ``M % BM == 0``:
+    no masks)."""
     pid = tl.program_id(0)
     rm = pid * BM + tl.arange(0, BM)
     rm64 = rm.to(tl.int64)
@@ -248,12 +287,30 @@ def quant_rows_kernel(
     if ONE_PASS:
         rn = tl.arange(0, BN)  # int32 column offsets (N <= BN <= 16K), int64 row offsets
         mask = mask_m[:, None] & (rn[None, :] < N)
-        x = tl.load(x_ptr + rm64[:, None] * stride_xm + rn[None, :] * stride_xn, mask=mask,
-                    other=0.0, eviction_policy="evict_first").to(tl.float32)  # fmt: skip
-        scale, sinv = _scale_of(tl.max(_finite_abs(x), axis=1), FMAX, False, 0)
-        tl.store(s_ptr + rm64 * stride_s, sinv, mask=mask_m)
-        q = _cast(x, scale[:, None], FMAX, q_ptr.dtype.element_ty, FMT)
-        tl.store(q_ptr + rm64[:, None] * stride_qm + rn[None, :] * stride_qn, q, mask=mask)
+        x_ptrs = x_ptr + rm64[:, None] * stride_xm + rn[None, :] * stride_xn
+        if EVEN:
+            x = tl.load(x_ptrs, eviction_policy="evict_first").to(tl.float32)
+        else:
+            x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+            x = x.to(tl.float32)
+        if FAST:
+            amax = tl.max(tl.abs(x), axis=1)
+            if tl.where(tl.max(amax, axis=0) < float("inf"), 0, 1) != 0:
+                amax = tl.max(_finite_abs(x), axis=1)
+        else:
+            amax = tl.max(_finite_abs(x), axis=1)
+        scale, sinv = _scale_of(amax, FMAX, False, 0)
+        q_ptrs = q_ptr + rm64[:, None] * stride_qm + rn[None, :] * stride_qn
+        if SAT:
+            q = (x * scale[:, None]).to(q_ptr.dtype.element_ty)
+        else:
+            q = _cast(x, scale[:, None], FMAX, q_ptr.dtype.element_ty, FMT)
+        if EVEN:
+            tl.store(s_ptr + rm64 * stride_s, sinv)
+            tl.store(q_ptrs, q)
+        else:
+            tl.store(s_ptr + rm64 * stride_s, sinv, mask=mask_m)
+            tl.store(q_ptrs, q, mask=mask)
     else:
         amax = tl.zeros((BM,), dtype=tl.float32)
         for n0 in range(0, N, BN):
@@ -372,15 +429,19 @@ def aot_specs(target: str) -> list[AotSpec]:
         )
     flat = {"BLOCK": 8192, "NP": 512}  # as quant_tensorwise picks them on an H200
     amax_sig = {"x_ptr": "*bf16", "part_ptr": "*fp32", "numel": "i32:16"}
-    specs.append(
-        AotSpec("amax_partial_bf16", amax_partial_kernel, amax_sig, flat, {"num_warps": 8})
-    )  # noqa: E501
     cast_sig = {"x_ptr": "*bf16", "q_ptr": f"*{fp8}", "s_ptr": "*fp32", "part_ptr": "*fp32",
                 "numel": "i32:16"}  # fmt: skip
-    specs.append(
-        AotSpec(f"cast_flat_{fp8}", cast_flat_kernel, cast_sig,
-                {**flat, "FMAX": fmax, "FMT": (0, 0, 0, 0)}, {"num_warps": 8})
-    )  # fmt: skip
+    for v3 in (False, True):  # v3: FAST amax, EVEN (no masks), SAT cast on NVIDIA
+        tag = "_v3" if v3 else ""
+        specs.append(
+            AotSpec(f"amax_partial_bf16{tag}", amax_partial_kernel, amax_sig,
+                    {**flat, "FAST": v3, "EVEN": v3}, {"num_warps": 8})
+        )  # fmt: skip
+        specs.append(
+            AotSpec(f"cast_flat_{fp8}{tag}", cast_flat_kernel, cast_sig,
+                    {**flat, "FMAX": fmax, "FMT": (0, 0, 0, 0),
+                     "SAT": v3 and target == "sm_90", "EVEN": v3}, {"num_warps": 8})
+        )  # fmt: skip
     rows_sig = {"x_ptr": "*bf16", "q_ptr": f"*{fp8}", "s_ptr": "*fp32", "M": "i32",
                 "N": "i32:16", "stride_xm": "i32:16", "stride_xn": "i32:1",
                 "stride_qm": "i32:16", "stride_qn": "i32:1", "stride_s": "i32:1"}  # fmt: skip
@@ -389,11 +450,13 @@ def aot_specs(target: str) -> list[AotSpec]:
     for name, bm, bn, one, warps in [("rowwise_4k", 2, 4096, True, 8),
                                      ("rowwise_16k", 1, 16384, True, 16),
                                      ("rowwise_loop", 4, 1024, False, 4)]:  # fmt: skip
-        specs.append(
-            AotSpec(f"quant_{name}_{fp8}", quant_rows_kernel, rows_sig,
-                    {"BM": bm, "BN": bn, "FMAX": fmax, "FMT": (0, 0, 0, 0), "ONE_PASS": one},
-                    {"num_warps": warps})
-        )  # fmt: skip
+        for v3 in (False, True) if one else (False,):
+            cx = {"BM": bm, "BN": bn, "FMAX": fmax, "FMT": (0, 0, 0, 0), "ONE_PASS": one,
+                  "SAT": v3 and target == "sm_90", "FAST": v3, "EVEN": v3}  # fmt: skip
+            specs.append(
+                AotSpec(f"quant_{name}_{fp8}{'_v3' if v3 else ''}", quant_rows_kernel, rows_sig,
+                        cx, {"num_warps": warps})
+            )  # fmt: skip
     if target in ("gfx950", "sm_90"):
         fp4_sig = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "M": "i32", "N": "i32:16",
                    "stride_xm": "i32:16", "stride_xn": "i32:1", "stride_qm": "i32:16",

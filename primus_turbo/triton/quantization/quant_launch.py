@@ -32,6 +32,7 @@ from primus_turbo.triton.quantization.quant_kernel import (
 from primus_turbo.triton.quantization.quant_kernel_v2 import (
     MAXNREG,
     V2_CONFIGS,
+    V3_NO_FAST,
     quant_tile_v2_kernel,
 )
 
@@ -85,15 +86,33 @@ def _tile(x, q, s, qt, st, amax, bm, bn, mode, dual, dtype, s_strides, st_stride
 
 
 def quant_impl_version() -> str:
-    """``PRIMUS_TURBO_QUANT_IMPL``: ``v2`` (default) routes the blockwise 1x128 dual, 128x128
-    and MX recipes of row-contiguous inputs to ``quant_tile_v2_kernel``; ``v1`` keeps every
-    recipe on ``quant_tile_kernel`` (for A/B runs). ``PRIMUS_TURBO_QUANT_STAGES``,
-    ``PRIMUS_TURBO_QUANT_WARPS`` and ``PRIMUS_TURBO_QUANT_MAXNREG`` (NVIDIA register cap,
-    default 128) override the v2 stages / warps / cap of every config."""
-    v = os.environ.get("PRIMUS_TURBO_QUANT_IMPL", "v2").strip().lower()
-    if v not in ("v1", "v2"):
-        raise ValueError(f"PRIMUS_TURBO_QUANT_IMPL must be v1 or v2, got {v!r}")
+    """``PRIMUS_TURBO_QUANT_IMPL``: ``v3`` (default) is ``v2`` plus the v3 kernel flags:
+    ``FAST`` amax (plain ``|x|``, the inf/NaN filter only for a tile/row whose amax is not
+    finite), ``EVEN`` (no masks when the shape is a multiple of the tile) and, for rowwise and
+    the tensorwise cast, ``SAT`` (NVIDIA satfinite conversion, no clamp); same results.
+    ``v2`` routes the blockwise 1x128 dual, 128x128 and MX recipes of row-contiguous inputs to
+    ``quant_tile_v2_kernel``; ``v1`` keeps every recipe on ``quant_tile_kernel`` (for A/B
+    runs). ``PRIMUS_TURBO_QUANT_STAGES``, ``PRIMUS_TURBO_QUANT_WARPS`` and
+    ``PRIMUS_TURBO_QUANT_MAXNREG`` (NVIDIA register cap, default 128) override the v2/v3
+    stages / warps / cap of every config."""
+    v = os.environ.get("PRIMUS_TURBO_QUANT_IMPL", "v3").strip().lower()
+    if v not in ("v1", "v2", "v3"):
+        raise ValueError(f"PRIMUS_TURBO_QUANT_IMPL must be v1, v2 or v3, got {v!r}")
     return v
+
+
+def _v3() -> bool:
+    return quant_impl_version() == "v3"
+
+
+def _nvidia_sat(x: torch.Tensor) -> bool:
+    """The NVIDIA satfinite conversion may replace the clamp (compiled kernels only)."""
+    return (
+        not triton_interpret()
+        and x.device.type == "cuda"
+        and torch.version.hip is None
+        and _hw_satfinite(x.device.index)
+    )
 
 
 def _env_int(var: str, default: int) -> int:
@@ -111,7 +130,7 @@ def _env_int(var: str, default: int) -> int:
 
 
 def _use_v2(x: torch.Tensor) -> bool:
-    return quant_impl_version() == "v2" and x.stride(1) == 1
+    return quant_impl_version() != "v1" and x.stride(1) == 1
 
 
 @functools.cache
@@ -121,9 +140,36 @@ def _hw_satfinite(index) -> bool:
     return torch.cuda.get_device_capability(index) >= (8, 9)
 
 
+_FREE_TILES = ("mx_dual", "mx_rows", "given_dual")  # configs whose tile is not the scale block
+
+
+def _config(name: str):
+    """``V2_CONFIGS[name]``; for the MX and tensorwise-dual configs (whose tile shape is free)
+    ``PRIMUS_TURBO_QUANT_TILE_<NAME>=BMxBN`` (e.g. ``PRIMUS_TURBO_QUANT_TILE_MX_DUAL=64x64``)
+    overrides the tile: powers of two, multiples of 32 for MX, at most 256 x 256."""
+    mode, bm, bn, dual, warps, stages = V2_CONFIGS[name]
+    if name not in _FREE_TILES:
+        return mode, bm, bn, dual, warps, stages
+    var = f"PRIMUS_TURBO_QUANT_TILE_{name.upper()}"
+    raw = os.environ.get(var, "").strip().lower()
+    if raw:
+        try:
+            bm, bn = (int(v) for v in raw.split("x"))
+        except ValueError:
+            bm = bn = 0
+        least = 32 if mode == MX else 16
+        for v in (bm, bn):
+            if v < least or v > 256 or v & (v - 1):
+                raise ValueError(
+                    f"primus_turbo: {var} expected BMxBN, powers of two in [{least}, 256], "
+                    f"got {raw!r}"
+                )
+    return mode, bm, bn, dual, warps, stages
+
+
 def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
     """Launch ``quant_tile_v2_kernel`` with ``V2_CONFIGS[name]`` (see quant_kernel_v2)."""
-    mode, bm, bn, dual, warps, stages = V2_CONFIGS[name]
+    mode, bm, bn, dual, warps, stages = _config(name)
     interp = triton_interpret()
     nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
     stages = _env_int("PRIMUS_TURBO_QUANT_STAGES", stages if nvidia or interp else 1)
@@ -139,11 +185,14 @@ def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
         grid = min(ntiles, per_sm * num_compute_units(x.device if not interp else None))
     extra = {"maxnreg": maxnreg} if nvidia else {}
     sat = nvidia and _hw_satfinite(x.device.index)
+    v3 = _v3()
+    even = v3 and m % bm == 0 and n % bn == 0
     quant_tile_v2_kernel[(grid,)](
         x, _u8(q), s, _u8(qt if dual else q), st if st is not None else s,
         m, n, x.stride(0), q.stride(0), qt.stride(0) if dual else 0, *s_strides, *st_strides,
         BM=bm, BN=bn, MODE=mode, DUAL=dual, FMAX=_fmax(dtype), EMAX=_EMAX[dtype],
-        FMT=_interp_fmt(dtype), STAGES=stages, SAT=sat, NP=np_, num_warps=warps, **extra,
+        FMT=_interp_fmt(dtype), STAGES=stages, SAT=sat, NP=np_,
+        FAST=v3 and name not in V3_NO_FAST, EVEN=even, num_warps=warps, **extra,
     )  # fmt: skip
 
 
@@ -188,7 +237,11 @@ def quant_tensorwise(x: torch.Tensor, dtype: torch.dtype, dual: bool = False):
     numel = xc.numel()
     np_ = _parts(xc)
     parts = torch.empty(np_, dtype=torch.float32, device=x.device)
-    amax_partial_kernel[(np_,)](xc, parts, numel, BLOCK=_FLAT_BLOCK, NP=np_, num_warps=8)
+    v3 = _v3()
+    even = v3 and numel % _FLAT_BLOCK == 0
+    amax_partial_kernel[(np_,)](
+        xc, parts, numel, BLOCK=_FLAT_BLOCK, NP=np_, FAST=v3, EVEN=even, num_warps=8
+    )
     if dual and _use_v2(xc):
         _tile_v2(xc, q, s, qt, parts, "given_dual", dtype, (0, 0), (0, 0), np_)
         return q, s, qt, s
@@ -197,7 +250,7 @@ def quant_tensorwise(x: torch.Tensor, dtype: torch.dtype, dual: bool = False):
         return q, s, qt, s
     cast_flat_kernel[(np_,)](
         xc, _u8(q), s, parts, numel, BLOCK=_FLAT_BLOCK, NP=np_, FMAX=_fmax(dtype),
-        FMT=_interp_fmt(dtype), num_warps=8,
+        FMT=_interp_fmt(dtype), SAT=v3 and _nvidia_sat(xc), EVEN=even, num_warps=8,
     )  # fmt: skip
     return q, s
 
@@ -223,9 +276,11 @@ def quant_rowwise(x: torch.Tensor, dtype: torch.dtype, axis: int):
         else:
             bm, bn = (4, 1024) if contiguous_rows else (64, 64)
             bn, warps = min(bn, row), 4
+        v3 = one_pass and _v3()  # v3 flags of the one-pass path (see quant_rows_kernel)
         quant_rows_kernel[(_cdiv(rows, bm),)](
             src, _u8(qv), s, rows, cols, src.stride(0), src.stride(1), qv.stride(0), qv.stride(1),
             1, BM=bm, BN=bn, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype), ONE_PASS=one_pass,
+            SAT=v3 and _nvidia_sat(x), FAST=v3, EVEN=v3 and cols == bn and rows % bm == 0,
             num_warps=warps,
         )  # fmt: skip
     return q, (s.view(m, 1) if axis in (-1, 1) else s.view(1, n))

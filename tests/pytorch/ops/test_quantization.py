@@ -314,7 +314,9 @@ V2_CASES = [  # (id, granularity, block, 2-D tiles, dual)
 ]
 
 
-@pytest.mark.parametrize("impl,stages", [("v1", None), ("v2", None), ("v2", "2")])
+@pytest.mark.parametrize(
+    "impl,stages", [("v1", None), ("v2", None), ("v2", "2"), ("v3", None), ("v3", "2")]
+)
 @pytest.mark.parametrize("case", V2_CASES, ids=[c[0] for c in V2_CASES])
 def test_quant_impl_versions_match_reference(monkeypatch, case, impl, stages):
     """PRIMUS_TURBO_QUANT_IMPL=v1|v2 (and v2 forced persistent + pipelined with STAGES=2, so a
@@ -344,12 +346,12 @@ def test_quant_impl_versions_match_reference(monkeypatch, case, impl, stages):
 
 
 def test_quant_impl_env_is_validated(monkeypatch):
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v3")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v9")
     with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_IMPL"):
         quantize_fp8_with_trans(_x(64, 128), E4M3, G.BLOCKWISE, block_size=128)
 
 
-@pytest.mark.parametrize("impl", ["v1", "v2"])
+@pytest.mark.parametrize("impl", ["v1", "v2", "v3"])
 def test_mx_scale_exponent_edges(monkeypatch, impl):
     """E8M0 exponents at powers of two, just below them, tiny, zero and near-max blocks
     (v2 reads floor(log2(amax)) from the fp32 exponent bits; v1 and the reference use log2)."""
@@ -364,6 +366,46 @@ def test_mx_scale_exponent_edges(monkeypatch, impl):
         q, s = quantize_fp8(x, dtype, G.MX_BLOCKWISE, block_size=32)
         q1, s1 = ref.quantize_mx_ref(x, dtype)
         _assert_q_close(q, q1, s, s1)
+
+
+V3_CASES = V2_CASES + [  # + the recipes whose v3 kernels live in quant_kernel.py
+    ("rowwise", G.ROWWISE, None, False, False),
+    ("tensor", G.TENSORWISE, None, False, False),
+]
+
+
+@pytest.mark.parametrize("special", ["finite", "inf_nan"])
+@pytest.mark.parametrize("case", V3_CASES, ids=[c[0] for c in V3_CASES])
+def test_quant_v3_even_shapes_match_v2(monkeypatch, case, special):
+    """v3 on shapes that are a multiple of every tile (the EVEN, mask-free kernels; flat
+    tensorwise passes with numel % 8192 == 0; rowwise rows of exactly BN) is bitwise v2 (same
+    q bits, same scales), with finite inputs (the FAST amax path) and with inf/-inf/NaN in one
+    tile (the filtered re-reduction)."""
+    _, g, block, two_d, dual = case
+    m, n = (128, 256) if not HAS_GPU else (4096, 2048)
+    x = _x(m, n)
+    if special == "inf_nan":
+        x[1, 3], x[2, 4], x[3, 5] = float("inf"), float("-inf"), float("nan")
+        x[64:96, 128:160] = 0.0
+    recipe = ScalingRecipe(use_2d_block=two_d)
+    kw = {"block_size": block, "scaling_recipe": recipe}
+    outs = {}
+    for impl in ("v2", "v3"):
+        monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", impl)
+        if dual:
+            outs[impl] = quantize_fp8_with_trans(x, E4M3, g, **kw)
+        else:
+            outs[impl] = quantize_fp8(x, E4M3, g, **kw, **({} if two_d else {"axis": -1}))
+    for a, b in zip(outs["v2"], outs["v3"], strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        if a.dtype in (torch.float32, torch.uint8):
+            assert torch.equal(a, b)
+        else:
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    rkw = {"block_size": block, "scaling_recipe": recipe} if two_d else {"block_size": block,
+                                                                          "axis": -1}  # fmt: skip
+    q1, s1 = _ref(x, E4M3, g, rkw)
+    _assert_q_close(outs["v3"][0], q1, outs["v3"][1], s1)
 
 
 @pytest.mark.parametrize("var", ["PRIMUS_TURBO_QUANT_STAGES", "PRIMUS_TURBO_QUANT_WARPS",
@@ -386,8 +428,8 @@ def test_quant_int_env_validated(monkeypatch, var):
 def test_quant_impl_env_validated(monkeypatch):
     from primus_turbo.triton.quantization.quant_launch import quant_impl_version
 
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v3")
-    with pytest.raises(ValueError, match=r"PRIMUS_TURBO_QUANT_IMPL must be v1 or v2, got 'v3'"):
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v9")
+    with pytest.raises(ValueError, match=r"PRIMUS_TURBO_QUANT_IMPL must be v1, v2 or v3, got 'v9'"):
         quant_impl_version()
 
 
