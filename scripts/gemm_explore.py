@@ -3,6 +3,11 @@
 Prints one line per (shape, config) and the best config per shape, so the per-family config
 data in primus_turbo/triton/gemm/gemm_configs.py can be chosen from measurements.
 Usage: python scripts/gemm_explore.py [--layout NT] [--quick]
+
+``--weak``: kernel-only (profiler, L2 flushed) and do_bench times of plain, composite-N
+(``block_n2``) and flattened (``PRIMUS_TURBO_GEMM_FLATTEN``) plans on the DeepSeek-V3 shapes
+below 0.8x torch.matmul (kv_a, q_a, kv_b; NT), each vs torch.matmul's kernel; ``--smoke`` runs
+it on the CPU interpreter at tiny sizes (a syntax check of the script, no timing value).
 """
 
 # ruff: noqa: B023  (closures are called within the loop iteration that defines them)
@@ -37,7 +42,12 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--layout", default="NT", choices=["NN", "NT", "TN"])
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--weak", action="store_true", help="time composite/flatten plans (see doc)")
+    p.add_argument("--smoke", action="store_true", help="with --weak: CPU interpreter, tiny")
+    p.add_argument("--shapes", default="kv_a,kv_b", help="with --weak: names from WEAK")
     args = p.parse_args()
+    if args.weak:
+        return weak(args.shapes.split(","), args.smoke)
     fam = arch_family()
     sms = num_compute_units()
     print(f"device={torch.cuda.get_device_name()} family={fam.name} sms={sms}")
@@ -87,6 +97,104 @@ def main() -> None:
     for m, n, k, r, b, name, h in summary:
         print(f"{m}x{n}x{k} | {r:.0f} | {b:.0f} | {b / r:.3f} | {name} | {h}")
     print("geomean ratio", statistics.geometric_mean([b / r for *_, r, b, _, _ in summary]))
+
+
+# DeepSeek-V3 forward GEMMs below 0.8x torch.matmul in session 3 (M, N, K; NT)
+WEAK = {"kv_a": (4096, 576, 7168), "q_a": (4096, 1536, 7168), "kv_b": (4096, 32768, 512)}
+
+
+def _kernel_us(fn, flush, gpu: bool, reps: int = 20) -> float:
+    """Mean device time per call of the kernels ``fn`` launches (the L2 flush excluded)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    act = ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU
+    with profile(activities=[act]) as prof:
+        for _ in range(reps):
+            flush.zero_()
+            fn()
+        if gpu:
+            torch.cuda.synchronize()
+    skip = ("zero", "fill", "Fill", "Memset", "memset")
+    ev = [e for e in prof.key_averages() if e.device_time_total > 0 or not gpu]
+    ev = [e for e in ev if not any(w in e.key for w in skip) and not e.key.startswith("aten::")]
+    if not gpu:
+        return 0.0
+    return sum(e.device_time_total for e in ev) / reps
+
+
+def weak(names: list[str], smoke: bool) -> None:
+    from primus_turbo.pytorch.core.platform import ArchFamily
+    from primus_turbo.triton.gemm.gemm_configs import narrow_config, select_narrow
+
+    gpu = not smoke
+    dev = "cuda" if gpu else "cpu"
+    fam = arch_family() if gpu else ArchFamily.CPU
+    sms = num_compute_units() if gpu else 4
+    flush = torch.empty(256 << 20 if gpu else 1 << 10, dtype=torch.int8, device=dev)
+    flat0 = gk._flatten_enabled
+    print(f"device={torch.cuda.get_device_name() if gpu else 'cpu'} family={fam.name} sms={sms}")
+    for name in names:
+        m, n, k = WEAK[name] if gpu else (40, 36, 300)
+        a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(n, k, device=dev, dtype=torch.bfloat16)  # NT: weight [N, K]
+        c = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+        ref = a.float() @ b.float().T
+        flops = 2 * m * n * k
+        t_ref = _kernel_us(lambda: torch.matmul(a, b.T), flush, gpu)
+        print(
+            f"{name} {m}x{n}x{k}: torch.matmul kernel {t_ref:.1f} us"
+            f" ({flops / max(t_ref, 1e-9) / 1e6:.0f} TF); 0.7x needs <= {t_ref / 0.7:.1f} us"
+        )
+        if gpu:
+            plains = list(gemm_configs(fam))
+            comps = [
+                narrow_config(fam, bm, bn, bn2, 64)
+                for bm, bn, bn2 in (
+                    (128, 128, 16),
+                    (128, 128, 32),
+                    (128, 128, 64),
+                    (256, 64, 16),
+                    (64, 128, 16),
+                )
+            ]
+            picked = select_narrow(m, n, k, fam, sms)
+        else:
+            plains = list(gemm_configs(fam))[:1]
+            comps = [dataclasses.replace(plains[0], block_n2=8)]
+            picked = comps[0]
+        plains = plains[:3]  # 128x256, 256x128, 128x128 w4 on Hopper (the tuner's usual picks)
+        flat_names = {c.name for c in plains}
+        flat_names |= {c.name for c in comps if (c.block_m, c.block_n2) in ((128, 16), (128, 64))}
+        if picked is not None:
+            comps = [picked] + [c for c in comps if c != picked]
+            flat_names.add(picked.name)
+        plans = [(cfg, False) for cfg in plains + comps]
+        plans += [(cfg, True) for cfg in plains + comps if cfg.name in flat_names]
+        for cfg, flat in plans:
+            gk._flatten_enabled = lambda family, flat=flat: flat
+
+            def run(cfg=cfg):
+                gk._launch(a, b, c, m, n, k, (k, 1), (1, k), cfg, fam)
+
+            try:
+                run()
+                err = ((c.float() - ref).abs().max() / ref.abs().max()).item()
+                host = triton.testing.do_bench(run, warmup=10, rep=50) * 1e3 if gpu else 0.0
+                kern = _kernel_us(run, flush, gpu)
+            except Exception as exc:  # noqa: BLE001
+                print(
+                    f"  {cfg.name}{' flat' if flat else ''}: ERROR {type(exc).__name__}: "
+                    f"{str(exc)[:100]}"
+                )
+                continue
+            tag = " <- select_narrow" if picked is not None and cfg == picked else ""
+            tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.tile_n)
+            print(
+                f"  {cfg.name:44s} flat={int(flat)} tiles={tiles:5d} do_bench {host:7.1f} us"
+                f" | kernel {kern:7.1f} us ratio {t_ref / max(kern, 1e-9):.3f}"
+                f" | relerr {err:.1e}{tag}"
+            )
+    gk._flatten_enabled = flat0
 
 
 if __name__ == "__main__":
