@@ -4,7 +4,9 @@
 Launches per call (v1 in brackets): permute forward 2 (3, plus a copy of strided top-k ids),
 permute backward 1 (1, plus torch ops for the probs gradient), unpermute forward 1 (1 + 4 torch
 ops for the unpermuted probs), unpermute backward fill + 2 (6 torch ops + 1), and it reads the
-permuted rows again only when the probs need a gradient.
+permuted rows again only when the probs need a gradient. The unweighted unpermute's backward
+(the MoE layer's: probs go into SwiGLU) is fill + 2 as well, in token order with the ``2d``
+geometry (``dout`` read once; the ``v2`` geometry gathers ``dout[src // K]`` in expert order).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class _UnpermuteV2(torch.autograd.Function):
         dy = dw = None
         if g is not None and (ctx.needs_input_grad[0] or need_w):
             g = g.contiguous()
-            from primus_turbo.triton.moe.permute_v2_kernel import geom_choice
+            from primus_turbo.triton.moe.permute_v2_plan import geom_choice
 
             if w is None and geom_choice() == "v2":
                 src = moe_src_from_rows_v2(row_map, y.shape[0])

@@ -16,13 +16,20 @@ copying, so launches, allocations and small torch ops cost as much as the data. 
 * unpermute backward: ``rows_to_src_kernel`` (the inverse map, into a -1 filled buffer) and
   ``unpermute_bwd_kernel``, which reads ``y`` only when the probs need a gradient.
 
+Launch geometry (``PRIMUS_TURBO_MOE_PERMUTE_GEOM``, read per call): ``2d`` (default) adds
+column splits: the fused permute runs ``(chunks, splits)`` programs (each split re-derives its
+chunk's destinations, only split 0 writes the maps and probs; at most 256 chunks, so the count
+table every program reads stays small, and splits bring ~4 programs per SM); the unpermute
+backward runs one program per (8 tokens, column block) with the K weights loaded once, and
+32-row zeroing programs; the unweighted unpermute's backward uses the same kernel (token order,
+``dout`` read once) instead of an inverse-map gather. ``v2`` is the session-3 geometry (one
+program per chunk over all columns). A/B knobs: ``PRIMUS_TURBO_MOE_PERMUTE_SPLITS``,
+``PRIMUS_TURBO_MOE_PERMUTE_CHUNKS``. Both geometries give bitwise equal results.
+
 Map conventions are those of ``permute_kernel.py``. No atomics: bitwise deterministic.
 """
 
 from __future__ import annotations
-
-import functools
-import os
 
 import torch
 import triton
@@ -30,6 +37,7 @@ import triton.language as tl
 
 from primus_turbo.triton.aot import AotSpec, triton_dtype_name
 from primus_turbo.triton.moe.permute_kernel import _tile
+from primus_turbo.triton.moe.permute_v2_plan import _block_h, _plan_v2, _splits, geom_choice
 
 
 @triton.jit
@@ -341,89 +349,6 @@ def unpermute_bwd_kernel(
 
 
 # ---- launchers -------------------------------------------------------------------------------
-
-
-def _plan_v2(work: int, e: int, geom: str = "2d") -> tuple[int, int, int, int, int]:
-    """``(E_PAD, SUB, CHUNK, C, CB)``: 16-copy sub-blocks; up to 512 chunks (256 for 64+
-    experts, where every program sums a ``[C, E_PAD]`` count table; ``"2d"``: 256, or
-    ``PRIMUS_TURBO_MOE_PERMUTE_CHUNKS``). ``CB`` table rows are
-    summed per step: ``geom="v2"`` 4096 counts a step, ``"2d"`` up to 8192 (the whole table of
-    8 experts x 512 chunks in one L2 round trip, 2 for 32 experts, 4 for 128)."""
-    e_pad = triton.next_power_of_2(max(e, 2))
-    sub = 16
-    max_c = 256 if e_pad >= 64 else 512
-    if geom != "v2":  # the column splits bring the parallelism back: halve the table traffic
-        max_c = _int_env(CHUNKS_ENV) or 256
-    chunk = max(sub, triton.next_power_of_2(-(-max(work, 1) // max_c)))
-    grid = -(-max(work, 1) // chunk)
-    if geom == "v2":
-        cb = max(1, min(64, 4096 // e_pad))
-    else:
-        cb = max(1, min(triton.next_power_of_2(grid), 8192 // e_pad))
-    return e_pad, sub, chunk, grid, cb
-
-
-GEOM_ENV = "PRIMUS_TURBO_MOE_PERMUTE_GEOM"
-GEOMS = ("2d", "v2")
-SPLITS_ENV = "PRIMUS_TURBO_MOE_PERMUTE_SPLITS"
-CHUNKS_ENV = "PRIMUS_TURBO_MOE_PERMUTE_CHUNKS"
-# Largest row block in bytes (1024 bf16 = 16-byte vectors for 128 threads); tests lower it to
-# get several column blocks (and splits) out of tiny interpreter shapes.
-MAX_BLOCK_BYTES = 2048
-# column-split targets, programs per SM: the fused permute reads the count table once per
-# program (so few), the unpermute backward has no prologue (a full 2-D grid, as the forward)
-PROGRAMS_PER_SM = {"permute": 4, "unpermute_bwd": 1 << 20}
-
-
-def geom_choice() -> str:
-    """Launch geometry of the v2 kernels, read per call: ``2d`` (default: column splits of the
-    fused permute and of the unpermute backward, wide count-table steps) or ``v2`` (the
-    one-program-per-chunk geometry of session 3)."""
-    v = os.environ.get(GEOM_ENV, "2d").strip().lower() or "2d"
-    if v not in GEOMS:
-        raise ValueError(f"primus_turbo: {GEOM_ENV} expected one of {GEOMS}, got {v!r}")
-    return v
-
-
-def _int_env(name: str) -> int:
-    v = os.environ.get(name, "").strip() or "0"
-    if not v.isdigit():
-        raise ValueError(f"primus_turbo: {name} expected an integer >= 0, got {v!r}")
-    return int(v)
-
-
-def splits_override() -> int:
-    """``PRIMUS_TURBO_MOE_PERMUTE_SPLITS``: 0 or unset = automatic, n >= 1 = at most n column
-    splits (an A/B knob of the ``2d`` geometry). ``PRIMUS_TURBO_MOE_PERMUTE_CHUNKS`` (0 =
-    automatic) caps the chunk count of the ``2d`` fused permute:
-    every program reads the whole ``[chunks, E_PAD]`` count table, so fewer chunks mean less
-    L2 traffic and longer per-program walks (the splits restore the parallelism); default 256."""
-    return _int_env(SPLITS_ENV)
-
-
-@functools.lru_cache(maxsize=8)
-def _sm_count(dev: torch.device) -> int:
-    if dev.type == "cuda":
-        return torch.cuda.get_device_properties(dev).multi_processor_count
-    return 2  # the interpreter: small, so tiny test shapes get split too
-
-
-def _splits(dev: torch.device, programs: int, blocks: int, geom: str, kind: str) -> tuple[int, int]:
-    """``(splits, blocks_per_split)`` of the column dimension: enough splits to give about
-    ``PROGRAMS_PER_SM[kind]`` programs per SM (``programs`` without splits), never an empty
-    split."""
-    if geom == "v2" or blocks <= 1:
-        return 1, max(blocks, 1)
-    want = splits_override()
-    if want == 0:
-        want = -(-PROGRAMS_PER_SM[kind] * _sm_count(dev) // max(programs, 1))
-    want = max(1, min(want, blocks))
-    per = -(-blocks // want)
-    return -(-blocks // per), per
-
-
-def _block_h(h: int, elem: int) -> int:
-    return min(max(triton.next_power_of_2(max(h, 1)), 16), max(MAX_BLOCK_BYTES // elem, 8))
 
 
 def permute_fused_triton(

@@ -410,7 +410,7 @@ def test_permute_geometry_2d_matches_v2(dtype, pad, n_out, splits, chunks, devic
     backward, wide count-table steps) gives bitwise the results of the v2 geometry: row blocks
     made small (MAX_BLOCK_BYTES) so H=40 spans several blocks and splits, padding, dropped and
     non-local copies, a fixed allocation that overflows, probs gradients."""
-    from primus_turbo.triton.moe import permute_v2_kernel as kern
+    from primus_turbo.triton.moe import permute_v2_plan as kern
 
     monkeypatch.setattr(kern, "MAX_BLOCK_BYTES", 32)
     t, h, e, k = 13, 40, 5, 3
@@ -431,7 +431,7 @@ def test_permute_geometry_2d_matches_v2(dtype, pad, n_out, splits, chunks, devic
 
 def test_permute_geometry_splits_plan(monkeypatch):
     """Column splits: never more than the blocks, none empty, 1 with the v2 geometry."""
-    from primus_turbo.triton.moe import permute_v2_kernel as kern
+    from primus_turbo.triton.moe import permute_v2_plan as kern
 
     dev = torch.device("cpu")
     monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_SPLITS", "3")
