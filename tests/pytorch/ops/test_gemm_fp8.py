@@ -370,7 +370,9 @@ def test_gemm_fp8_block_tma(m, n, k, two_d):
     if DEV == "cpu":
         family = ArchFamily.CPU
         cands = [kern._cfg(32, 32, 32, 4, 1, TMA=True), kern._cfg(16, 32, 64, 4, 1, TMA=True,
-                                                                 FLATTEN=True)]  # fmt: skip
+                                                                 FLATTEN=True),
+                 kern._cfg(32, 32, 32, 4, 1, TMA=True, DEFER=True),
+                 kern._cfg(16, 64, 64, 4, 1, TMA=True, DEFER=True, FLATTEN=True)]  # fmt: skip
     else:
         family = ArchFamily.HOPPER
         cands = list(kern.fp8_configs(family, kern.BLOCK, "tma"))
