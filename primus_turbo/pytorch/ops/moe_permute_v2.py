@@ -48,7 +48,7 @@ class _PermuteV2(torch.autograd.Function):
         if ctx.needs_input_grad[0] and g is not None:
             # gather-sum of the K copies; the probs gradient g_pp[row_map] comes out of the same
             # launch
-            dx, dp = moe_reduce_v2(
+            dx, dp, _ = moe_reduce_v2(
                 g.contiguous(), row_map, g_pp if need_p else None, ctx.x_dtype, False, need_p
             )
         if need_p and dp is None:
@@ -68,9 +68,14 @@ def permute_v2(tokens, idx, probs_tk, num_experts: int, pad_multiple: int, num_o
 class _UnpermuteV2(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, row_map, w):
+        from primus_turbo.triton.moe.permute_v2_plan import geom_choice
+
         has_w = w is not None
-        out, up = moe_reduce_v2(y, row_map, w, y.dtype, has_w, has_w)
-        ctx.save_for_backward(y, row_map, w)
+        # 2d geometry: the forward also writes the (unfilled) inverse map for the backward,
+        # which then is one launch instead of fill + scatter + kernel
+        write_src = geom_choice() != "v2" and ctx.needs_input_grad[0]
+        out, up, src = moe_reduce_v2(y, row_map, w, y.dtype, has_w, has_w, write_src)
+        ctx.save_for_backward(y, row_map, w, src if write_src else None)
         ctx.set_materialize_grads(False)
         if not has_w:
             ctx.mark_non_differentiable(up)
@@ -78,20 +83,18 @@ class _UnpermuteV2(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g, g_up):
-        y, row_map, w = ctx.saved_tensors
+        from primus_turbo.triton.moe.permute_v2_plan import geom_choice
+
+        y, row_map, w, src = ctx.saved_tensors
         need_w = w is not None and ctx.needs_input_grad[2]
         dy = dw = None
         if g is not None and (ctx.needs_input_grad[0] or need_w):
             g = g.contiguous()
-            from primus_turbo.triton.moe.permute_v2_plan import geom_choice
-
-            if w is None and geom_choice() == "v2":
+            if w is None and src is None and geom_choice() == "v2":
                 src = moe_src_from_rows_v2(row_map, y.shape[0])
                 dy = moe_gather_rows(g, src, row_map.shape[1])
-            elif w is None:  # token order: each dout row read once for its K copies
-                dy, _ = moe_unpermute_bwd_v2(g, y, row_map, None, False)
-            else:
-                dy, dw = moe_unpermute_bwd_v2(g, y, row_map, w, need_w)
+            else:  # token order: each dout row read once for its K copies
+                dy, dw = moe_unpermute_bwd_v2(g, y, row_map, w, need_w, src)
         if need_w and g_up is not None:
             flat = row_map.reshape(-1)
             add = torch.zeros_like(w).index_add_(

@@ -184,6 +184,7 @@ def reduce_v2_kernel(
     w_ptr,
     out_ptr,
     p_out_ptr,
+    src_ptr,
     T,
     H,
     stride_y,
@@ -194,10 +195,13 @@ def reduce_v2_kernel(
     ROWS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     EVEN_H: tl.constexpr,
+    WRITE_SRC: tl.constexpr = False,
 ):
     """``out[t] = sum_k w * y[row_map[t, k]]`` (fp32, copy order; ``w = 1`` unless ``MUL_W``)
     and, with ``WRITE_P``, ``p_out[t, k] = w_ptr[row_map[t, k]]`` (0 for dropped copies) from
-    the programs of the first column block."""
+    the programs of the first column block; with ``WRITE_SRC`` those also write the inverse map
+    ``src[row_map[t, k]] = t * K + k`` (rows no copy reaches keep whatever the buffer held: the
+    backward checks ``row_map[src[r]] == r``, so no -1 fill is needed)."""
     toks = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     in_rows = toks < T
@@ -218,6 +222,8 @@ def reduce_v2_kernel(
                 v = v * w[:, None]
             if WRITE_P:
                 tl.store(p_out_ptr + toks * K + k, w, mask=in_rows & (tl.program_id(1) == 0))
+        if WRITE_SRC:
+            tl.store(src_ptr + rr, toks * K + k, mask=valid & in_rows & (tl.program_id(1) == 0))
         acc += v
     tl.store(out_ptr + toks[:, None] * stride_out + cols[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=in_rows[:, None] & col_ok[None, :])  # fmt: skip
@@ -298,6 +304,7 @@ def unpermute_bwd_kernel(
     NEED_DW: tl.constexpr,
     HAS_W: tl.constexpr = True,
     FAST: tl.constexpr = False,
+    VERIFY: tl.constexpr = False,
 ):
     """``permute_kernel.reduce_rows_bwd_kernel`` with ``y`` read only when ``NEED_DW``: tokens
     ``[ROWS]`` per program write ``dy[row] = w * dout[t]`` for their K copies (``w = 1``
@@ -311,8 +318,14 @@ def unpermute_bwd_kernel(
     cols0 = tl.arange(0, BLOCK_H)
     if pid >= num_tok_programs * SPLITS:
         r = (pid - num_tok_programs * SPLITS).to(tl.int64) * ZROWS + tl.arange(0, ZROWS)
-        src = tl.load(src_ptr + r, mask=r < N, other=0)
-        dead = (src < 0) & (r < N)
+        if VERIFY:  # src unfilled (written by the forward): r is live iff row_map[src[r]] == r
+            src = tl.load(src_ptr + r, mask=r < N, other=-1)
+            inb = (src >= 0) & (src < T * K) & (r < N)
+            back = tl.load(map_ptr + tl.where(inb, src, 0), mask=inb, other=-1)
+            dead = (back != r) & (r < N)
+        else:
+            src = tl.load(src_ptr + r, mask=r < N, other=0)
+            dead = (src < 0) & (r < N)
         if tl.sum(dead.to(tl.int32), axis=0) > 0:
             zero = tl.zeros([ZROWS, BLOCK_H], dtype=dy_ptr.dtype.element_ty)
             for h0 in range(0, H, BLOCK_H):
@@ -400,29 +413,33 @@ def reduce_v2_triton(
     out_dtype: torch.dtype,
     mul_w: bool,
     write_p: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(out [T, H], p_out [T, K] fp32 | None)``; see ``reduce_v2_kernel``."""
+    write_src: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``(out [T, H], p_out [T, K] fp32 | None, src [N] int64 | None)``; see
+    ``reduce_v2_kernel`` (``src`` is only meaningful where ``row_map[src[r]] == r``)."""
     t, k = row_map.shape
     h = y.shape[1]
     out = torch.empty((t, h), dtype=out_dtype, device=y.device)
     p_out = torch.empty((t, k), dtype=torch.float32, device=y.device) if write_p else None
+    src = torch.empty((y.shape[0],), dtype=torch.int64, device=y.device) if write_src else None
     if t == 0 or k == 0:
         if k == 0:
             out.zero_()
-        return out, p_out
+        return out, p_out, src
     if h == 0:  # no column block to write p_out: a torch gather (rare)
         if write_p:
             p_out.copy_(w.index_select(0, row_map.clamp(min=0).reshape(-1)).view(t, k))
             p_out.mul_(row_map >= 0)
-        return out, p_out
+        return out, p_out, src  # (h == 0: the backward returns zeros without reading src)
     rows, block, warps = _tile(h, 4, t)
     grid = (triton.cdiv(t, rows), triton.cdiv(h, block))
     reduce_v2_kernel[grid](
-        y, row_map, w if w is not None else y, out, p_out if p_out is not None else out, t, h,
-        y.stride(0), out.stride(0), K=k, MUL_W=mul_w, WRITE_P=write_p, ROWS=rows,
-        BLOCK_H=block, EVEN_H=h % block == 0, num_warps=warps,
+        y, row_map, w if w is not None else y, out, p_out if p_out is not None else out,
+        src if src is not None else row_map, t, h, y.stride(0), out.stride(0), K=k, MUL_W=mul_w,
+        WRITE_P=write_p, ROWS=rows, BLOCK_H=block, EVEN_H=h % block == 0,
+        WRITE_SRC=write_src, num_warps=warps,
     )  # fmt: skip
-    return out, p_out
+    return out, p_out, src
 
 
 def src_from_rows_triton(row_map: torch.Tensor, n: int) -> torch.Tensor:
@@ -441,16 +458,21 @@ def unpermute_bwd_triton(
     row_map: torch.Tensor,
     w: torch.Tensor | None,
     need_dw: bool,
+    src: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(dy [N, H], dw [N] fp32 | None)`` of the unpermute (weighted by ``w``, or not: then
-    ``dy[row_map[t, k]] = dout[t]``, each ``dout`` row read once for its K copies)."""
+    ``dy[row_map[t, k]] = dout[t]``, each ``dout`` row read once for its K copies). ``src``:
+    the unfilled inverse map the forward wrote (one launch here), else built here (fill +
+    scatter)."""
     n, h = y.shape
     t, k = row_map.shape
     need_dw = need_dw and w is not None
     dw = torch.empty((n,), dtype=torch.float32, device=y.device) if need_dw else None
     if t == 0 or k == 0 or h == 0 or n == 0:
         return torch.zeros_like(y), (dw.zero_() if dw is not None else None)
-    src = src_from_rows_triton(row_map, n)
+    verify = src is not None
+    if src is None:
+        src = src_from_rows_triton(row_map, n)
     dy = torch.empty((n, h), dtype=y.dtype, device=y.device)
     geom = geom_choice()
     rows, block, warps = _tile(h, 8 if need_dw else 4, t)
@@ -466,7 +488,8 @@ def unpermute_bwd_triton(
         dout, y, row_map, w if w is not None else dout, src, dy, dw if dw is not None else dout,
         t, n, h, dout.stride(0), y.stride(0), dy.stride(0), tok_programs, splits, per * block,
         K=k, K_PAD=triton.next_power_of_2(k), ROWS=rows, ZROWS=zrows, BLOCK_H=block,
-        NEED_DW=need_dw, HAS_W=w is not None, FAST=geom != "v2", num_warps=warps,
+        NEED_DW=need_dw, HAS_W=w is not None, FAST=geom != "v2", VERIFY=verify,
+        num_warps=warps,
     )  # fmt: skip
     return dy, dw
 
@@ -503,10 +526,10 @@ def aot_specs(target: str) -> list[AotSpec]:
             name="moe_v2_reduce_bf16_wp",
             fn=reduce_v2_kernel,
             signature={"y_ptr": f"*{dt}", "map_ptr": "*i64", "w_ptr": "*fp32",
-                       "out_ptr": f"*{dt}", "p_out_ptr": "*fp32", "T": "i32", "H": "i32",
-                       "stride_y": "i64:16", "stride_out": "i64:16"},
+                       "out_ptr": f"*{dt}", "p_out_ptr": "*fp32", "src_ptr": "*i64", "T": "i32",
+                       "H": "i32", "stride_y": "i64:16", "stride_out": "i64:16"},
             constexprs={"K": 8, "MUL_W": True, "WRITE_P": True, "ROWS": 8, "BLOCK_H": 512,
-                        "EVEN_H": True},
+                        "EVEN_H": True, "WRITE_SRC": True},
             options={"num_warps": 8},
         ),
         AotSpec(
@@ -518,7 +541,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                        "stride_dout": "i64:16", "stride_y": "i64:16", "stride_dy": "i64:16",
                        "num_tok_programs": "i32", "SPLITS": "i32", "COLS": "i32"},
             constexprs={"K": 8, "K_PAD": 8, "ROWS": 8, "ZROWS": 32, "BLOCK_H": 512,
-                        "NEED_DW": False, "HAS_W": True, "FAST": True},
+                        "NEED_DW": False, "HAS_W": True, "FAST": True, "VERIFY": True},
             options={"num_warps": 8},
         ),
         AotSpec(

@@ -476,3 +476,26 @@ def test_permute_geometry_2d_matches_v2_gpu(t, h, e, k, pad, device, monkeypatch
         outs[geom] = _run_v2_chain(x0, ids, p0, e, pad, t * k + e * pad if pad else -1)
     for a, b in zip(outs["v2"], outs["2d"], strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("with_w", [True, False])
+def test_unpermute_bwd_unfilled_src_verified(with_w, device):
+    """The backward with the forward's unfilled inverse map: rows no copy reaches hold garbage
+    (valid copy ids of other rows, huge, negative); ``row_map[src[r]] == r`` rejects it, so dead
+    rows are zero and the result equals the filled-map path bitwise."""
+    from primus_turbo.triton.moe.permute_v2_kernel import reduce_v2_triton, unpermute_bwd_triton
+
+    t, h, e, k, n = 9, 24, 4, 2, 26  # 26 rows, 18 copies (2 dropped): >= 10 dead rows
+    ids = torch.stack([torch.randperm(e + 1, device=device)[:k] for _ in range(t)])
+    x = rand(t, h, dtype=torch.bfloat16, device=device)
+    y, row_map, *_ = turbo.ops.moe_permute(x, ids, num_local_experts=e, num_permuted_tokens=n)
+    w = torch.rand(n, device=device) if with_w else None
+    _, _, src = reduce_v2_triton(y, row_map, w, y.dtype, with_w, False, True)
+    live = torch.zeros(n, dtype=torch.bool, device=device)
+    live[row_map[row_map >= 0]] = True
+    junk = torch.tensor([0, 1, 2**40, -5, t * k, 3], device=device)
+    src[~live] = junk.repeat(n)[: int((~live).sum())]
+    g = rand(t, h, dtype=torch.bfloat16, device=device)
+    got, _ = unpermute_bwd_triton(g, y, row_map, w, False, src)
+    want, _ = unpermute_bwd_triton(g, y, row_map, w, False, None)
+    assert torch.equal(got, want) and torch.count_nonzero(got[~live]) == 0

@@ -73,13 +73,20 @@ def _reduce_v2_impl(
     out_dtype: torch.dtype,
     mul_w: bool,
     write_p: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out [T, H], p_out [T, K] (empty unless write_p))``: ``out[t] = sum_k (w or 1) *
-    y[row_map[t, k]]``, ``p_out[t, k] = w[row_map[t, k]]`` (0 for dropped copies)."""
+    write_src: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out [T, H], p_out [T, K] (empty unless write_p), src [N] (empty unless write_src))``:
+    ``out[t] = sum_k (w or 1) * y[row_map[t, k]]``, ``p_out[t, k] = w[row_map[t, k]]`` (0 for
+    dropped copies), ``src[row_map[t, k]] = t * K + k`` (other rows unwritten)."""
     from primus_turbo.triton.moe.permute_v2_kernel import reduce_v2_triton
 
-    out, p = reduce_v2_triton(y, row_map, w, out_dtype, mul_w, write_p)
-    return out, (p if p is not None else _empty_f32(y.device))
+    out, p, src = reduce_v2_triton(y, row_map, w, out_dtype, mul_w, write_p, write_src)
+    empty_i64 = torch.empty((0,), dtype=torch.int64, device=y.device)
+    return (
+        out,
+        (p if p is not None else _empty_f32(y.device)),
+        (src if src is not None else empty_i64),
+    )
 
 
 _reduce_v2_op = torch.library.custom_op(
@@ -88,11 +95,12 @@ _reduce_v2_op = torch.library.custom_op(
 
 
 @_reduce_v2_op.register_fake
-def _reduce_v2_fake(y, row_map, w, out_dtype, mul_w, write_p):
+def _reduce_v2_fake(y, row_map, w, out_dtype, mul_w, write_p, write_src=False):
     p_shape = tuple(row_map.shape) if write_p else (0,)
     return (
         y.new_empty((row_map.shape[0], y.shape[1]), dtype=out_dtype),
         y.new_empty(p_shape, dtype=torch.float32),
+        y.new_empty((y.shape[0] if write_src else 0,), dtype=torch.int64),
     )
 
 
@@ -102,12 +110,14 @@ def _unpermute_bwd_v2_impl(
     row_map: torch.Tensor,
     w: torch.Tensor | None,
     need_dw: bool,
+    src: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(dy [N, H], dw [N] fp32 (empty unless need_dw and w))`` of the unpermute (weighted
-    by ``w`` or not)."""
+    by ``w`` or not); ``src``: the forward's unfilled inverse map (``moe_reduce_v2`` with
+    ``write_src``), else it is built here."""
     from primus_turbo.triton.moe.permute_v2_kernel import unpermute_bwd_triton
 
-    dy, dw = unpermute_bwd_triton(dout, y, row_map, w, need_dw)
+    dy, dw = unpermute_bwd_triton(dout, y, row_map, w, need_dw, src)
     return dy, (dw if dw is not None else _empty_f32(y.device))
 
 
@@ -117,7 +127,7 @@ _unpermute_bwd_v2_op = torch.library.custom_op(
 
 
 @_unpermute_bwd_v2_op.register_fake
-def _unpermute_bwd_v2_fake(dout, y, row_map, w, need_dw):
+def _unpermute_bwd_v2_fake(dout, y, row_map, w, need_dw, src=None):
     n_dw = y.shape[0] if need_dw and w is not None else 0
     return torch.empty_like(y), y.new_empty((n_dw,), dtype=torch.float32)
 
