@@ -349,10 +349,9 @@ def aot_specs(target: str) -> list:
         return []
     specs = []
     ints = {"M": "i32", "N": "i32:16", "K": "i32:16", "G": "i32"}
-    flat_ok = tma_configs(ArchFamily.HOPPER)
-    for cfg in tma_configs(ArchFamily.HOPPER, flat=False):
+    for cfg in tma_configs(ArchFamily.HOPPER):
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-        for lay, trans_b in (("nt", True), ("nn", False)) if cfg in flat_ok else ():
+        for lay, trans_b in (("nt", True), ("nn", False)):
             b_block = f"[{bn},{bk}]" if trans_b else f"[{bk},{bn}]"
             sig = {"a_desc": f"tensordesc<bf16[{bm},{bk}]>", "b_desc": f"tensordesc<bf16{b_block}>",
                    "c_ptr": "*bf16", "offs_ptr": "*i64", **ints, "stride_cm": "i32:16",

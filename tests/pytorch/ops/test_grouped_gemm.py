@@ -440,7 +440,7 @@ def test_grouped_gemm_tma_kernels(lens, k, n, trans_b, monkeypatch, device):
 def _tma_plan_ids():
     from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import tma_configs
 
-    return list(tma_configs(ArchFamily.HOPPER, flat=False))
+    return list(tma_configs(ArchFamily.HOPPER))
 
 
 @pytest.mark.gpu
