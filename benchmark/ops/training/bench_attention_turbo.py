@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 import time
 import traceback
@@ -48,6 +49,7 @@ import torch  # noqa: E402
 from harness import (  # noqa: E402
     Mode,
     Results,
+    Timing,
     add_common_args,
     bench_modes,
     bench_pair,
@@ -62,6 +64,7 @@ from harness import (  # noqa: E402
 
 import primus_turbo.pytorch as turbo  # noqa: E402
 from primus_turbo.pytorch.core import BackendType, GlobalBackendManager  # noqa: E402
+from primus_turbo.pytorch.core.backend import PrecisionType  # noqa: E402
 from primus_turbo.triton.attention.attn_launch import _tuned  # noqa: E402
 
 # name -> (hq, hkv, dqk, dv)
@@ -83,14 +86,17 @@ SNR_GATE_DB = 40.0
 VARIANTS = ("TRITON", "default", "sdpa_cudnn", "sdpa_flash")
 
 
-def cases(profile: str, seqlens, models):
+CAUSAL_CHOICES = {"both": (True, False), "causal": (True,), "full": (False,)}
+
+
+def cases(profile: str, seqlens, models, causal_sel: str = "both"):
     if profile == "cpu":
         return [(*c, True) for c in CPU_CASES]
     out = []
     for s in seqlens:  # rounds: every model at one seqlen before the next seqlen
         for name in models:
             hq, hkv, dqk, dv = MODELS[name]
-            for causal in (True, False):
+            for causal in CAUSAL_CHOICES[causal_sel]:
                 out.append((name, max(1, TOKENS // s), s, hq, hkv, dqk, dv, causal))
     return out
 
@@ -119,12 +125,94 @@ def _sdpa(kind):
     return fn
 
 
+_OPTS = {"set_per_call": False}  # --set-backend-per-call: the measurement of before
+
+
+def _use_attn_backend(backend) -> None:
+    """Pin ``backend`` (None: the default dispatch) unless it already is the setting. Setting it
+    on every call bumps the dispatcher's generation, so each timed call of before re-resolved
+    (memo miss, tune-cache lookup): host work a user's training step never does."""
+    cur = GlobalBackendManager.get_backend("attn", PrecisionType.BF16_FP16_FP32)
+    stale = (None if cur is None else cur.backend) != backend or (cur is not None and cur.auto_tune)
+    if stale or _OPTS["set_per_call"]:
+        GlobalBackendManager.set_attn_backend(backend)
+
+
 def _turbo(backend):
     def fn(q, k, v, causal):
-        GlobalBackendManager.set_attn_backend(backend)
+        _use_attn_backend(backend)
         return turbo.ops.flash_attn_func(q, k, v, causal=causal)
 
     return fn
+
+
+def _quantile(xs, p):
+    xs = sorted(xs)
+    i = min(len(xs) - 1, max(0, round(p * (len(xs) - 1))))
+    return xs[i]
+
+
+def pair_interleaved(sides, leaves, grad, budget_ms, sleep_us, dev, min_n=8, max_n=200):
+    """Time ``sides`` (name -> fn() giving the output) one training step at a time, the sides
+    interleaved (AB BA BA AB ...), until ``budget_ms`` is spent (``min_n``..``max_n`` steps each).
+
+    Each step resets the leaves' grads, flushes L2 (256 MiB), runs the forward between two CUDA
+    events, flushes again and runs ``out.backward(grad)`` between two more. With ``sleep_us`` > 0
+    the GPU spins that long before each timed region (``torch.cuda._sleep``) so the host's launch
+    work is hidden for both sides alike: device time, as graph replay would give, but through
+    the real Python call. Compared with harness.bench_pair (4 rounds of do_bench, which on a 30 ms
+    backward is ~1 timed sample per round after 6 untimed ones), every call here is a sample
+    and drift hits both sides within one round.
+
+    Returns ``({name: {Mode.FWD: Timing, Mode.BWD: Timing}}, {name: [per-step fwd+bwd ms]})``."""
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    cycles = int(sleep_us * 1.8e3)  # ~1.8 GHz SM clock: a lower bound on the spin time
+
+    def step(fn):
+        for t in leaves:
+            t.grad = None
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+        flush.zero_()
+        if cycles:
+            torch.cuda._sleep(cycles)
+        ev[0].record()
+        out = fn()
+        ev[1].record()
+        flush.zero_()
+        if cycles:
+            torch.cuda._sleep(cycles)
+        ev[2].record()
+        out.backward(grad)
+        ev[3].record()
+        return ev
+
+    names = list(sides)
+    with torch.enable_grad():
+        for _ in range(2):  # warm-up (and the estimate, from the second)
+            evs = {n: step(sides[n]) for n in names}
+        torch.cuda.synchronize(dev)
+        per_round = sum(e[0].elapsed_time(e[3]) for e in evs.values())
+        n = max(min_n, min(max_n, int(budget_ms / max(per_round, 1e-3))))
+        pending = []
+        k = len(names)
+        for i in range(n):
+            order = names[i % k :] + names[: i % k]
+            order = order[::-1] if (i // k) % 2 else order
+            pending.append({name: step(sides[name]) for name in order})
+        torch.cuda.synchronize(dev)
+    for t in leaves:
+        t.grad = None
+    fwd = {name: [r[name][0].elapsed_time(r[name][1]) for r in pending] for name in names}
+    bwd = {name: [r[name][2].elapsed_time(r[name][3]) for r in pending] for name in names}
+    timings = {
+        name: {
+            Mode.FWD: Timing(statistics.median(fwd[name]), statistics.stdev(fwd[name])),
+            Mode.BWD: Timing(statistics.median(bwd[name]), statistics.stdev(bwd[name])),
+        }
+        for name in names
+    }
+    steps = {name: [f + b for f, b in zip(fwd[name], bwd[name], strict=True)] for name in names}
+    return timings, steps
 
 
 def _fns(on_gpu: bool):
@@ -184,22 +272,43 @@ def run_case(idx, case, info, args):
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     paired = {}
     if info.is_gpu:
-        # default vs cuDNN (the same kernel when the default resolves to SDPA): alternating
-        # rounds, so clock / thermal drift cannot make one look faster than the other
+        # default vs cuDNN (the same kernel when the default resolves to SDPA): interleaved
+        # steps (or do_bench rounds in ABBA order with --pair abba), so clock / thermal drift
+        # cannot make one look faster than the other
         try:
             _grads(fns["default"], q, k, v, causal, grad)  # dispatch timing + compiles, untimed
-            pair = bench_pair(
-                (lambda: fns["default"](*leaves, causal), leaves),
-                (lambda: fns["sdpa_cudnn"](*leaves, causal), leaves),
-                grad,
-                (Mode.FWD, Mode.BWD),
-                4,  # even: ABBA order gives each side the first slot equally often
-                args.warmup_ms,
-                2 * args.rep_ms,
-                dev,
-            )
-            paired = dict(zip(("default", "sdpa_cudnn"), pair, strict=True))
+            if args.pair == "interleave":
+                sides = {"default": lambda: fns["default"](*leaves, causal),
+                         "sdpa_cudnn": lambda: fns["sdpa_cudnn"](*leaves, causal)}  # fmt: skip
+                if args.aa:  # a second, identical cuDNN side: the noise floor of this ratio
+                    aa_fn = _sdpa("cudnn")
+                    sides["sdpa_cudnn_aa"] = lambda: aa_fn(*leaves, causal)
+                paired, steps = pair_interleaved(sides, leaves, grad, args.pair_ms,
+                                                 args.pair_sleep_us, dev)  # fmt: skip
+                ratios = [c / d for c, d in zip(steps["sdpa_cudnn"], steps["default"],
+                                                strict=True)]  # fmt: skip
+                row["pair n"] = len(ratios)
+                row["pair default/cuDNN p25"] = _quantile(ratios, 0.25)
+                row["pair default/cuDNN p50"] = statistics.median(ratios)
+                row["pair default/cuDNN p75"] = _quantile(ratios, 0.75)
+                if args.aa:
+                    row["A/A cuDNN/cuDNN"] = statistics.median(
+                        c / a for c, a in zip(steps["sdpa_cudnn_aa"], steps["sdpa_cudnn"],
+                                              strict=True))  # fmt: skip
+            else:
+                pair = bench_pair(
+                    (lambda: fns["default"](*leaves, causal), leaves),
+                    (lambda: fns["sdpa_cudnn"](*leaves, causal), leaves),
+                    grad,
+                    (Mode.FWD, Mode.BWD),
+                    4,  # even: ABBA order gives each side the first slot equally often
+                    args.warmup_ms,
+                    2 * args.rep_ms,
+                    dev,
+                )
+                paired = dict(zip(("default", "sdpa_cudnn"), pair, strict=True))
         except Exception as e:  # noqa: BLE001 - timed one by one below instead
+            traceback.print_exc()
             print(f"  default/cuDNN pair: n/a ({type(e).__name__}: {str(e)[:100]})")
     for vname, fn in fns.items():
         if not info.is_gpu and vname == "default":
@@ -258,7 +367,27 @@ def parse_args(argv=None):
     p.add_argument("--peer-rep-ms", type=float, default=None,
                    help="timing budget (ms per mode) of SDPA flash / mem-efficient, which are "
                    "reported but carry no target (default: a quarter of --rep-ms)")  # fmt: skip
+    p.add_argument("--causal", choices=tuple(CAUSAL_CHOICES), default="both",
+                   help="which masks to run (default both)")  # fmt: skip
+    p.add_argument("--pair", choices=("interleave", "abba"), default="interleave",
+                   help="default-vs-cuDNN timing: interleaved single training steps (default; "
+                   "see pair_interleaved) or harness.bench_pair (4 do_bench rounds, ABBA; the "
+                   "method of sessions 3-4)")  # fmt: skip
+    p.add_argument("--pair-ms", type=float, default=3000.0,
+                   help="device-time budget of the interleaved pair per case (default 3000; "
+                   "8-200 steps per side)")  # fmt: skip
+    p.add_argument("--pair-sleep-us", type=float, default=200.0,
+                   help="GPU spin before each timed region of the interleaved pair, hiding "
+                   "host launch time for both sides (default 200; 0 = eager: host time "
+                   "exposed)")  # fmt: skip
+    p.add_argument("--aa", action="store_true",
+                   help="add a second cuDNN side to the interleaved pair: column 'A/A "
+                   "cuDNN/cuDNN' is then the ratio's noise floor")  # fmt: skip
+    p.add_argument("--set-backend-per-call", action="store_true",
+                   help="set the attention backend inside every timed call (the benchmark of "
+                   "before; re-resolves the dispatch on each call)")  # fmt: skip
     args = p.parse_args(argv)
+    _OPTS["set_per_call"] = args.set_backend_per_call
     if args.warmup_ms is None:
         args.warmup_ms = 25.0
     if args.rep_ms is None:
@@ -271,8 +400,8 @@ def parse_args(argv=None):
 COLUMNS = ["Model", "B", "S", "causal", "Check", "TRITON fwd TFLOPS", "TRITON bwd TFLOPS",
            "default fwd+bwd TFLOPS", "sdpa_cudnn fwd TFLOPS", "sdpa_cudnn bwd TFLOPS",
            "sdpa_flash fwd+bwd TFLOPS", "sdpa_efficient fwd+bwd TFLOPS", "peer",
-           "default/bestSDPA fwd+bwd", "TRITON/cuDNN fwd",
-           "TRITON/cuDNN bwd", "out_snr", "dq_snr"]  # fmt: skip
+           "default/bestSDPA fwd+bwd", "pair n", "pair default/cuDNN p50", "A/A cuDNN/cuDNN",
+           "TRITON/cuDNN fwd", "TRITON/cuDNN bwd", "out_snr", "dq_snr"]  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -287,7 +416,7 @@ def main(argv=None) -> int:
     if notice:
         print(notice)
     results = Results(info)
-    todo = cases(profile, args.seqlens, args.models)[: args.max_cases]
+    todo = cases(profile, args.seqlens, args.models, args.causal)[: args.max_cases]
     budget = args.budget_s if args.budget_s is not None else (GPU_BUDGET_S if info.is_gpu else 0)
     t_start = time.monotonic()
     skipped = []
@@ -307,6 +436,16 @@ def main(argv=None) -> int:
             f" | default/bestSDPA {row['default/bestSDPA fwd+bwd']:.3f} | TRITON/cuDNN fwd "
             f"{row['TRITON/cuDNN fwd']:.3f} bwd {row['TRITON/cuDNN bwd']:.3f}"
         )
+        if "pair n" in row:
+            aa = row.get("A/A cuDNN/cuDNN")
+            print(
+                f"  pair ({row['pair n']} steps/side): default/cuDNN per step p25/p50/p75 "
+                f"{row['pair default/cuDNN p25']:.3f}/{row['pair default/cuDNN p50']:.3f}/"
+                f"{row['pair default/cuDNN p75']:.3f}"
+                + (f" | A/A cuDNN/cuDNN {aa:.3f}" if aa is not None else "")
+                + f" | fwd {row['default fwd TFLOPS']:.1f}/{row['sdpa_cudnn fwd TFLOPS']:.1f}"
+                f" bwd {row['default bwd TFLOPS']:.1f}/{row['sdpa_cudnn bwd TFLOPS']:.1f} TFLOPS"
+            )
     print(f"\n{len(results.rows)} cases in {time.monotonic() - t_start:.0f} s", end="")
     if skipped:
         print(f"; {len(skipped)} not reached in the {budget:g} s budget (--budget-s): "

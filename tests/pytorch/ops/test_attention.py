@@ -341,6 +341,77 @@ def test_sdpa_order_pins_kernel_and_respects_user_switches(device):
         GlobalBackendManager.set_attn_backend(None)
 
 
+@pytest.fixture
+def sdpa_ctx(monkeypatch):
+    """Sets PRIMUS_TURBO_ATTN_SDPA_CTX for one test (the reader is cached)."""
+    from primus_turbo.pytorch.kernels.attention import attention_impl
+
+    def set_mode(mode):
+        monkeypatch.setenv("PRIMUS_TURBO_ATTN_SDPA_CTX", mode)
+        attention_impl.sdpa_ctx_mode.cache_clear()
+
+    yield set_mode
+    monkeypatch.undo()
+    attention_impl.sdpa_ctx_mode.cache_clear()
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_sdpa_ctx_modes_same_kernel_and_state_restored(mode, sdpa_ctx, device):
+    """Both ways of imposing SDPA_ORDER (PRIMUS_TURBO_ATTN_SDPA_CTX) pick the same SDPA kernel
+    (cuDNN on CUDA even under an outer priority that puts flash first), give the same bits as
+    each other, keep user switches off, and leave torch's switches (and in fast mode its priority
+    list) as they were."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    on_cuda = torch.device(device).type == "cuda"
+    dtype = torch.bfloat16 if on_cuda else torch.float32
+    q, k, v = _inputs(1, 64, 64, 4, 2, 64, 64, dtype, device)
+    flags = ("cudnn_sdp_enabled", "flash_sdp_enabled", "mem_efficient_sdp_enabled",
+             "math_sdp_enabled")  # fmt: skip
+
+    def state():
+        # the switches always come back; the priority list exactly only in fast mode (torch's
+        # sdpa_kernel restores it from the enabled kernels: under an outer sdpa_kernel([MATH])
+        # "full" leaves MATH first and the others in the restored order)
+        prio = list(torch._C._get_sdp_priority_order()) if m == "fast" else None
+        return prio, [getattr(torch.backends.cuda, f)() for f in flags]
+
+    GlobalBackendManager.set_attn_backend(BackendType.TORCH)
+    try:
+        outs = {}
+        for m in ("full", mode):
+            sdpa_ctx(m)
+            outer = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+                     SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]  # fmt: skip
+            with sdpa_kernel(outer, set_priority=True):
+                before = state()
+                out = turbo.ops.flash_attn_func(q, k, v, causal=True)
+                assert state() == before
+            nodes = _sdpa_nodes(out)
+            if on_cuda and torch.version.hip is None:
+                assert len(nodes) == 1 and "Cudnn" in nodes[0], nodes
+            with sdpa_kernel([SDPBackend.MATH]):
+                before = state()
+                assert _sdpa_nodes(turbo.ops.flash_attn_func(q, k, v, causal=True)) == []
+                assert state() == before
+            outs[m] = out
+            out.backward(torch.ones_like(out))
+        assert torch.equal(outs["full"], outs[mode])
+    finally:
+        GlobalBackendManager.set_attn_backend(None)
+
+
+def test_sdpa_ctx_bad_value_raises(sdpa_ctx):
+    from primus_turbo.pytorch.kernels.attention.attention_impl import sdpa_ctx_mode
+
+    sdpa_ctx("fastest")
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_ATTN_SDPA_CTX") as err:
+        sdpa_ctx_mode()
+    assert "'fastest'" in str(err.value)
+    sdpa_ctx("FULL")
+    assert sdpa_ctx_mode() == "full"
+
+
 @pytest.mark.parametrize(
     "var,reader,value",
     [

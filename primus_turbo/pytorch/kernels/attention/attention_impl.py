@@ -8,8 +8,10 @@ backend was not asked for it. Non-differentiable backends also provide ``backwar
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
+import os
 import statistics
 from typing import Any
 
@@ -71,17 +73,75 @@ def _has_set_priority() -> bool:
 _SET_PRIORITY = _has_set_priority()
 
 
+@functools.cache
+def _sdpa_known() -> tuple[tuple[str, Any, Any], ...]:
+    """``(name, SDPBackend member, its enabled-switch getter)`` for each ``SDPA_ORDER`` kernel
+    this torch has."""
+    from torch.nn.attention import SDPBackend
+
+    return tuple((n, getattr(SDPBackend, n), getattr(torch.backends.cuda, _SDPA_ENABLED[n]))
+                 for n in SDPA_ORDER if hasattr(SDPBackend, n))  # fmt: skip
+
+
+def _sdpa_names() -> tuple[list[str], list[str]]:
+    """``(names, on)``: the ``SDPA_ORDER`` names this torch has, and those the user left on."""
+    known = _sdpa_known()
+    return [n for n, _, _ in known], [n for n, _, enabled in known if enabled()]
+
+
 def sdpa_order() -> list:
     """The ``SDPBackend`` list SDPA runs under. Eager: ``SDPA_ORDER`` minus the kernels the user
     switched off (``torch.backends.cuda.*_sdp_enabled`` / an outer ``sdpa_kernel``). Under
     torch.compile the switches cannot be read while tracing, so the whole order is used."""
     from torch.nn.attention import SDPBackend
 
-    names = [n for n in SDPA_ORDER if hasattr(SDPBackend, n)]
-    if not torch.compiler.is_compiling():
-        on = [n for n in names if getattr(torch.backends.cuda, _SDPA_ENABLED[n])()]
+    if torch.compiler.is_compiling():
+        names = [n for n in SDPA_ORDER if hasattr(SDPBackend, n)]
+    else:
+        names, on = _sdpa_names()
         names = on or names
     return [getattr(SDPBackend, n) for n in names]
+
+
+SDPA_CTX_MODES = ("fast", "full")
+
+
+@functools.cache
+def sdpa_ctx_mode() -> str:
+    """``PRIMUS_TURBO_ATTN_SDPA_CTX``: how :func:`sdpa_pinned` imposes ``SDPA_ORDER``.
+
+    ``fast`` (default): set torch's SDPA priority list directly (two C calls; nothing at all
+    when it already starts with our order) and leave the enable switches alone (they already
+    say what :func:`sdpa_order` read; the context also switched OVERRIDEABLE off, a kernel SDPA
+    never picks for CUDA/ROCm tensors). ``full``: the ``sdpa_kernel(order, set_priority=True)``
+    context of before (rewrites and restores all five switches and the priority, ~25-50 us of
+    Python per call on a busy host). Both run the same kernel; only host time differs."""
+    val = os.environ.get("PRIMUS_TURBO_ATTN_SDPA_CTX", "").strip().lower() or "fast"
+    if val not in SDPA_CTX_MODES:
+        raise ValueError(
+            "primus_turbo: environment variable PRIMUS_TURBO_ATTN_SDPA_CTX expected one of "
+            f"{SDPA_CTX_MODES}, got {val!r}"
+        )
+    return val
+
+
+_HAS_PRIORITY_API = all(
+    hasattr(torch._C, n) for n in ("_get_sdp_priority_order", "_set_sdp_priority_order")
+)
+
+
+def _sdpa_fast(q, k, v, order, kwargs):
+    """SDPA with ``order`` first in torch's priority list, the previous list restored after.
+    The enable switches are not touched: ``order`` holds exactly the kernels already on."""
+    prev = list(torch._C._get_sdp_priority_order())
+    want = [int(b) for b in order]
+    if prev[: len(want)] == want:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+    torch._C._set_sdp_priority_order(want + [p for p in prev if p not in want])
+    try:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+    finally:
+        torch._C._set_sdp_priority_order(prev)
 
 
 def sdpa_pinned(q, k, v, **kwargs):
@@ -90,6 +150,15 @@ def sdpa_pinned(q, k, v, **kwargs):
     forward and backward always run on the same SDPA kernel."""
     from torch.nn.attention import sdpa_kernel
 
+    if (
+        _SET_PRIORITY
+        and _HAS_PRIORITY_API
+        and not torch.compiler.is_compiling()
+        and sdpa_ctx_mode() == "fast"
+    ):
+        on = [b for _, b, enabled in _sdpa_known() if enabled()]
+        if on:  # all switched off: sdpa_order re-enables the list, only the context can do that
+            return _sdpa_fast(q, k, v, on, kwargs)
     order = sdpa_order()
     ctx = sdpa_kernel(order, set_priority=True) if _SET_PRIORITY else sdpa_kernel(order)
     with ctx:
