@@ -13,7 +13,8 @@ device call still gets every model; the cases not reached are listed. Timings us
 mem-efficient (no target) get ``--peer-rep-ms`` (default a quarter of it), SDPA flash is skipped
 where it cannot run (Dqk != Dv). Kernel configs can be pinned for A/B runs by env var, see
 primus_turbo/triton/attention/attn_launch.py (``PRIMUS_TURBO_ATTN_{FWD,DQ,DKDV,DV,DK}_CONFIG``,
-``PRIMUS_TURBO_ATTN_SPLIT_D``, ``PRIMUS_TURBO_ATTN_DKDV_PARTS``).
+``PRIMUS_TURBO_ATTN_SPLIT_D``, ``PRIMUS_TURBO_ATTN_DKDV_PARTS``); the TORCH backend's SDPA
+priority by ``PRIMUS_TURBO_ATTN_SDPA_CTX`` (fast / full, see attention_impl.sdpa_ctx_mode).
 
 FLOPs: forward ``2*B*Sq*Sk*Hq*(Dqk+Dv)``, halved when causal; backward
 ``2.5x`` forward; fwd+bwd TFLOPS = total FLOPs over fwd + bwd time.
@@ -24,6 +25,15 @@ default fwd+bwd vs the best SDPA (target >= 0.97 on every shape), TRITON fwd / b
 (targets: geomean >= 0.7 / >= 0.6). SDPA flash cannot do Dqk != Dv: those cells are NaN ("n/a");
 SDPA mem-efficient is timed only where neither cuDNN nor flash runs. The kernel ratios' peer
 (column "peer") is cuDNN, else the first SDPA kernel that ran.
+
+Default vs cuDNN (the same cuDNN kernel when the default resolves to TORCH; the peer is SDPA on
+``.transpose(1, 2)`` views of the same bshd tensors, as a user writes it): ``--pair interleave``
+(default) times single training steps of both sides interleaved (AB BA BA AB, 8-200 steps each
+in ``--pair-ms``), host launch time hidden by a GPU spin (``--pair-sleep-us``); the fwd / bwd
+columns of both are the step medians, "pair default/cuDNN p50" the median per-step ratio and,
+with ``--aa``, "A/A cuDNN/cuDNN" the same ratio between two cuDNN sides (the noise floor).
+``--pair abba`` is the method of sessions 3-4 (harness.bench_pair: 4 do_bench rounds; a 30 ms
+backward then got ~1 timed sample per round; ratios of identical kernels read 0.93-1.05).
 
     python benchmark/ops/training/bench_attention_turbo.py            # gpu profile
     TRITON_INTERPRET=1 python benchmark/ops/training/bench_attention_turbo.py --profile cpu
