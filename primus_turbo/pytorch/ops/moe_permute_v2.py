@@ -4,9 +4,10 @@
 Launches per call (v1 in brackets): permute forward 2 (3, plus a copy of strided top-k ids),
 permute backward 1 (1, plus torch ops for the probs gradient), unpermute forward 1 (1 + 4 torch
 ops for the unpermuted probs), unpermute backward fill + 2 (6 torch ops + 1), and it reads the
-permuted rows again only when the probs need a gradient. The unweighted unpermute's backward
-(the MoE layer's: probs go into SwiGLU) is fill + 2 as well, in token order with the ``2d``
-geometry (``dout`` read once; the ``v2`` geometry gathers ``dout[src // K]`` in expert order).
+permuted rows again only when the probs need a gradient. With the ``2d`` geometry (default)
+the unpermute forward also writes the unfilled inverse map, so the unpermute backward (weighted
+or not; the MoE layer's is unweighted, probs go into SwiGLU) is 1 launch in token order
+(``dout`` read once); the ``v2`` geometry gathers ``dout[src // K]`` in expert order there.
 """
 
 from __future__ import annotations
