@@ -124,12 +124,11 @@ def _block_tile_deferred(
 ):  # fmt: skip
     """One output tile as two N halves whose promotions are staggered by a K-block: the first
     half's product is synchronous (its ``wait 0`` also completes the second half's product of
-    the previous K-block), the second half's product is issued next and stays in flight (its
-    result is only yielded, and its previous value is read after that ``wait 0``: Triton's
-    "properly async" rule 3b), while both promotions run as FMAs. The tensor cores then idle
-    only for the first half's drain, not for the promotion. ``b_desc`` has ``BLOCK_N / 2``
-    rows. Three half-tile fp32 products live next to the two accumulators (sm_90 128x128 w8:
-    171 registers; 64x128 w4: 2-3 programs per SM)."""
+    the previous K-block, which is promoted next), then the second half's product is issued
+    and stays in flight (its result is only yielded and its previous value is read after that
+    ``wait 0``: Triton's "properly async" rule 3b) while the first half is promoted. So half
+    of the promotion FMAs run under a wgmma. ``b_desc`` has ``BLOCK_N / 2`` rows. ptxas
+    reports no wgmma serialization (C7514) for this order."""
     HALF: tl.constexpr = BLOCK_N // 2
     rn1 = (col0 + tl.arange(0, HALF)).to(tl.int64)
     rn2 = rn1 + HALF
@@ -157,16 +156,21 @@ def _block_tile_deferred(
         else:
             sb1 = tl.load(sb1_ptrs + kb * stride_sbk, mask=mask_n1, other=0.0)
             sb2 = tl.load(sb2_ptrs + kb * stride_sbk, mask=mask_n2, other=0.0)
-        part1 = tl.dot(a, b1.T)
-        new2 = tl.dot(a, b2.T)
+        part1 = tl.dot(a, b1.T)  # synchronous: its wait 0 also completes part2
+        # part2 is consumed before its registers are reused by this K-block's second half
+        # (consumed after that issue, ptxas must copy the in-flight accumulator at the loop
+        # back edge and serializes every wgmma: C7514 "non wgmma instructions reading
+        # accumulator registers")
         if SB_GROUP % BLOCK_N == 0:
-            acc1 += part1 * s[:, None]
             acc2 += part2 * s_prev[:, None]
         else:
-            acc1 += (part1 * s[:, None]) * sb1[None, :]
             acc2 += (part2 * s_prev[:, None]) * sb2_prev[None, :]
             sb2_prev = sb2
-        part2 = new2
+        part2 = tl.dot(a, b2.T)  # stays in flight through part1's promotion
+        if SB_GROUP % BLOCK_N == 0:
+            acc1 += part1 * s[:, None]
+        else:
+            acc1 += (part1 * s[:, None]) * sb1[None, :]
         s_prev = s
     if SB_GROUP % BLOCK_N == 0:
         acc2 += part2 * s_prev[:, None]
