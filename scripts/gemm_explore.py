@@ -163,6 +163,8 @@ def weak(names: list[str], smoke: bool) -> None:
             comps = [dataclasses.replace(plains[0], block_n2=8)]
             picked = comps[0]
         plains = plains[:3]  # 128x256, 256x128, 128x128 w4 on Hopper (the tuner's usual picks)
+        if gpu:  # two co-resident CTAs per SM: one's epilogue overlaps the other's K loop (kv_b)
+            plains.append(dataclasses.replace(plains[2], num_stages=3, programs_per_cu=2))
         flat_names = {c.name for c in plains}
         flat_names |= {c.name for c in comps if (c.block_m, c.block_n2) in ((128, 16), (128, 64))}
         if picked is not None:
