@@ -102,6 +102,75 @@ def _tile_amaxes(x, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
     return ar, ac
 
 
+MX4 = 5  # MX through a 4-D [BM/32, 32, BN/32, 32] view of the tile (v3, see _mx_tile_4d)
+
+
+@triton.jit
+def _mx_tile_4d(
+    t, grid_n, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xm, stride_qm, stride_qtn,
+    stride_sm, stride_sn, stride_stm, stride_stn, BM: tl.constexpr, BN: tl.constexpr,
+    DUAL: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr, FMT: tl.constexpr,
+    SAT: tl.constexpr, FAST: tl.constexpr, EVEN: tl.constexpr,
+):  # fmt: skip
+    """MX tile addressed as 4-D ``[GM, 32, G, 32]`` (row group, row, column group, column) so
+    both 32-groups are plain axis reductions (axis 3: along N; axis 1: along M) and the
+    row output is stored from the load's layout: no reshapes (each was a shared-memory layout
+    conversion). The dual copy permutes the loaded (bf16) tile to ``[G, 32, GM, 32]`` once, so
+    its 32-groups along M are last-axis reductions too and its store runs along M."""
+    qty = q_ptr.dtype.element_ty
+    G: tl.constexpr = BN // 32
+    GM: tl.constexpr = BM // 32
+    pid_m = t // grid_n
+    pid_n = t - pid_m * grid_n
+    i32 = tl.arange(0, 32)
+    row = pid_m * BM + tl.arange(0, GM)[:, None, None, None] * 32 + i32[None, :, None, None]
+    col = pid_n * BN + tl.arange(0, G)[None, None, :, None] * 32 + i32[None, None, None, :]
+    row64 = row.to(tl.int64)
+    if EVEN:
+        mask = None
+        xr = tl.load(x_ptr + row64 * stride_xm + col)
+    else:
+        mask = (row < M) & (col < N)
+        xr = tl.load(x_ptr + row64 * stride_xm + col, mask=mask, other=0.0)
+    x = xr.to(tl.float32)
+    if FAST:  # plain |x|; the filtered amaxes only when a row group's amax is not finite
+        ar = tl.max(tl.abs(x), axis=3)  # [GM, 32, G]
+        if tl.where(tl.max(tl.max(tl.max(ar, axis=2), axis=1), axis=0) < float("inf"), 0,
+                    1) != 0:  # fmt: skip
+            ar = tl.max(_finite_abs(x), axis=3)
+    else:
+        ar = tl.max(_finite_abs(x), axis=3)
+    scale, sinv = _e8m0_scale(ar, EMAX)
+    tl.store(q_ptr + row64 * stride_qm + col,
+             _cast2(x, scale[:, :, :, None], FMAX, qty, FMT, SAT), mask=mask)  # fmt: skip
+    g3 = pid_n * G + tl.arange(0, G)[None, None, :]
+    row3 = pid_m * BM + tl.arange(0, GM)[:, None, None] * 32 + i32[None, :, None]
+    tl.store(s_ptr + row3.to(tl.int64) * stride_sm + g3 * stride_sn,
+             sinv.to(s_ptr.dtype.element_ty),
+             mask=None if EVEN else (row3 < M) & (g3 * 32 < N))  # fmt: skip
+    if DUAL:  # the bf16 tile transposed once (2 B/element through shared memory), then the
+        # column groups are reductions along the last axis, as the row groups were
+        xt = tl.permute(xr, (2, 3, 0, 1)).to(tl.float32)  # [G, 32, GM, 32]
+        if FAST:
+            ac = tl.max(tl.abs(xt), axis=3)  # [G, 32, GM]
+            if tl.where(tl.max(tl.max(tl.max(ac, axis=2), axis=1), axis=0) < float("inf"),
+                        0, 1) != 0:  # fmt: skip
+                ac = tl.max(_finite_abs(xt), axis=3)
+        else:
+            ac = tl.max(_finite_abs(xt), axis=3)
+        sc, sinv_c = _e8m0_scale(ac, EMAX)
+        qc = _cast2(xt, sc[:, :, :, None], FMAX, qty, FMT, SAT)
+        col_t = pid_n * BN + tl.arange(0, G)[:, None, None, None] * 32 + i32[None, :, None, None]
+        row_t = pid_m * BM + tl.arange(0, GM)[None, None, :, None] * 32 + i32[None, None, None, :]
+        tl.store(qt_ptr + col_t.to(tl.int64) * stride_qtn + row_t, qc,
+                 mask=None if EVEN else (col_t < N) & (row_t < M))  # fmt: skip
+        col3 = pid_n * BN + tl.arange(0, G)[:, None, None] * 32 + i32[None, :, None]
+        gm3 = pid_m * GM + tl.arange(0, GM)[None, None, :]
+        tl.store(st_ptr + gm3 * stride_stm + col3.to(tl.int64) * stride_stn,
+                 sinv_c.to(st_ptr.dtype.element_ty),
+                 mask=None if EVEN else (gm3 * 32 < M) & (col3 < N))  # fmt: skip
+
+
 @triton.jit
 def _one_tile(
     t, grid_n, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xm, stride_qm, stride_qtn,
@@ -209,7 +278,11 @@ def quant_tile_v2_kernel(
     ``st_ptr`` and writes the 0-d ``s`` from the first tile)."""
     pid = tl.program_id(0)
     grid_n = tl.cdiv(N, BN)
-    if STAGES == 1:  # one tile per program (no loop: fewer registers)
+    if MODE == 5:  # MX4: one tile per program
+        _mx_tile_4d(pid, grid_n, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xm,
+                    stride_qm, stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn, BM, BN,
+                    DUAL, FMAX, EMAX, FMT, SAT, FAST, EVEN)  # fmt: skip
+    elif STAGES == 1:  # one tile per program (no loop: fewer registers)
         _one_tile(pid, grid_n, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xm, stride_qm,
                   stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn, BM, BN, MODE, DUAL,
                   FMAX, EMAX, FMT, SAT, NP, FAST, EVEN)  # fmt: skip
@@ -234,6 +307,11 @@ V2_CONFIGS = {
     "mx_dual": (MX, 32, 128, True, 4, 1),  # 29 PTX ops/element on sm_90 (64x64: 39)
     "mx_rows": (MX, 32, 128, False, 4, 2),
     "given_dual": (GIVEN, 64, 128, True, 4, 1),
+}
+# v3 only: the MX recipes through _mx_tile_4d (PRIMUS_TURBO_QUANT_MX4D)
+V3_CONFIGS = {
+    "mx4_dual": (MX4, 32, 128, True, 4, 1),
+    "mx4_rows": (MX4, 32, 128, False, 4, 1),
 }
 # v3 keeps the per-element filter here: with FAST the 128x128 dual tile spills 8 B on sm_90
 # at MAXNREG (x stays live across the re-reduction branch)
@@ -264,13 +342,13 @@ def aot_specs(target: str) -> list[AotSpec]:
         "stride_stn": "i32",
     }
     specs = []
-    for (name, (mode, bm, bn, dual, warps, stages)), v3 in itertools.product(
-        V2_CONFIGS.items(), (False, True)
-    ):
-        if mode == MX and target == "gfx942":
+    combos = list(itertools.product(V2_CONFIGS.items(), (False, True)))
+    combos += [(item, True) for item in V3_CONFIGS.items()]
+    for (name, (mode, bm, bn, dual, warps, stages)), v3 in combos:
+        if mode in (MX, MX4) and target == "gfx942":
             continue
         s = dict(sig)
-        if mode == MX:
+        if mode in (MX, MX4):
             s.update({"s_ptr": "*u8", "st_ptr": "*u8"})
         if target != "sm_90":
             stages = 1  # the launcher pipelines on NVIDIA only (gfx950 tile: 24 SGPR spills)

@@ -31,7 +31,9 @@ from primus_turbo.triton.quantization.quant_kernel import (
 )
 from primus_turbo.triton.quantization.quant_kernel_v2 import (
     MAXNREG,
+    MX4,
     V2_CONFIGS,
+    V3_CONFIGS,
     V3_NO_FAST,
     quant_tile_v2_kernel,
 )
@@ -140,14 +142,15 @@ def _hw_satfinite(index) -> bool:
     return torch.cuda.get_device_capability(index) >= (8, 9)
 
 
-_FREE_TILES = ("mx_dual", "mx_rows", "given_dual")  # configs whose tile is not the scale block
+# configs whose tile is not the scale block (their tile may be overridden)
+_FREE_TILES = ("mx_dual", "mx_rows", "mx4_dual", "mx4_rows", "given_dual")
 
 
 def _config(name: str):
     """``V2_CONFIGS[name]``; for the MX and tensorwise-dual configs (whose tile shape is free)
     ``PRIMUS_TURBO_QUANT_TILE_<NAME>=BMxBN`` (e.g. ``PRIMUS_TURBO_QUANT_TILE_MX_DUAL=64x64``)
     overrides the tile: powers of two, multiples of 32 for MX, at most 256 x 256."""
-    mode, bm, bn, dual, warps, stages = V2_CONFIGS[name]
+    mode, bm, bn, dual, warps, stages = {**V2_CONFIGS, **V3_CONFIGS}[name]
     if name not in _FREE_TILES:
         return mode, bm, bn, dual, warps, stages
     var = f"PRIMUS_TURBO_QUANT_TILE_{name.upper()}"
@@ -173,6 +176,8 @@ def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
     interp = triton_interpret()
     nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
     stages = _env_int("PRIMUS_TURBO_QUANT_STAGES", stages if nvidia or interp else 1)
+    if mode == MX4:  # one tile per program, always (no persistent loop)
+        stages = 1
     warps = _env_int("PRIMUS_TURBO_QUANT_WARPS", warps)
     maxnreg = _env_int("PRIMUS_TURBO_QUANT_MAXNREG", MAXNREG)
     m, n = x.shape
@@ -333,6 +338,17 @@ _MX_TILE = (32, 128, 4)
 _MX_TILE_DUAL = (64, 64, 4)
 
 
+def _mx4d(dual: bool) -> bool:
+    """v3: ``PRIMUS_TURBO_QUANT_MX4D`` unset -> the 4-D MX kernel for the row-only recipe
+    (8 SASS instructions per element on sm_90 vs ~12 for the reshaped tile) and the reshaped
+    tile for the dual one (its 4-D form reduces the 32-row groups across threads: ~40 vs ~25);
+    ``1``: 4-D for both; ``0``: for neither."""
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_MX4D", "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"primus_turbo: PRIMUS_TURBO_QUANT_MX4D expected 0 or 1, got {raw!r}")
+    return raw == "1" if raw else not dual
+
+
 def quant_mx(x: torch.Tensor, dtype: torch.dtype, dual: bool = False, block: int = 32):
     """MXFP8: E8M0 scales per 32 along N (and, with ``dual``, of ``x.T`` per 32 along M)."""
     m, n = x.shape
@@ -344,6 +360,8 @@ def quant_mx(x: torch.Tensor, dtype: torch.dtype, dual: bool = False, block: int
     st_strides = (st.stride(1), st.stride(0)) if dual else (0, 0)
     if _use_v2(x):
         name = "mx_dual" if dual else "mx_rows"
+        if _v3() and _mx4d(dual):
+            name = "mx4_dual" if dual else "mx4_rows"
         _tile_v2(x, q, s, qt, st, name, dtype, s.stride(), st_strides)
         return (q, s, qt, st) if dual else (q, s)
     bm, bn, warps = _MX_TILE_DUAL if dual else _MX_TILE

@@ -408,6 +408,49 @@ def test_quant_v3_even_shapes_match_v2(monkeypatch, case, special):
     _assert_q_close(outs["v3"][0], q1, outs["v3"][1], s1)
 
 
+@pytest.mark.parametrize("mx4d", ["0", "1"])
+@pytest.mark.parametrize("dual", [False, True])
+@pytest.mark.parametrize("tile", [None, "64x64"])
+def test_quant_v3_mx_kernels_match_reference(monkeypatch, mx4d, dual, tile):
+    """v3 MX through the 4-D tile (PRIMUS_TURBO_QUANT_MX4D=1) and the reshaped one (=0), with
+    edge tiles both ways, inf/NaN and an all-zero block, and a tile override."""
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v3")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_MX4D", mx4d)
+    for name in ("MX_DUAL", "MX_ROWS", "MX4_DUAL", "MX4_ROWS"):
+        if tile:
+            monkeypatch.setenv(f"PRIMUS_TURBO_QUANT_TILE_{name}", tile)
+    m, n = (96, 160) if not HAS_GPU else (4096 + 64, 2048 + 96)
+    x = _x(m, n)
+    x[1, 3], x[2, 4], x[3, 5] = float("inf"), float("-inf"), float("nan")
+    x[32:64, 64:96] = 0.0
+    for dtype in (E4M3, E5M2):
+        if dual:
+            q, s, qt, st = quantize_fp8_with_trans(x, dtype, G.MX_BLOCKWISE, block_size=32)
+            q2, s2 = ref.quantize_mx_ref(x.t().contiguous(), dtype)
+            _assert_q_close(qt, q2, st, s2)
+        else:
+            q, s = quantize_fp8(x, dtype, G.MX_BLOCKWISE, block_size=32)
+        q1, s1 = ref.quantize_mx_ref(x, dtype)
+        _assert_q_close(q, q1, s, s1)
+
+
+def test_quant_v3_env_validated(monkeypatch):
+    """PRIMUS_TURBO_QUANT_MX4D takes 0/1; PRIMUS_TURBO_QUANT_TILE_<NAME> powers of two."""
+    from primus_turbo.triton.quantization.quant_launch import _config, _mx4d
+
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_MX4D", "yes")
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_MX4D expected 0 or 1, got 'yes'"):
+        _mx4d(True)
+    monkeypatch.delenv("PRIMUS_TURBO_QUANT_MX4D")
+    assert _mx4d(False) and not _mx4d(True)
+    for bad in ("48x64", "16x64", "64", "512x32"):
+        monkeypatch.setenv("PRIMUS_TURBO_QUANT_TILE_MX_DUAL", bad)
+        with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_TILE_MX_DUAL expected BMxBN"):
+            _config("mx_dual")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_TILE_MX_DUAL", "64X128")
+    assert _config("mx_dual")[1:3] == (64, 128)
+
+
 @pytest.mark.parametrize("var", ["PRIMUS_TURBO_QUANT_STAGES", "PRIMUS_TURBO_QUANT_WARPS",
                                  "PRIMUS_TURBO_QUANT_MAXNREG"])  # fmt: skip
 def test_quant_int_env_validated(monkeypatch, var):
