@@ -79,6 +79,8 @@ def recipes(dtype):
         "block128x128": (lambda x: quantize_fp8(x, dtype, G.BLOCKWISE, block_size=128,
                                                 scaling_recipe=blk2d),
                          lambda x: ref.quantize_blockwise_ref(x, dtype, 128, None), 1),
+        "mx": (lambda x: quantize_fp8(x, dtype, G.MX_BLOCKWISE, block_size=32),
+               lambda x: ref.quantize_mx_ref(x, dtype), 1),
         "mx_dual": (lambda x: quantize_fp8_with_trans(x, dtype, G.MX_BLOCKWISE, block_size=32),
                     lambda x: (ref.quantize_mx_ref(x, dtype),
                                ref.quantize_mx_ref(x.t(), dtype)), 2),
