@@ -369,6 +369,17 @@ def _triton_plans() -> dict:
     return dict(grouped_gemm_kernel._tuned)
 
 
+def _tune_note(key) -> str:
+    """`` (timed: plan ms, ...)``: the tuner's times of every candidate for ``key``."""
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel
+
+    times = getattr(grouped_gemm_kernel, "_tune_times", {}).get(key)
+    if not times:
+        return ""
+    ranked = sorted(times.items(), key=lambda kv: kv[1])
+    return " (timed: " + ", ".join(f"{_plan_name(p)} {t:.3f}" for p, t in ranked) + ")"
+
+
 def _plan_name(plan) -> str:
     if isinstance(plan, tuple):
         return f"{plan[0]} {plan[1].name}"
@@ -438,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         for key, plan in _triton_plans().items():  # what the Triton config tuner picked
             if key not in seen:
                 what = f"{key[0]} (M~{key[1]}, {key[2]}x{key[3]})"
-                print(f"  triton tuned {what}: {_plan_name(plan)}")
+                print(f"  triton tuned {what}: {_plan_name(plan)}{_tune_note(key)}")
         print(
             f"  {row['Check']} ({row['Resolved Backend']}) fwd {row['Forward TFLOPS']:.1f} "
             f"step {row['Step TFLOPS']:.1f} TFLOPS | vs grouped_mm x"

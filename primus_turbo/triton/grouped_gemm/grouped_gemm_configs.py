@@ -189,8 +189,48 @@ def tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
     4 stages (192 KiB operand ring, 183-190 registers, no spills)."""
     base = grouped_gemm_configs(family)
     if family in (ArchFamily.HOPPER, ArchFamily.OTHER_GPU):
-        base = (GemmConfig(128, 256, 64, 8, 8, 4), *base)
+        # + 256x128 with 4 stages for the wgrad (the M-major X tile: 192 KiB ring)
+        base = (GemmConfig(128, 256, 64, 8, 8, 4), GemmConfig(256, 128, 64, 8, 8, 4), *base)
     return base
+
+
+# The (kernel, config) plans that won at least one key on the H200 (run 4.2, DeepSeek-V3 and
+# Qwen3-30B-A3B, kernels alone vs torch._grouped_mm): the tuner's default candidates on Hopper,
+# so the first call compiles 3-4 kernels per GEMM instead of ~13.
+#   forward/dgrad: tma 128x256 s3 / s4 (most keys), flat 128x256 s3 (DeepSeek-V3 dgrad: 1.00
+#   and 1.06 vs 0.92 / 0.98 with TMA; DeepSeek-V3 down forward);
+#   wgrad: tma 256x128 w8 (DeepSeek-V3 gate_up), tma 128x128 w4 (Qwen3), table 128x128 w4
+#   (DeepSeek-V3 down), + tma 256x128 w8 s4 (new, not measured yet).
+HOPPER_WINNERS = {
+    "fwd": (
+        ("tma", "m128n256k64g8w8s3"),
+        ("tma", "m128n256k64g8w8s4"),
+        ("flat", "m128n256k64g8w8s3"),
+    ),
+    "vk": (
+        ("tma", "m256n128k64g8w8s3"),
+        ("tma", "m256n128k64g8w8s4"),
+        ("tma", "m128n128k64g8w4s3"),
+        ("table", "m128n128k64g8w4s3"),
+    ),
+}
+
+
+@functools.cache
+def candidate_set() -> str:
+    """``PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES``: ``winners`` (default: on Hopper the tuner
+    times only ``HOPPER_WINNERS``) or ``all`` (every plan of the mode, as before)."""
+    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "winners", ("winners", "all"))
+
+
+def _winners(plans: list, family: ArchFamily, gemm: str) -> list:
+    """``plans`` restricted to the measured winners (Hopper, ``candidate_set() == winners``);
+    unchanged where none of them is among the plans (e.g. NN with K not a multiple of 64)."""
+    if family != ArchFamily.HOPPER or candidate_set() != "winners":
+        return plans
+    keep = HOPPER_WINNERS[gemm]
+    kept = [p for p in plans if (p[0], p[1].name) in keep]
+    return kept or plans
 
 
 def forward_plans(
@@ -210,7 +250,7 @@ def forward_plans(
             plans += tma
         elif mode == "tma":  # NN with K not a multiple of any tile's BLOCK_K
             plans += [("flat", cfg) for cfg in configs if flat_config_ok(cfg)]
-    return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_CONFIG")
+    return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_CONFIG", family, "fwd")
 
 
 def variable_k_plans(family: ArchFamily, mode: str, tma_ok: bool) -> list[tuple[str, GemmConfig]]:
@@ -219,13 +259,16 @@ def variable_k_plans(family: ArchFamily, mode: str, tma_ok: bool) -> list[tuple[
     plans = [("table", cfg) for cfg in configs] if mode != "tma" or not tma_ok else []
     if mode in ("tma", "tune") and tma_ok:
         plans += [("tma", cfg) for cfg in tma_configs(family)]
-    return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG")
+    return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG", family, "vk")
 
 
-def _filtered(plans: list, var: str) -> list:
+def _filtered(plans: list, var: str, family: ArchFamily, gemm: str) -> list:
+    """The config-name filter ``var`` over every plan of the mode where it is set, else (in
+    ``tune`` mode only: a fixed kernel keeps all its tiles) the measured winners."""
     names = config_filter(var)
     if not names:
-        return plans
+        tuning = len({v for v, _ in plans}) > 1
+        return _winners(plans, family, gemm) if tuning else plans
     kept = [p for p in plans if p[1].name in names]
     if not kept:
         have = sorted({p[1].name for p in plans})

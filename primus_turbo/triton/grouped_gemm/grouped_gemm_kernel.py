@@ -51,6 +51,7 @@ from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import (
     variable_k_plans,
     variable_k_variant,
 )
+from primus_turbo.triton.grouped_gemm.grouped_gemm_tune import time_candidates
 
 
 @triton.jit
@@ -275,17 +276,15 @@ def _choose(key: tuple, default, launch, family: ArchFamily, work: int = 1 << 62
     if work < _tune_min_work():
         return default
     if choice is None:
-        timings = {}
-        for cand in candidates if candidates is not None else grouped_gemm_configs(family):
-            try:
-                timings[cand] = triton.testing.do_bench(
-                    lambda cand=cand: launch(cand), warmup=5, rep=20, return_mode="median"
-                )
-            except Exception:  # e.g. out of shared memory for this tile on this chip
-                continue
+        cands = list(candidates if candidates is not None else grouped_gemm_configs(family))
+        timings = time_candidates(cands, launch)
         choice = min(timings, key=timings.get) if timings else default
         _tuned[key] = choice
+        _tune_times[key] = timings
     return choice
+
+
+_tune_times: dict[tuple, dict] = {}  # key -> {candidate: ms} of the timing that chose _tuned[key]
 
 
 def _flat_tma_usable(a: torch.Tensor, b: torch.Tensor, trans_b: bool, scaled: bool) -> bool:
