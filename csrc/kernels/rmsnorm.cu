@@ -183,8 +183,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 // before the current row's reduction (double buffering in registers, loads in flight across the
 // reduction and the dx stores). w is re-read per row from L1/L2 (it is small and hot) instead of
 // held in registers, which keeps the two row buffers plus the fp32 dw sums without spills.
-template <typename T, int VPT>
-__global__ void __launch_bounds__(kMaxThreads, 1)
+// MAXT/MINB: the launch bounds (512, 1 by default; (384, 3) = the PERSIST_OCC variant for rows of
+// at most 384 threads, three resident blocks per SM on sm_90 instead of two).
+template <typename T, int VPT, int MAXT = kMaxThreads, int MINB = 1>
+__global__ void __launch_bounds__(MAXT, MINB)
     bwd_persist_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* w,
                        const float* __restrict__ rstd, T* __restrict__ dx,
                        float* __restrict__ part, int64_t rows, int64_t hidden) {
@@ -450,21 +452,32 @@ inline bool bwd_persist(const Plan& p, PlanKind kind) {
   return kind == PlanKind::kPersist && (p.vpt == 1 || p.vpt == 2);
 }
 
+constexpr int kOccThreads = 384, kOccBlocks = 3;  // the PERSIST_OCC kernel's launch bounds
+inline bool bwd_persist_occ(const Plan& p, PlanKind kind) {
+  return bwd_persist(p, kind) && p.vpt == 1 && p.threads <= kOccThreads &&
+         cached_env_int(g_persist_occ, "PRIMUS_TURBO_RMSNORM_CPP_PERSIST_OCC", 3, 1, 3) == 3;
+}
+
 template <typename T>
 Status bwd_grid(const Plan& p, PlanKind kind, int64_t rows, int64_t* grid) {
   int64_t cap = 1;
   Status st = kOk;
   const bool persist = bwd_persist(p, kind);
+  const int m = cached_env_int(g_persist_per_sm, "PRIMUS_TURBO_RMSNORM_CPP_PERSIST_PER_SM", 4, 1, 8);
   switch (p.vpt) {
-    case 1: st = persist ? resident_blocks(bwd_persist_kernel<T, 1>, p.threads, 4, &cap)
-                         : resident_blocks(bwd_vec_kernel<T, 1>, p.threads, 4, &cap); break;
-    case 2: st = persist ? resident_blocks(bwd_persist_kernel<T, 2>, p.threads, 4, &cap)
-                         : resident_blocks(bwd_vec_kernel<T, 2>, p.threads, 4, &cap); break;
-    case 4: st = resident_blocks(bwd_vec_kernel<T, 4>, p.threads, 4, &cap); break;
-    default: st = resident_blocks(bwd_generic_kernel<T>, p.threads, 4, &cap);
+    case 1:
+      st = bwd_persist_occ(p, kind)
+               ? resident_blocks(bwd_persist_kernel<T, 1, kOccThreads, kOccBlocks>, p.threads, m, &cap)
+           : persist ? resident_blocks(bwd_persist_kernel<T, 1>, p.threads, m, &cap)
+                     : resident_blocks(bwd_vec_kernel<T, 1>, p.threads, m, &cap);
+      break;
+    case 2: st = persist ? resident_blocks(bwd_persist_kernel<T, 2>, p.threads, m, &cap)
+                         : resident_blocks(bwd_vec_kernel<T, 2>, p.threads, m, &cap); break;
+    case 4: st = resident_blocks(bwd_vec_kernel<T, 4>, p.threads, m, &cap); break;
+    default: st = resident_blocks(bwd_generic_kernel<T>, p.threads, m, &cap);
   }
   if (st != kOk) return st;
-  *grid = std::max<int64_t>(1, std::min(rows, cap));
+  *grid = balanced_grid(rows, cap);
   return kOk;
 }
 
@@ -514,7 +527,10 @@ Status bwd_launch(const void* dy, const void* x, const void* w, const float* rst
   auto DX = static_cast<T*>(dx);
   dim3 grid(static_cast<unsigned>(g)), block(p.threads);
   if (rows > 0) {
-    if (bwd_persist(p, kind)) {
+    if (bwd_persist_occ(p, kind)) {
+      bwd_persist_kernel<T, 1, kOccThreads, kOccBlocks>
+          <<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden);
+    } else if (bwd_persist(p, kind)) {
       if (p.vpt == 1) {
         bwd_persist_kernel<T, 1><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden);
       } else {
@@ -551,6 +567,9 @@ Status rmsnorm_fwd_gpu(const void* x, const void* w, void* y, float* rstd, int64
 void rmsnorm_gpu_reload_plans() noexcept {
   g_fwd_env.store(-1, std::memory_order_relaxed);
   g_bwd_env.store(-1, std::memory_order_relaxed);
+  g_balance.store(-1, std::memory_order_relaxed);
+  g_persist_occ.store(-1, std::memory_order_relaxed);
+  g_persist_per_sm.store(-1, std::memory_order_relaxed);
   rmsnorm_tiles_reload_knobs();
   rmsnorm_rows_reload_knobs();
 }

@@ -5,6 +5,7 @@
 // or rows longer than the register-cached path holds.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -51,6 +52,9 @@ Status rmsnorm_bwd_rows(const void* dy, const void* x, const void* w, const floa
 //     0.92 vs persist 0.91, 7168 0.86 vs 0.86), persist up to 8 KB (4096: 0.60 vs tiles 0.52-0.58,
 //     rows 0.55; at 2880 every plan is host-bound in those runs, 0.3-0.6x; rows is a narrow-row
 //     kernel and does not apply above 4096 bf16 on NVIDIA).
+//     Run 4.2 (graph device time) at 8192x2880 bf16: persist bwd 0.84x copy. Its VPT-1 kernel took
+//     64 registers (384 threads: 2 blocks per SM, 264 blocks: 256 walk 31 rows, 8 walk a 32nd
+//     alone); now PERSIST_OCC (3 per SM) + BALANCE (391 blocks x <= 21 rows), knobs below.
 //   tiles: rmsnorm_tiles.cu. persist: the persistent kernels of rmsnorm.cu. rows: rmsnorm_rows.cu
 //   (backward only; the forward takes auto's choice). prev: forward = persist, backward = the
 //   non-persistent bwd_vec_kernel (4 blocks per SM).
@@ -96,6 +100,37 @@ inline PlanKind cached_plan(std::atomic<int>& slot, const char* var) {
     slot.store(v, std::memory_order_relaxed);
   }
   return static_cast<PlanKind>(v);
+}
+
+// Backward knobs shared by the persistent grids (cached like the plans; -1: read at next use):
+//   PRIMUS_TURBO_RMSNORM_CPP_BALANCE (default 1): a persistent grid of at most `cap` blocks over
+//     `work` units (rows / row tiles / row blocks) is shrunk to ceil(work / ceil(work / cap))
+//     blocks: every block walks the same number of units (no last lap in which a few blocks run
+//     alone: 8192 rows on 264 blocks = 256 x 31 + 8 x 32), and fewer dw partial rows. 0 = cap.
+//   PRIMUS_TURBO_RMSNORM_CPP_PERSIST_OCC (default 3): the persist backward at VPT 1 with at most
+//     384 threads per block uses the kernel bounded to 3 blocks of 384 threads per SM (<= 56
+//     registers on sm_90, no spills) instead of 1 block of 512 (64 registers: 2 blocks per SM at
+//     2880 bf16); 1 = the old kernel.
+//   PRIMUS_TURBO_RMSNORM_CPP_PERSIST_PER_SM (default 4): persist/prev backward blocks per SM at
+//     most (1..8).
+inline std::atomic<int> g_balance{-1}, g_persist_occ{-1}, g_persist_per_sm{-1};
+
+inline int cached_env_int(std::atomic<int>& slot, const char* var, int def, int lo, int hi) {
+  int v = slot.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv(var);
+    v = e != nullptr && e[0] != '\0' ? std::atoi(e) : def;
+    if (v < lo || v > hi) v = def;
+    slot.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+inline int64_t balanced_grid(int64_t work, int64_t cap) {
+  const int64_t g = std::max<int64_t>(1, std::min(work, cap));
+  if (cached_env_int(g_balance, "PRIMUS_TURBO_RMSNORM_CPP_BALANCE", 1, 0, 1) == 0) return g;
+  const int64_t per = (work + g - 1) / g;  // units per block at the cap
+  return std::max<int64_t>(1, (work + per - 1) / per);
 }
 
 template <typename T>

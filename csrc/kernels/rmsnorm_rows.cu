@@ -237,8 +237,7 @@ Status rows_grid_of(const RowsPlan& p, int64_t rows, int64_t* grid) {
   const Status st = device_sm_count(&sms);
   if (st != kOk) return st;
   const int64_t blocks_needed = (rows + p.warps - 1) / p.warps;
-  *grid = std::max<int64_t>(1, std::min<int64_t>(blocks_needed,
-                                                 static_cast<int64_t>(std::max(per_sm, 1)) * sms));
+  *grid = balanced_grid(blocks_needed, static_cast<int64_t>(std::max(per_sm, 1)) * sms);
   return kOk;
 }
 

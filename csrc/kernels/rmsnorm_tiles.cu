@@ -342,7 +342,7 @@ Status bwd_grid_of(const TilePlan& p, int64_t rows, size_t smem, int64_t* grid) 
   const int64_t tiles = (rows + p.rpb - 1) / p.rpb;
   const int per_sm_cap = env_int(3, kBwdMaxPerSm, 1, 8);
   const int64_t per = std::min(std::max(per_sm, 1), per_sm_cap);
-  *grid = std::max<int64_t>(1, std::min<int64_t>(tiles, per * sms));
+  *grid = balanced_grid(tiles, per * sms);  // PRIMUS_TURBO_RMSNORM_CPP_BALANCE
   return kOk;
 }
 

@@ -234,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         "tiles, persist, prev, rows, FWD/BWD pairs such as tiles/rows, each optionally with "
         "+KNOB=VALUE suffixes (e.g. tiles+TILES_FWD_VPT=8+TILES_BLOCK=512)",
     )
+    p.add_argument(
+        "--hidden",
+        default="",
+        help="comma-separated hidden sizes: only the cases with these N (default: every case)",
+    )
     add_common_args(p)
     args = p.parse_args(argv)
     if torch.cuda.is_available() and args.profile != "cpu":
@@ -249,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     notice = cpu_notice(info)
     results = Results(info)
     cases = GPU_CASES if profile == "gpu" else CPU_CASES
+    if args.hidden:
+        keep = {int(h) for h in args.hidden.split(",") if h.strip()}
+        cases = [c for c in cases if c[2] in keep]
     if info.device.type != "cuda":
         backends = [b for b in backends if b != "TRITON"]  # the interpreter is not a benchmark
     plans = [q.strip() for q in args.plans.split(",") if q.strip()]

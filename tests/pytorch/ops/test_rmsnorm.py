@@ -178,16 +178,25 @@ CPP_PLAN_CASES = [((1001, 1024), torch.bfloat16), ((3000, 2880), torch.bfloat16)
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="the C++ launch plans are GPU-only")
-@pytest.mark.parametrize("plan", ["auto", "tiles", "persist", "prev", "rows", "rows/tiles"])
+@pytest.mark.parametrize(
+    "plan",
+    ["auto", "tiles", "persist", "prev", "rows", "rows/tiles",
+     "persist+PERSIST_OCC=1+BALANCE=0", "persist+PERSIST_PER_SM=2", "tiles+BALANCE=0"],
+)  # fmt: skip
 def test_rmsnorm_cpp_plans(plan, device, monkeypatch):
-    """Every C++ GPU launch plan (PRIMUS_TURBO_RMSNORM_CPP_PLAN, or FWD/BWD pairs), re-read in
-    this process through _C._rmsnorm_reload_plans, vs the fp32 reference."""
+    """Every C++ GPU launch plan (PRIMUS_TURBO_RMSNORM_CPP_PLAN, or FWD/BWD pairs, optionally with
+    "+KNOB=VALUE" knobs), re-read in this process through _C._rmsnorm_reload_plans, vs the fp32
+    reference."""
     _skip_unsupported(BackendType.TURBO, device)
     import primus_turbo.pytorch._C as ext
 
+    plan, *knobs = plan.split("+")
     with monkeypatch.context() as mp:
         for var in CPP_PLAN_VARS:
             mp.delenv(var, raising=False)
+        for knob in knobs:
+            key, _, value = knob.partition("=")
+            mp.setenv(f"PRIMUS_TURBO_RMSNORM_CPP_{key}", value)
         if "/" in plan:
             mp.setenv(CPP_PLAN_VARS[1], plan.split("/")[0])
             mp.setenv(CPP_PLAN_VARS[2], plan.split("/")[1])
