@@ -217,16 +217,17 @@ def launch_block_tma(a, b, c, sa, sb, sa_group, sb_group, sa_strides, sb_strides
 
 def aot_specs(fp8: str, configs) -> list:
     """sm_90 specs (called from ``gemm_fp8_kernel.aot_specs``): 1x128 activation scales,
-    128x128 weight scales, bf16 out; descriptors typed by their block shapes."""
+    128x128 weight scales, bf16 and fp32 out (the epilogue's shared memory depends on it: the
+    AOT check flags a config over the sm_90 limit); descriptors typed by their block shapes."""
     from primus_turbo.triton.aot import AotSpec
 
     specs = []
-    for cfg in configs:
+    for cfg, out in [(c, o) for c in configs for o in ("bf16", "fp32")]:
         defer = dict(cfg.extra).get("DEFER", False)
         sig = {
             "a_desc": f"tensordesc<{fp8}[{cfg.block_m}, {cfg.block_k}]>",
             "b_desc": f"tensordesc<{fp8}[{cfg.block_n // (2 if defer else 1)}, {cfg.block_k}]>",
-            "c_ptr": "*bf16", "sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32:16",
+            "c_ptr": f"*{out}", "sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32:16",
             "N": "i32:16", "K": "i32:16", "stride_cm": "i32:16", "stride_cn": "i32:1",
             "stride_sam": "i32", "stride_sak": "i32", "stride_sbn": "i32", "stride_sbk": "i32",
             "num_programs": "i32",
@@ -236,6 +237,6 @@ def aot_specs(fp8: str, configs) -> list:
                   "UPCAST": False, "FLATTEN": dict(cfg.extra).get("FLATTEN", False),
                   "DEFER": defer}  # fmt: skip
         opts = {k: v for k, v in cfg.options.items() if not k.isupper()}
-        specs.append(AotSpec(f"gemm_fp8_block_tma_{fp8}_{cfg.name}", gemm_fp8_block_tma_kernel,
-                             sig, consts, opts))  # fmt: skip
+        name = f"gemm_fp8_block_tma_{fp8}_{out}_{cfg.name}"
+        specs.append(AotSpec(name, gemm_fp8_block_tma_kernel, sig, consts, opts))
     return specs

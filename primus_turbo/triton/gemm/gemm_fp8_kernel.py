@@ -25,6 +25,7 @@ config sets how many programs share a CU/SM.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
@@ -227,34 +228,73 @@ _BLOCK_CONFIGS_V2: dict[ArchFamily, tuple[GemmConfig, ...]] = {
         _cfg(64, 128, 128, 4, 4, per_cu=2),
     ),
 }
-# v3 (sm_90): the rescaled kernel with TMA operand loads (gemm_fp8_block_tma.py; ``TMA`` in
-# the config's extra routes the launch there) next to the v2 list. AOT sm_90 (registers,
-# shared): 128x128 w8 s3 128 regs / 96 KiB (2 per SM, no maxnreg needed), w4 s3 250 / 97 KiB
-# (2 per SM), 128x256 w8 s4 236 / 193 KiB, 256x128 w8 s4 245 / 193 KiB, 64x128 w4 s4 134 /
-# 96 KiB (2 per SM), 64x128 w4 s3 134 / 72 KiB (3 per SM); FLATTEN (the next tile's loads
-# during this tile's epilogue): 128x128 w8 s3 128 / 128 KiB (1 per SM), 128x256 w8 s4 222 /
-# 224 KiB. DEFER (two N halves, the second half's wgmma in flight during the first half's
-# promotion): 128x128 w8 s4 198 / 128 KiB, FLATTEN s3 175 / 112 KiB (1 per SM), 64x128 w4
-# s4 167 / 96 KiB (2 per SM), s3 167 / 72 KiB (3 per SM). No spills, and ptxas reports no
-# wgmma serialization (C7514) for any of these.
+# TMA (sm_90): the rescaled kernel with TMA operand loads (gemm_fp8_block_tma.py; ``TMA`` in
+# the config's extra routes the launch there). AOT sm_90 (registers, shared bytes; bf16 / fp32
+# out): 128x128 w8 s3 128 / 154, 96 KiB (2 per SM, no maxnreg needed), w4 s3 250 / 226, 97 KiB
+# (2 per SM), 256x128 w8 s4 245 / 219, 193 KiB, 64x128 w4 s4 134 / 152, 96 KiB (2 per SM),
+# 64x128 w4 s3 128 / 149, 72 KiB (3 per SM), 128x64 w4 s3 120 / 146, 73 KiB (3 per SM), s4
+# 136 / 145, 97 KiB (2 per SM). FLATTEN (the next tile's loads during this tile's epilogue)
+# keeps the operand ring live through the epilogue's layout conversion (+BM*BN*out bytes):
+# 128x128 w8 s3 128 KiB bf16 / 160 KiB fp32. DEFER (two N halves, the second half's wgmma in
+# flight during the first half's promotion): 128x128 w8 s4 198 / 240, 128 KiB, FLATTEN s3
+# 175 / 180, 112 / 128 KiB, 64x128 w4 s4 166 / 236, 96 KiB, s3 167 / 234, 72 KiB. Dropped
+# after run 4.2: 128x256 w8 s4 (never within 30% of the best; spills with fp32 out) and its
+# FLATTEN variant (320 KiB of shared memory with fp32 out: cannot launch on sm_90).
+# ``tma`` = every TMA config (exploration with PRIMUS_TURBO_FP8_TUNE_LOG=1).
 _TMA_CONFIGS: dict[ArchFamily, tuple[GemmConfig, ...]] = {
     ArchFamily.HOPPER: (
-        _cfg(128, 128, 128, 8, 3, per_cu=2, TMA=True),
-        _cfg(128, 256, 128, 8, 4, TMA=True),
-        _cfg(256, 128, 128, 8, 4, TMA=True),
-        _cfg(128, 256, 128, 8, 4, TMA=True, FLATTEN=True),
         _cfg(128, 128, 128, 4, 3, per_cu=2, TMA=True),
+        _cfg(128, 128, 128, 8, 3, per_cu=2, TMA=True),
+        _cfg(64, 128, 128, 4, 3, per_cu=3, TMA=True),
+        _cfg(128, 64, 128, 4, 3, per_cu=3, TMA=True),
+        _cfg(256, 128, 128, 8, 4, TMA=True),
         _cfg(128, 128, 128, 8, 3, TMA=True, FLATTEN=True),
         _cfg(64, 128, 128, 4, 4, per_cu=2, TMA=True),
-        _cfg(64, 128, 128, 4, 3, per_cu=3, TMA=True),
+        _cfg(128, 64, 128, 4, 4, per_cu=2, TMA=True),
         _cfg(128, 128, 128, 8, 4, TMA=True, DEFER=True),
         _cfg(128, 128, 128, 8, 3, TMA=True, DEFER=True, FLATTEN=True),
         _cfg(64, 128, 128, 4, 4, per_cu=2, TMA=True, DEFER=True),
         _cfg(64, 128, 128, 4, 3, per_cu=3, TMA=True, DEFER=True),
     ),
 }
-_BLOCK_CONFIGS_V3 = {f: _TMA_CONFIGS[f] + _BLOCK_CONFIGS_V2[f] for f in _TMA_CONFIGS}
+# v3 (default, sm_90): the candidates that won or came within 3% of the best somewhere in the
+# run-4.2 tune log (26 model shapes, H200; tuner TFLOPS): TMA 128x128 w4 s3 2 per SM (best on
+# 20 of 24 shapes: 1054-1308 big, 695 kv_a), 128x128 w8 s3 2 per SM (Qwen lm_head 1040 vs 968,
+# q_b 1015 vs 1012), 64x128 w4 s3 3 per SM (q_a 948 vs 935, kv_b 647 vs 645); 128x64 w4 s3 3
+# per SM is new (narrow N: kv_a's 576 columns are 4.5 128-wide tiles, 9 64-wide ones; not
+# measured yet, so the tuner decides and the heuristic never picks it). The pointer-load
+# (cp.async) kernel for operands TMA cannot describe: v2's 128x128 w4 s3 2 per SM (its best on
+# 19 of 26 shapes in run 4.1) and 64x128 w4 s3 maxnreg168 3 per SM (q_a, kv_a in run 4.1: its
+# kv_a 664 bench TFLOPS beat the TMA kernel's 532 in run 4.2, so it stays a tuner candidate
+# for TMA operands too). Six candidates per shape.
+_V3_TMA_W4, _V3_TMA_W8, _V3_TMA_64, _V3_TMA_N64 = _TMA_CONFIGS[ArchFamily.HOPPER][:4]
+_V3_PTR_W4 = _cfg(128, 128, 128, 4, 3, per_cu=2, RESCALE=True)
+_V3_PTR_64 = _cfg(64, 128, 128, 4, 3, per_cu=3, RESCALE=True, maxnreg=168)
+_BLOCK_CONFIGS_V3: dict[ArchFamily, tuple[GemmConfig, ...]] = {
+    ArchFamily.HOPPER: (_V3_TMA_W4, _V3_TMA_W8, _V3_TMA_64, _V3_TMA_N64, _V3_PTR_W4, _V3_PTR_64)
+}
 BLOCK_CONFIG_SETS = ("v1", "v2", "v3", "tma")
+
+# sm_90 shared memory: 227 KiB per block (``sharedMemPerBlockOptin``), 228 KiB per SM of which
+# 1 KiB per resident block is reserved by the driver.
+SM90_SMEM_PER_BLOCK = 232448
+SM90_SMEM_PER_SM = 233472
+
+
+def block_smem_bytes(cfg: GemmConfig, out_bytes: int) -> int:
+    """Upper bound of the shared memory of a blockwise config on sm_90 (checked against the AOT
+    figures, ``scripts/aot_check.py``, bf16 and fp32 out): the fp8 operand ring
+    ``stages * (BM + BN) * BK`` plus 2 KiB (barriers, scale staging: 24-1056 bytes seen), plus
+    for ``FLATTEN`` the epilogue's layout-conversion tile (``BM * BN * out_bytes``, half of it
+    for ``DEFER``; the ring is still live then). Non-FLATTEN configs reuse the ring for it."""
+    extra = dict(cfg.extra)
+    ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k
+    if not extra.get("TMA"):  # cp.async kernel: the ring, and the conversion tile reuses it
+        return ring + 2048
+    epilogue = 0
+    if extra.get("FLATTEN"):
+        epilogue = cfg.block_m * cfg.block_n * out_bytes // (2 if extra.get("DEFER") else 1)
+    return ring + 2048 + epilogue
 
 
 def is_tma(cfg: GemmConfig) -> bool:
@@ -265,9 +305,9 @@ def is_tma(cfg: GemmConfig) -> bool:
 def block_config_set() -> str:
     """``PRIMUS_TURBO_FP8_BLOCK_CONFIGS``: ``v1`` (per-K-block product tile, one program per
     SM), ``v2`` (adds the rescaled-accumulator tiles and 2 programs per SM on sm_90), ``v3``
-    (default: v2 plus the rescaled kernel with TMA loads, sm_90) or ``tma`` (the TMA configs
-    only, to time them alone). Arches without a list fall back: v3/tma -> v2 -> v1; a TMA
-    config is skipped for operands TMA cannot describe. Read once per process."""
+    (default: the six measured winners of the TMA and the pointer kernel, sm_90) or ``tma``
+    (every TMA config, to time them alone). Arches without a list fall back: v3/tma -> v2 ->
+    v1; a TMA config is skipped for operands TMA cannot describe. Read once per process."""
     import os
 
     value = os.environ.get("PRIMUS_TURBO_FP8_BLOCK_CONFIGS", "v3").strip().lower() or "v3"
@@ -297,13 +337,30 @@ def fp8_configs(
 def select_fp8_config(
     m: int, n: int, k: int, family: ArchFamily, cus: int, mode: int = TENSOR, tma_ok: bool = True
 ) -> GemmConfig:
-    """The largest tile that still gives every CU a tile; else the smallest. ``tma_ok``:
-    whether TMA configs may be chosen (the operands fit a descriptor)."""
+    """The untuned choice (CPU, graph capture, ``PRIMUS_TURBO_TRITON_TUNE=0``). Blockwise v3 on
+    sm_90: :func:`block_v3_choice`. Else the largest tile that still gives every CU a tile;
+    else the smallest. ``tma_ok``: whether TMA configs may be chosen (the operands fit a
+    descriptor)."""
+    if mode == BLOCK and family == ArchFamily.HOPPER and block_config_set() == "v3":
+        return block_v3_choice(m, n, cus, tma_ok)
     configs = tuple(c for c in fp8_configs(family, mode) if tma_ok or not is_tma(c))
     for cfg in configs:
         if -(-m // cfg.block_m) * -(-n // cfg.block_n) >= cus:
             return cfg
     return configs[-1]
+
+
+def block_v3_choice(m: int, n: int, cus: int, tma_ok: bool) -> GemmConfig:
+    """The run-4.2 winner per shape class: 128x128 w4 with 2 programs per SM (TMA, or the
+    pointer kernel when TMA cannot describe the operands), except when its tiles leave the
+    second round of resident programs at most half full (``2*cus < tiles <= 3*cus``, e.g.
+    DeepSeek-V3 q_a 4096x1536: 384 tiles on 264 programs), where 64x128 with 3 per SM has
+    about twice the tiles for 1.5x the programs (q_a: 948 vs 935 tuner TFLOPS). Narrow N below
+    one round (kv_a, 160 tiles) stays 128x128 (695 vs 649)."""
+    big, small = (_V3_TMA_W4, _V3_TMA_64) if tma_ok else (_V3_PTR_W4, _V3_PTR_64)
+    tiles = -(-m // 128) * -(-n // 128)
+    resident = cus * big.programs_per_cu
+    return small if resident < tiles <= resident * 3 // 2 else big
 
 
 @functools.cache
@@ -390,8 +447,12 @@ def _pick(args, m, n, k, family) -> GemmConfig:
     cfg = _tuned.get(key)
     if cfg is None:
         timings = {}
+        out_bytes = args[2].element_size()
         for cand in fp8_configs(family, args[5]):
             if is_tma(cand) and not tma_ok:
+                continue
+            if (args[5] == BLOCK and family == ArchFamily.HOPPER
+                    and block_smem_bytes(cand, out_bytes) > SM90_SMEM_PER_BLOCK):  # fmt: skip
                 continue
             try:
                 timings[cand] = triton.testing.do_bench(
@@ -399,14 +460,17 @@ def _pick(args, m, n, k, family) -> GemmConfig:
                 )
             except Exception:  # e.g. out of shared memory on this chip
                 continue
-        cfg = min(timings, key=timings.get)
+        guess = select_fp8_config(m, n, k, family, cus, args[5], tma_ok)
+        cfg = min(timings, key=timings.get) if timings else guess
         _tuned[key] = cfg
         if _tune_log():  # every candidate's time, for choosing the lists and the heuristic
             flops = 2.0 * m * n * k
             ranked = sorted(timings.items(), key=lambda kv: kv[1])
             print(f"[fp8 tune] mode={args[5]} M={m} N={n} K={k} " + " ".join(
                 f"{c.name}_cu{c.programs_per_cu}:{flops / t / 1e9:.0f}" for c, t in ranked
-            ) + " (TFLOPS)", flush=True)  # fmt: skip
+            ) + f" (TFLOPS) heuristic={guess.name}_cu{guess.programs_per_cu} at "
+              f"{timings.get(cfg, 0.0) / timings.get(guess, math.inf):.3f} of best",
+              flush=True)  # fmt: skip
     return cfg
 
 
@@ -430,11 +494,18 @@ def _tune_log() -> bool:
 
 
 @functools.cache
-def _tuning_enabled() -> bool:
+def _tune_env() -> bool:
     from primus_turbo.pytorch.core.checks import env_flag
+
+    return env_flag("PRIMUS_TURBO_TRITON_TUNE", True)
+
+
+def _tuning_enabled() -> bool:
+    """``PRIMUS_TURBO_TRITON_TUNE`` (read once) and not inside a CUDA graph capture (checked on
+    every call: a shape first seen during a capture gets the heuristic, never a timing loop)."""
     from primus_turbo.pytorch.core.platform import is_graph_capturing
 
-    return env_flag("PRIMUS_TURBO_TRITON_TUNE", True) and not (is_graph_capturing())
+    return _tune_env() and not is_graph_capturing()
 
 
 # ---- ahead-of-time check -------------------------------------------------------------------
