@@ -171,10 +171,14 @@ def _tile(h: int, elem: int, rows_total: int) -> tuple[int, int, int]:
     return rows, block, warps
 
 
-def gather_rows_triton(x: torch.Tensor, src_map: torch.Tensor, k: int) -> torch.Tensor:
-    """``x: [T, H]``, ``src_map: [N]`` -> ``[N, H]`` (padding rows zero)."""
+def gather_rows_triton(
+    x: torch.Tensor, src_map: torch.Tensor, k: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x: [T, H]``, ``src_map: [N]`` -> ``[N, H]`` (padding rows zero), into ``out`` if given
+    (``[N, H]``, unit column stride)."""
     n, h = src_map.shape[0], x.shape[1]
-    out = torch.empty((n, h), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((n, h), dtype=x.dtype, device=x.device)
     if n == 0 or h == 0:
         return out
     rows, block, warps = _tile(h, x.element_size(), n)

@@ -26,6 +26,13 @@ backward runs one program per (8 tokens, column block) with the K weights loaded
 program per chunk over all columns). A/B knobs: ``PRIMUS_TURBO_MOE_PERMUTE_SPLITS``,
 ``PRIMUS_TURBO_MOE_PERMUTE_CHUNKS``. Both geometries give bitwise equal results.
 
+Round 2 (H200 run 4.2): the 2d permute forward copies in a third launch by default
+(``PRIMUS_TURBO_MOE_PERMUTE_COPY=gather``: the map programs, 4 warps at ~106 registers, write
+the inverse map instead of rows; ``permute_kernel.gather_rows_kernel`` moves them), since the
+fused kernel (211 registers, one program per SM) was 0.52 of copy at 128 experts; and the
+unpermute forward stores ``p_out`` / ``src`` after its output tile (``LATE``), not inside the
+K-copy loop, where they serialised the K gathers (0.68 of copy at DeepSeek-V3 vs v1's 0.86).
+
 Map conventions are those of ``permute_kernel.py``. No atomics: bitwise deterministic.
 """
 
@@ -36,8 +43,14 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton.aot import AotSpec, triton_dtype_name
-from primus_turbo.triton.moe.permute_kernel import _tile
-from primus_turbo.triton.moe.permute_v2_plan import _block_h, _plan_v2, _splits, geom_choice
+from primus_turbo.triton.moe.permute_kernel import _tile, gather_rows_triton
+from primus_turbo.triton.moe.permute_v2_plan import (
+    _block_h,
+    _plan_v2,
+    _splits,
+    copy_choice,
+    geom_choice,
+)
 
 
 @triton.jit
@@ -104,7 +117,13 @@ def permute_fused_kernel(
     HAS_PROBS: tl.constexpr,
     HAS_PAD: tl.constexpr,
     EVEN_H: tl.constexpr,
+    COPY: tl.constexpr = True,
+    src_ptr=None,
 ):
+    """``COPY=False`` (the ``gather`` copy mode): no row is touched here; the programs write
+    the inverse map ``src[dst] = i`` (-1 for rows no copy fills) and ``gather_rows_kernel``
+    copies. The ids (and probs) of the next sub-block are loaded before this one's stores, so
+    the walk has no load -> store -> load chain through the ids."""
     c = tl.program_id(0)
     j = tl.program_id(1)  # column split: columns [j * COLS, min(H, (j + 1) * COLS))
     first = j == 0  # the maps, probs and counters are written by the split-0 programs
@@ -132,10 +151,22 @@ def permute_fused_kernel(
         tl.store(flag_ptr, (used > N_OUT).to(tl.uint8))
     run = pstart + before
     base = c.to(tl.int64) * CHUNK
+    i_nx = base + tl.arange(0, SUB)
+    e_nx = _copy_ids(idx_ptr, i_nx, TK, s_t, s_k, K)
+    p_nx = tl.zeros([SUB], dtype=tl.float32)
+    if HAS_PROBS:
+        pm0 = (i_nx < TK) & first
+        p_nx = tl.load(probs_ptr + (i_nx // K) * p_t + (i_nx % K) * p_k, mask=pm0, other=0.0)
     for s in range(0, CHUNK, SUB):
         i = base + s + tl.arange(0, SUB)
         m = i < TK
-        e = _copy_ids(idx_ptr, i, TK, s_t, s_k, K)
+        e = e_nx
+        p = p_nx
+        i_nx = i + SUB  # prefetch: issued before this sub-block's stores
+        e_nx = _copy_ids(idx_ptr, i_nx, TK, s_t, s_k, K)
+        if HAS_PROBS:
+            pmn = (i_nx < TK) & first & (s + SUB < CHUNK)
+            p_nx = tl.load(probs_ptr + (i_nx // K) * p_t + (i_nx % K) * p_k, mask=pmn, other=0.0)
         hot = (e[:, None] == cols[None, :]) & (cols[None, :] < E)
         hot_i = hot.to(tl.int32)
         cum = tl.cumsum(hot_i, axis=0)
@@ -144,20 +175,21 @@ def permute_fused_kernel(
         dst = tl.where(ok, dst, -1).to(tl.int64)
         tl.store(row_map_ptr + i, dst, mask=m & first)
         if HAS_PROBS:
-            pm = m & ok & first
-            p = tl.load(probs_ptr + (i // K) * p_t + (i % K) * p_k, mask=pm, other=0.0)
-            tl.store(pprobs_ptr + dst, p, mask=pm)
+            tl.store(pprobs_ptr + dst, p, mask=m & ok & first)
         run += tl.sum(hot_i, axis=0)
-        tok = i // K  # consecutive copies share a token row: K reads of it, all but one cached
-        d = tl.maximum(dst, 0)
-        for h0 in range(h_lo, h_hi, BLOCK_H):
-            hc = h0 + hcols
-            if EVEN_H:
-                msk = ok[:, None] & (hc < BLOCK_H + h0)[None, :]
-            else:
-                msk = ok[:, None] & (hc < H)[None, :]
-            v = tl.load(x_ptr + tok[:, None] * stride_x + hc[None, :], mask=msk, other=0.0)
-            tl.store(out_ptr + d[:, None] * stride_out + hc[None, :], v, mask=msk)
+        if COPY:
+            tok = i // K  # consecutive copies share a token row: K reads of it, all but one cached
+            d = tl.maximum(dst, 0)
+            for h0 in range(h_lo, h_hi, BLOCK_H):
+                hc = h0 + hcols
+                if EVEN_H:
+                    msk = ok[:, None] & (hc < BLOCK_H + h0)[None, :]
+                else:
+                    msk = ok[:, None] & (hc < H)[None, :]
+                v = tl.load(x_ptr + tok[:, None] * stride_x + hc[None, :], mask=msk, other=0.0)
+                tl.store(out_ptr + d[:, None] * stride_out + hc[None, :], v, mask=msk)
+        else:
+            tl.store(src_ptr + dst, i, mask=m & ok)
     # output rows [base, base + CHUNK) that no copy fills: padding, or past the used rows
     fill = pstart + total
     for s in range(0, CHUNK, SUB):
@@ -170,11 +202,14 @@ def permute_fused_kernel(
         if tl.sum(unused.to(tl.int32), axis=0) > 0:
             if HAS_PROBS:
                 tl.store(pprobs_ptr + r, tl.zeros([SUB], dtype=tl.float32), mask=unused & first)
-            zero = tl.zeros([SUB, BLOCK_H], dtype=out_ptr.dtype.element_ty)
-            for h0 in range(h_lo, h_hi, BLOCK_H):
-                hc = h0 + hcols
-                tl.store(out_ptr + r[:, None] * stride_out + hc[None, :], zero,
-                         mask=unused[:, None] & (hc < H)[None, :])  # fmt: skip
+            if COPY:
+                zero = tl.zeros([SUB, BLOCK_H], dtype=out_ptr.dtype.element_ty)
+                for h0 in range(h_lo, h_hi, BLOCK_H):
+                    hc = h0 + hcols
+                    tl.store(out_ptr + r[:, None] * stride_out + hc[None, :], zero,
+                             mask=unused[:, None] & (hc < H)[None, :])  # fmt: skip
+            else:
+                tl.store(src_ptr + r, tl.full([SUB], -1, tl.int64), mask=unused)
 
 
 @triton.jit
@@ -196,12 +231,18 @@ def reduce_v2_kernel(
     BLOCK_H: tl.constexpr,
     EVEN_H: tl.constexpr,
     WRITE_SRC: tl.constexpr = False,
+    LATE: tl.constexpr = False,
+    K_PAD: tl.constexpr = 1,
 ):
     """``out[t] = sum_k w * y[row_map[t, k]]`` (fp32, copy order; ``w = 1`` unless ``MUL_W``)
     and, with ``WRITE_P``, ``p_out[t, k] = w_ptr[row_map[t, k]]`` (0 for dropped copies) from
     the programs of the first column block; with ``WRITE_SRC`` those also write the inverse map
     ``src[row_map[t, k]] = t * K + k`` (rows no copy reaches keep whatever the buffer held: the
-    backward checks ``row_map[src[r]] == r``, so no -1 fill is needed)."""
+    backward checks ``row_map[src[r]] == r``, so no -1 fill is needed). ``LATE`` (the 2d
+    geometry): those stores come after the output tile, in a branch of the first column block
+    only. Inside the copy loop (``LATE=False``, the v2 geometry) every store waits for its
+    weight load and the next copy's loads cannot pass the store (the pointers may alias), so
+    the K gathers ran one after the other instead of all in flight."""
     toks = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     in_rows = toks < T
@@ -216,17 +257,30 @@ def reduce_v2_kernel(
         rr = tl.maximum(r, 0)
         v = tl.load(y_ptr + rr[:, None] * stride_y + cols[None, :],
                     mask=valid[:, None] & col_ok[None, :], other=0.0).to(tl.float32)  # fmt: skip
-        if MUL_W or WRITE_P:
+        if MUL_W or (WRITE_P and not LATE):
             w = tl.load(w_ptr + rr, mask=valid, other=0.0).to(tl.float32)
             if MUL_W:
                 v = v * w[:, None]
-            if WRITE_P:
+            if WRITE_P and not LATE:
                 tl.store(p_out_ptr + toks * K + k, w, mask=in_rows & (tl.program_id(1) == 0))
-        if WRITE_SRC:
+        if WRITE_SRC and not LATE:
             tl.store(src_ptr + rr, toks * K + k, mask=valid & in_rows & (tl.program_id(1) == 0))
         acc += v
     tl.store(out_ptr + toks[:, None] * stride_out + cols[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=in_rows[:, None] & col_ok[None, :])  # fmt: skip
+    if LATE and (WRITE_P or WRITE_SRC):
+        if tl.program_id(1) == 0:  # a branch: the other column blocks never wait on it
+            kk = tl.arange(0, K_PAD)
+            cp = toks[:, None] * K + kk[None, :]
+            mk = in_rows[:, None] & (kk < K)[None, :]
+            rm = tl.load(map_ptr + cp, mask=mk, other=-1)
+            ok = rm >= 0
+            rr2 = tl.maximum(rm, 0)
+            if WRITE_P:
+                w2 = tl.load(w_ptr + rr2, mask=ok, other=0.0).to(tl.float32)
+                tl.store(p_out_ptr + cp, w2, mask=mk)
+            if WRITE_SRC:
+                tl.store(src_ptr + rr2, cp, mask=ok)
 
 
 @triton.jit
@@ -393,7 +447,12 @@ def permute_fused_triton(
     v2_hist_kernel[(grid,)](idx, counts, tk, num_experts, idx.stride(0), idx.stride(1), K=k,
                             CHUNK=chunk, SUB=sub, E_PAD=e_pad, num_warps=4)  # fmt: skip
     block = _block_h(h, x.element_size())
+    copy = geom == "v2" or copy_choice(num_experts) == "fused"
     splits, per = _splits(dev, grid, triton.cdiv(max(h, 1), block), geom, "permute")
+    src = None
+    if not copy:  # map-only programs; the rows move in a wide gather afterwards
+        splits, per = 1, triton.cdiv(max(h, 1), block)
+        src = torch.empty((num_out,), dtype=torch.int64, device=dev)
     p_strides = (probs.stride(0), probs.stride(1)) if probs is not None else (0, 0)
     permute_fused_kernel[(grid, splits)](
         idx, counts, probs if probs is not None else counts, x, out, row_map,
@@ -401,8 +460,10 @@ def permute_fused_triton(
         tk, num_experts, grid, num_out, max(pad_multiple, 1), h, idx.stride(0), idx.stride(1),
         *p_strides, x.stride(0), out.stride(0), per * block, K=k, CHUNK=chunk, SUB=sub,
         E_PAD=e_pad, CB=cb, BLOCK_H=block, HAS_PROBS=probs is not None, HAS_PAD=pad_multiple > 0,
-        EVEN_H=h % block == 0, num_warps=8,
+        EVEN_H=h % block == 0, COPY=copy, src_ptr=src, num_warps=8 if copy else 4,
     )  # fmt: skip
+    if not copy and num_out > 0 and h > 0:
+        out = gather_rows_triton(x, src, k, out=out)
     return out, row_map, tpe, disp, flag, pprobs
 
 
@@ -437,7 +498,8 @@ def reduce_v2_triton(
         y, row_map, w if w is not None else y, out, p_out if p_out is not None else out,
         src if src is not None else row_map, t, h, y.stride(0), out.stride(0), K=k, MUL_W=mul_w,
         WRITE_P=write_p, ROWS=rows, BLOCK_H=block, EVEN_H=h % block == 0,
-        WRITE_SRC=write_src, num_warps=warps,
+        WRITE_SRC=write_src, LATE=geom_choice() != "v2", K_PAD=triton.next_power_of_2(k),
+        num_warps=warps,
     )  # fmt: skip
     return out, p_out, src
 
@@ -510,8 +572,24 @@ def aot_specs(target: str) -> list[AotSpec]:
                        "p_k": "i32", "stride_x": "i64:16", "stride_out": "i64:16",
                        "COLS": "i32"},
             constexprs={"K": 8, "CHUNK": chunk, "SUB": sub, "E_PAD": e_pad, "CB": cb,
-                        "BLOCK_H": 1024, "HAS_PROBS": True, "HAS_PAD": False, "EVEN_H": True},
+                        "BLOCK_H": 1024, "HAS_PROBS": True, "HAS_PAD": False, "EVEN_H": True,
+                        "COPY": True, "src_ptr": None},
             options={"num_warps": 8},
+        ),
+        AotSpec(
+            name="moe_v2_permute_maps_e128_probs",
+            fn=permute_fused_kernel,
+            signature={"idx_ptr": "*i64", "counts_ptr": "*i32", "probs_ptr": "*fp32",
+                       "x_ptr": f"*{dt}", "out_ptr": f"*{dt}", "row_map_ptr": "*i64",
+                       "pprobs_ptr": "*fp32", "tpe_ptr": "*i64", "disp_ptr": "*i64",
+                       "flag_ptr": "*u8", "TK": "i32", "E": "i32", "C": "i32", "N_OUT": "i32",
+                       "PAD": "i32", "H": "i32", "s_t": "i32", "s_k": "i32", "p_t": "i32",
+                       "p_k": "i32", "stride_x": "i64:16", "stride_out": "i64:16",
+                       "COLS": "i32", "src_ptr": "*i64"},
+            constexprs={"K": 8, "CHUNK": chunk, "SUB": sub, "E_PAD": e_pad, "CB": cb,
+                        "BLOCK_H": 1024, "HAS_PROBS": True, "HAS_PAD": False, "EVEN_H": True,
+                        "COPY": False},
+            options={"num_warps": 4},
             default=True,
         ),
         AotSpec(
@@ -529,7 +607,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                        "out_ptr": f"*{dt}", "p_out_ptr": "*fp32", "src_ptr": "*i64", "T": "i32",
                        "H": "i32", "stride_y": "i64:16", "stride_out": "i64:16"},
             constexprs={"K": 8, "MUL_W": True, "WRITE_P": True, "ROWS": 8, "BLOCK_H": 512,
-                        "EVEN_H": True, "WRITE_SRC": True},
+                        "EVEN_H": True, "WRITE_SRC": True, "LATE": True, "K_PAD": 8},
             options={"num_warps": 8},
         ),
         AotSpec(

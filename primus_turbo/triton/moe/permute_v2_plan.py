@@ -3,7 +3,9 @@
 Environment variables, read per call (an A/B needs no reload; invalid values raise naming the
 variable): ``PRIMUS_TURBO_MOE_PERMUTE_GEOM`` (``2d`` default, ``v2``),
 ``PRIMUS_TURBO_MOE_PERMUTE_SPLITS`` (column splits, 0 = automatic),
-``PRIMUS_TURBO_MOE_PERMUTE_CHUNKS`` (chunk cap of the ``2d`` fused permute, 0 = automatic).
+``PRIMUS_TURBO_MOE_PERMUTE_CHUNKS`` (chunk cap of the ``2d`` fused permute, 0 = automatic),
+``PRIMUS_TURBO_MOE_PERMUTE_COPY`` (``gather`` default, ``fused``: who moves the rows of the
+``2d`` permute forward).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ GEOM_ENV = "PRIMUS_TURBO_MOE_PERMUTE_GEOM"
 GEOMS = ("2d", "v2")
 SPLITS_ENV = "PRIMUS_TURBO_MOE_PERMUTE_SPLITS"
 CHUNKS_ENV = "PRIMUS_TURBO_MOE_PERMUTE_CHUNKS"
+COPY_ENV = "PRIMUS_TURBO_MOE_PERMUTE_COPY"
+COPIES = ("gather", "fused")
 # Largest row block in bytes (1024 bf16 = 16-byte vectors for 128 threads); tests lower it to
 # get several column blocks (and splits) out of tiny interpreter shapes.
 MAX_BLOCK_BYTES = 2048
@@ -54,6 +58,21 @@ def geom_choice() -> str:
     v = os.environ.get(GEOM_ENV, "2d").strip().lower() or "2d"
     if v not in GEOMS:
         raise ValueError(f"primus_turbo: {GEOM_ENV} expected one of {GEOMS}, got {v!r}")
+    return v
+
+
+def copy_choice(num_experts: int) -> str:
+    """Row copy of the ``2d`` permute forward, read per call: ``gather`` (default: the map
+    programs write the inverse map and no rows, then ``gather_rows_kernel`` copies on a
+    ``[rows / 8, H / 1024]`` grid at ~32 registers; H200 run 4.2: the fused kernel at 211
+    registers holds one 8-warp program per SM, each sub-block a chain of id load -> one-hot
+    scan -> row load -> store, 0.52 of copy at Qwen3's 128 experts; v1, which gathers, 0.62-1.01)
+    or ``fused`` (the map programs copy their copies' rows, column-split). ``num_experts`` is
+    kept for a per-shape choice."""
+    del num_experts
+    v = os.environ.get(COPY_ENV, "gather").strip().lower() or "gather"
+    if v not in COPIES:
+        raise ValueError(f"primus_turbo: {COPY_ENV} expected one of {COPIES}, got {v!r}")
     return v
 
 

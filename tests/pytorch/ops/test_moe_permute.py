@@ -14,7 +14,7 @@ pytestmark = pytest.mark.moe
 
 # (T, H, E, K)
 SHAPES = [(9, 20, 4, 2), (1, 7, 1, 1), (13, 33, 5, 3), (0, 8, 3, 2)]
-GPU_SHAPES = [(4096, 7168, 32, 8), (8192, 2880, 32, 4), (2000, 4096, 8, 2)]
+GPU_SHAPES = [(4096, 7168, 32, 8), (2000, 2880, 32, 4)]
 
 
 def skewed_topk(t: int, e: int, k: int, device, zero_experts: int = 1) -> torch.Tensor:
@@ -396,6 +396,10 @@ def _run_v2_chain(x0, ids, p0, e, pad, n_out):
     return [perm, rmap, tpe, ovf, nd, pp, u, up, x.grad, p.grad, u2, u3, y.grad]
 
 
+# (geometry, permute copy mode): the v2 geometry always copies in the map kernel
+GEOM_COPIES = [("v2", "fused"), ("2d", "gather"), ("2d", "fused")]
+
+
 @pytest.mark.parametrize(
     "dtype,pad,n_out,splits,chunks",
     [
@@ -420,13 +424,15 @@ def test_permute_geometry_2d_matches_v2(dtype, pad, n_out, splits, chunks, devic
     p0 = torch.rand(t, k, device=device)
     outs = {}
     monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_IMPL", "v2")
-    for geom in ("v2", "2d"):
+    for geom, copy in GEOM_COPIES:
         monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_GEOM", geom)
+        monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_COPY", copy)
         monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_SPLITS", splits)
         monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_CHUNKS", chunks)
-        outs[geom] = _run_v2_chain(x0, ids, p0, e, pad, n_out)
-    for a, b in zip(outs["v2"], outs["2d"], strict=True):
-        assert torch.equal(a, b)
+        outs[geom, copy] = _run_v2_chain(x0, ids, p0, e, pad, n_out)
+    for key in GEOM_COPIES[1:]:
+        for a, b in zip(outs[GEOM_COPIES[0]], outs[key], strict=True):
+            assert torch.equal(a, b), key
 
 
 def test_permute_geometry_splits_plan(monkeypatch):
@@ -447,16 +453,17 @@ def test_permute_geometry_splits_plan(monkeypatch):
         kern._plan_v2(100, 4)
     monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_CHUNKS", "4")
     assert kern._plan_v2(1000, 4)[3] <= 4 and kern._plan_v2(1000, 4, "v2")[3] > 4
+    monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_COPY", "scatter")
+    with pytest.raises(ValueError, match=r"PRIMUS_TURBO_MOE_PERMUTE_COPY.*'gather', 'fused'"):
+        kern.copy_choice(8)
     monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_GEOM", "3d")
     with pytest.raises(ValueError, match=r"PRIMUS_TURBO_MOE_PERMUTE_GEOM.*'2d', 'v2'.*'3d'"):
         kern.geom_choice()
 
 
 GEOM_GPU_SHAPES = [
-    (4096, 7168, 32, 8, 0),
     (4096, 2048, 128, 8, 128),
-    (4096, 2880, 32, 4, 0),
-    (2000, 4096, 8, 2, 16),
+    (2000, 2880, 32, 4, 0),
 ]
 
 
@@ -470,12 +477,14 @@ def test_permute_geometry_2d_matches_v2_gpu(t, h, e, k, pad, device, monkeypatch
     p0 = torch.rand(t, k, device=device)
     outs = {}
     monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_IMPL", "v2")
-    for geom in ("v2", "2d"):
+    for geom, copy in GEOM_COPIES:
         monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_GEOM", geom)
+        monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_COPY", copy)
         # padded: a fixed allocation (no host sync, the v2 kernels); unpadded: T*K rows
-        outs[geom] = _run_v2_chain(x0, ids, p0, e, pad, t * k + e * pad if pad else -1)
-    for a, b in zip(outs["v2"], outs["2d"], strict=True):
-        assert torch.equal(a, b)
+        outs[geom, copy] = _run_v2_chain(x0, ids, p0, e, pad, t * k + e * pad if pad else -1)
+    for key in GEOM_COPIES[1:]:
+        for a, b in zip(outs[GEOM_COPIES[0]], outs[key], strict=True):
+            assert torch.equal(a, b), key
 
 
 @pytest.mark.parametrize("with_w", [True, False])
