@@ -314,8 +314,15 @@ V3_CONFIGS = {
     "mx4_rows": (MX4, 32, 128, False, 4, 1),
 }
 # v3 keeps the per-element filter here: with FAST the 128x128 dual tile spills 8 B on sm_90
-# at MAXNREG (x stays live across the re-reduction branch)
-V3_NO_FAST = frozenset({"tile_dual"})
+# at MAXNREG (x stays live across the re-reduction branch). The 1x128 and MX dual tiles keep
+# the v2 flags (no FAST, no EVEN): H200 run 4.2 (graph time, 3 shapes) measured v3 below v2
+# there (1x128 dual 0.617 vs 0.696 of copy, MX dual 0.466 vs 0.493): FAST's branch needs the
+# whole tile's row amax (a cross-warp reduction + barrier) before the first store.
+V3_NO_FAST = frozenset({"tile_dual", "block_dual", "mx_dual"})
+V3_NO_EVEN = frozenset({"block_dual", "mx_dual"})
+# v3 stage overrides: the 128x128 weight tile one tile per program (H200 run 4.2, 8192x4096:
+# STAGES=1 0.867, 3 0.844, 2 (v2's) 0.801 of copy)
+V3_STAGES = {"tile": 1}
 MAXNREG = 128  # NVIDIA: registers/thread cap, so two 8-warp programs fit on an SM
 
 
@@ -354,8 +361,10 @@ def aot_specs(target: str) -> list[AotSpec]:
             stages = 1  # the launcher pipelines on NVIDIA only (gfx950 tile: 24 SGPR spills)
         cx = {"BM": bm, "BN": bn, "MODE": mode, "DUAL": dual, "FMAX": fmax, "EMAX": 8,
               "FMT": (0, 0, 0, 0), "STAGES": stages, "SAT": target == "sm_90",
-              "NP": 512 if mode == GIVEN else 1, "EVEN": v3,
+              "NP": 512 if mode == GIVEN else 1, "EVEN": v3 and name not in V3_NO_EVEN,
               "FAST": v3 and name not in V3_NO_FAST}  # fmt: skip
+        if v3 and target == "sm_90":
+            cx["STAGES"] = V3_STAGES.get(name, stages)
         specs.append(
             AotSpec(f"quant_v{2 + v3}_{name}_{fp8}", quant_tile_v2_kernel, s, cx,
                     {"num_warps": warps, **({"maxnreg": MAXNREG} if target == "sm_90" else {})},

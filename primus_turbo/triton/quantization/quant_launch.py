@@ -29,12 +29,15 @@ from primus_turbo.triton.quantization.quant_kernel import (
     quant_rows_kernel,
     quant_tile_kernel,
 )
+from primus_turbo.triton.quantization.quant_kernel_split import SPLIT_CONFIGS, quant_split_kernel
 from primus_turbo.triton.quantization.quant_kernel_v2 import (
     MAXNREG,
     MX4,
     V2_CONFIGS,
     V3_CONFIGS,
+    V3_NO_EVEN,
     V3_NO_FAST,
+    V3_STAGES,
     quant_tile_v2_kernel,
 )
 
@@ -96,7 +99,10 @@ def quant_impl_version() -> str:
     ``quant_tile_v2_kernel``; ``v1`` keeps every recipe on ``quant_tile_kernel`` (for A/B
     runs). ``PRIMUS_TURBO_QUANT_STAGES``, ``PRIMUS_TURBO_QUANT_WARPS`` and
     ``PRIMUS_TURBO_QUANT_MAXNREG`` (NVIDIA register cap, default 128) override the v2/v3
-    stages / warps / cap of every config."""
+    stages / warps / cap of every config; ``PRIMUS_TURBO_QUANT_FAST`` / ``_EVEN`` (0/1)
+    force the FAST / EVEN flags of the tile kernels (default: v3 per config, see
+    ``V3_NO_FAST`` / ``V3_NO_EVEN``; EVEN still needs a shape that is a multiple of the
+    tile)."""
     v = os.environ.get("PRIMUS_TURBO_QUANT_IMPL", "v3").strip().lower()
     if v not in ("v1", "v2", "v3"):
         raise ValueError(f"PRIMUS_TURBO_QUANT_IMPL must be v1, v2 or v3, got {v!r}")
@@ -129,6 +135,14 @@ def _env_int(var: str, default: int) -> int:
     if value < 1:
         raise ValueError(f"primus_turbo: {var} expected a positive integer, got {raw!r}")
     return value
+
+
+def _env_flag(var: str, default: bool) -> bool:
+    """A 0/1 override from ``var`` (unset or empty: ``default``)."""
+    raw = os.environ.get(var, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"primus_turbo: {var} expected 0 or 1, got {raw!r}")
+    return raw == "1" if raw else bool(default)
 
 
 def _use_v2(x: torch.Tensor) -> bool:
@@ -173,6 +187,9 @@ def _config(name: str):
 def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
     """Launch ``quant_tile_v2_kernel`` with ``V2_CONFIGS[name]`` (see quant_kernel_v2)."""
     mode, bm, bn, dual, warps, stages = _config(name)
+    v3 = _v3()
+    if v3:
+        stages = V3_STAGES.get(name, stages)
     interp = triton_interpret()
     nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
     stages = _env_int("PRIMUS_TURBO_QUANT_STAGES", stages if nvidia or interp else 1)
@@ -190,14 +207,44 @@ def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
         grid = min(ntiles, per_sm * num_compute_units(x.device if not interp else None))
     extra = {"maxnreg": maxnreg} if nvidia else {}
     sat = nvidia and _hw_satfinite(x.device.index)
-    v3 = _v3()
-    even = v3 and m % bm == 0 and n % bn == 0
+    fast = _env_flag("PRIMUS_TURBO_QUANT_FAST", v3 and name not in V3_NO_FAST)
+    even = _env_flag("PRIMUS_TURBO_QUANT_EVEN", v3 and name not in V3_NO_EVEN)
+    even = even and m % bm == 0 and n % bn == 0
     quant_tile_v2_kernel[(grid,)](
         x, _u8(q), s, _u8(qt if dual else q), st if st is not None else s,
         m, n, x.stride(0), q.stride(0), qt.stride(0) if dual else 0, *s_strides, *st_strides,
         BM=bm, BN=bn, MODE=mode, DUAL=dual, FMAX=_fmax(dtype), EMAX=_EMAX[dtype],
         FMT=_interp_fmt(dtype), STAGES=stages, SAT=sat, NP=np_,
-        FAST=v3 and name not in V3_NO_FAST, EVEN=even, num_warps=warps, **extra,
+        FAST=fast, EVEN=even, num_warps=warps, **extra,
+    )  # fmt: skip
+
+
+def _split_on() -> bool:
+    """``PRIMUS_TURBO_QUANT_SPLIT=1``: the 1x128 and tensorwise dual recipes through
+    ``quant_split_kernel`` (transposed copy without the shared-memory transpose of the fp8
+    tile); ``0`` / unset: ``quant_tile_v2_kernel`` (v2/v3 only)."""
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_SPLIT", "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"primus_turbo: PRIMUS_TURBO_QUANT_SPLIT expected 0 or 1, got {raw!r}")
+    return raw == "1" and quant_impl_version() != "v1"
+
+
+def _split(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
+    """Launch ``quant_split_kernel`` with ``SPLIT_CONFIGS[name]``: one tile per program."""
+    mode, bm, bn, warps = SPLIT_CONFIGS[name]
+    m, n = x.shape
+    if m == 0 or n == 0:
+        return
+    warps = _env_int("PRIMUS_TURBO_QUANT_WARPS", warps)
+    interp = triton_interpret()
+    nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
+    quant_split_kernel[(_cdiv(m, bm) * _cdiv(n, bn),)](
+        x, _u8(q), s, _u8(qt), st,
+        m, n, x.stride(0), q.stride(0), qt.stride(0), *s_strides, *st_strides,
+        BM=bm, BN=bn, MODE=mode, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype),
+        SAT=nvidia and _hw_satfinite(x.device.index), NP=np_,
+        EVEN=_env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0,
+        FAST=_env_flag("PRIMUS_TURBO_QUANT_FAST", True), num_warps=warps,
     )  # fmt: skip
 
 
@@ -247,6 +294,9 @@ def quant_tensorwise(x: torch.Tensor, dtype: torch.dtype, dual: bool = False):
     amax_partial_kernel[(np_,)](
         xc, parts, numel, BLOCK=_FLAT_BLOCK, NP=np_, FAST=v3, EVEN=even, num_warps=8
     )
+    if dual and _use_v2(xc) and _split_on():
+        _split(xc, q, s, qt, parts, "given_dual", dtype, (0, 0), (0, 0), np_)
+        return q, s, qt, s
     if dual and _use_v2(xc):
         _tile_v2(xc, q, s, qt, parts, "given_dual", dtype, (0, 0), (0, 0), np_)
         return q, s, qt, s
@@ -325,6 +375,9 @@ def quant_blockwise(x: torch.Tensor, dtype: torch.dtype, block: int, axis, dual:
     qt = _empty_like_t(x, dtype)
     st = _outer_major(n, _cdiv(m, block), dev)  # scales of x.T: [N, ceil(M/b)]
     st_strides = (st.stride(1), st.stride(0))  # the kernel indexes (m-block, n)
+    if block == 128 and _use_v2(x) and _split_on():
+        _split(x, q, s, qt, st, "block_dual", dtype, s.stride(), st_strides)
+        return q, s, qt, st
     if block == 128 and _use_v2(x):
         _tile_v2(x, q, s, qt, st, "block_dual", dtype, s.stride(), st_strides)
         return q, s, qt, st

@@ -1,0 +1,226 @@
+"""Dual (row + transposed column) quantization without a shared-memory transpose.
+
+``quant_split_kernel`` (``PRIMUS_TURBO_QUANT_SPLIT=8``; see quant_launch) loads a ``BM x BN``
+tile as ``SPLIT`` row slices: slice ``k`` holds rows ``SPLIT * r + k`` (``r < BM / SPLIT``).
+The slices have the same shape and pointer contiguity, so they get the same register layout:
+a thread holds the same ``(r, 8 columns)`` positions of every slice, i.e. a ``SPLIT x 8`` block
+of the tile. Then
+* row amax (1 x BN blocks) is a per-slice reduction along N, as in the plain tile;
+* column amax (BM x 1 blocks) is an element-wise max over the slices (in-thread) and a
+  reduction over ``r``;
+* the row output is ``SPLIT`` stores of 8 contiguous bytes per thread;
+* the column output is the ``SPLIT`` cast slices joined along a new last axis
+  (``[BM / SPLIT, BN, SPLIT]``, held in the thread's registers: ``tl.join`` + ``tl.reshape``),
+  so each thread owns ``SPLIT`` consecutive M positions of a transposed row and the store runs
+  along M without the fp8 tile's round trip through shared memory (v2: ~2 LDS/STS per element
+  plus their address math, 16 KB of shared memory per 128 x 128 tile).
+Modes: ``ROWS`` (1 x BN and BM x 1 blocks: the 1x128 dual recipe with BM = BN = 128) and
+``GIVEN`` (the tensorwise dual cast from ``NP`` partial maxima at ``st_ptr``). Scale math is
+``_scale_of`` (reciprocal once per row / column, one multiply per element), the conversion
+``_cast2``: results are bitwise those of ``quant_tile_v2_kernel``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
+from primus_turbo.triton.quantization.quant_kernel import GIVEN, ROWS, _finite_abs, _scale_of
+from primus_turbo.triton.quantization.quant_kernel_v2 import _cast2
+
+
+@triton.jit
+def _join8(c0, c1, c2, c3, c4, c5, c6, c7):
+    """``[..., 8]`` with ``c_k`` at index ``k`` of the new (register-held) last axis. Nested
+    joins index ``[i, j, l]`` -> arguments (inner i, middle j, outer l); the row-major reshape
+    flattens to ``4 i + 2 j + l``, hence the argument order."""
+    lo = tl.join(tl.join(c0, c4), tl.join(c2, c6))
+    t = tl.join(lo, tl.join(tl.join(c1, c5), tl.join(c3, c7)))
+    return tl.reshape(t, (c0.shape[0], c0.shape[1], 8))
+
+
+@triton.jit
+def _load(x_ptr, rows, rn, M, N, stride_xm, EVEN: tl.constexpr):
+    ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + rn[None, :]
+    if EVEN:
+        return tl.load(ptrs).to(tl.float32)
+    return tl.load(ptrs, mask=(rows < M)[:, None] & (rn < N)[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _amax8(x0, x1, x2, x3, x4, x5, x6, x7, FINITE: tl.constexpr):
+    """(row amax of each slice [R] x 8, column amax [BN]) of ``|x|`` (finite values only with
+    ``FINITE``)."""
+    if FINITE:
+        a0, a1, a2, a3 = _finite_abs(x0), _finite_abs(x1), _finite_abs(x2), _finite_abs(x3)
+        a4, a5, a6, a7 = _finite_abs(x4), _finite_abs(x5), _finite_abs(x6), _finite_abs(x7)
+    else:
+        a0, a1, a2, a3 = tl.abs(x0), tl.abs(x1), tl.abs(x2), tl.abs(x3)
+        a4, a5, a6, a7 = tl.abs(x4), tl.abs(x5), tl.abs(x6), tl.abs(x7)
+    a = tl.maximum(tl.maximum(tl.maximum(a0, a1), tl.maximum(a2, a3)),
+                   tl.maximum(tl.maximum(a4, a5), tl.maximum(a6, a7)))  # fmt: skip
+    r = _join8(tl.max(a0, axis=1)[:, None], tl.max(a1, axis=1)[:, None],
+               tl.max(a2, axis=1)[:, None], tl.max(a3, axis=1)[:, None],
+               tl.max(a4, axis=1)[:, None], tl.max(a5, axis=1)[:, None],
+               tl.max(a6, axis=1)[:, None], tl.max(a7, axis=1)[:, None])  # fmt: skip
+    return tl.reshape(r, (r.shape[0], 8)), tl.max(a, axis=0)
+
+
+@triton.jit
+def _store_rows(x, k: tl.constexpr, scale8, rb, rn, q_ptr, M, N, stride_qm,
+                FMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr, EVEN: tl.constexpr,
+                MODE: tl.constexpr):  # fmt: skip
+    """Row-quantize slice ``k`` (rows ``rb + k``) with column ``k`` of ``scale8`` [R, 8]
+    (ROWS; GIVEN: one scalar scale) and store it."""
+    if MODE == 0:
+        sel = tl.arange(0, 8)[None, :] == k
+        scale = tl.sum(tl.where(sel, scale8, 0.0), axis=1)[:, None]
+    else:
+        scale = scale8
+    q = _cast2(x, scale, FMAX, q_ptr.dtype.element_ty, FMT, SAT)
+    rows = rb + k
+    ptrs = q_ptr + rows.to(tl.int64)[:, None] * stride_qm + rn[None, :]
+    if EVEN:
+        tl.store(ptrs, q)
+    else:
+        tl.store(ptrs, q, mask=(rows < M)[:, None] & (rn < N)[None, :])
+
+
+@triton.jit
+def quant_split_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    qt_ptr,
+    st_ptr,
+    M,
+    N,
+    stride_xm,
+    stride_qm,
+    stride_qtn,
+    stride_sm,
+    stride_sn,
+    stride_stm,
+    stride_stn,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    MODE: tl.constexpr,
+    FMAX: tl.constexpr,
+    FMT: tl.constexpr = (0, 0, 0, 0),
+    SAT: tl.constexpr = False,
+    NP: tl.constexpr = 1,
+    EVEN: tl.constexpr = False,
+    FAST: tl.constexpr = False,
+):
+    """``x`` [M, N] (unit column stride) -> ``q`` [M, N] and ``qt`` [N, M] (unit column
+    strides), one ``BM x BN`` tile per program (grid: tiles, row-major over (M, N) tiles).
+    ROWS: ``s`` (row, block) / ``st`` (M block, column) by strides; GIVEN: ``NP`` partial
+    maxima at ``st_ptr``, the 0-d ``s`` written by program 0. ``FAST`` (ROWS): the amaxes of
+    plain ``|x|`` (NaN is dropped by the max); the tile is reduced again with the inf/NaN
+    filter only when the largest column amax is not finite. That test reads the column amaxes
+    every warp already holds (no barrier), and every inf of the tile lies in some column, so
+    the row amaxes are covered too."""
+    R: tl.constexpr = BM // 8
+    pid = tl.program_id(0)
+    grid_n = tl.cdiv(N, BN)
+    pid_m = pid // grid_n
+    pid_n = pid - pid_m * grid_n
+    rb = pid_m * BM + tl.arange(0, R) * 8  # first row of each 8-row group
+    rn = pid_n * BN + tl.arange(0, BN)
+    x0 = _load(x_ptr, rb + 0, rn, M, N, stride_xm, EVEN)
+    x1 = _load(x_ptr, rb + 1, rn, M, N, stride_xm, EVEN)
+    x2 = _load(x_ptr, rb + 2, rn, M, N, stride_xm, EVEN)
+    x3 = _load(x_ptr, rb + 3, rn, M, N, stride_xm, EVEN)
+    x4 = _load(x_ptr, rb + 4, rn, M, N, stride_xm, EVEN)
+    x5 = _load(x_ptr, rb + 5, rn, M, N, stride_xm, EVEN)
+    x6 = _load(x_ptr, rb + 6, rn, M, N, stride_xm, EVEN)
+    x7 = _load(x_ptr, rb + 7, rn, M, N, stride_xm, EVEN)
+    qty = qt_ptr.dtype.element_ty
+    k8 = tl.arange(0, 8)[None, :]
+    if MODE == 0:
+        ar, ac = _amax8(x0, x1, x2, x3, x4, x5, x6, x7, not FAST)  # [R, 8], [BN]
+        if FAST:
+            if tl.where(tl.max(ac, axis=0) < float("inf"), 0, 1) != 0:
+                ar, ac = _amax8(x0, x1, x2, x3, x4, x5, x6, x7, True)
+        sc, sinv_c = _scale_of(ac, FMAX, False, 0)
+        sr, sinv_r = _scale_of(ar, FMAX, False, 0)  # [R, 8]: row rb + k in column k
+        s_ptrs = s_ptr + (rb[:, None] + k8).to(tl.int64) * stride_sm + pid_n * stride_sn
+        if EVEN:
+            tl.store(st_ptr + pid_m * stride_stm + rn * stride_stn, sinv_c)
+            tl.store(s_ptrs, sinv_r)
+        else:
+            tl.store(st_ptr + pid_m * stride_stm + rn * stride_stn, sinv_c, mask=rn < N)
+            tl.store(s_ptrs, sinv_r, mask=(rb[:, None] + k8) < M)
+        sc = sc[None, :]
+    else:
+        amax = tl.max(tl.load(st_ptr + tl.arange(0, NP)), axis=0)  # partial maxima
+        sr, sinv_g = _scale_of(amax, FMAX, False, 0)
+        if pid == 0:
+            tl.store(s_ptr, sinv_g)
+        sc = sr
+    _store_rows(x0, 0, sr, rb, rn, q_ptr, M, N, stride_qm, FMAX, FMT, SAT, EVEN, MODE)
+    _store_rows(x1, 1, sr, rb, rn, q_ptr, M, N, stride_qm, FMAX, FMT, SAT, EVEN, MODE)
+    _store_rows(x2, 2, sr, rb, rn, q_ptr, M, N, stride_qm, FMAX, FMT, SAT, EVEN, MODE)
+    _store_rows(x3, 3, sr, rb, rn, q_ptr, M, N, stride_qm, FMAX, FMT, SAT, EVEN, MODE)
+    _store_rows(x4, 4, sr, rb, rn, q_ptr, M, N, stride_qm, FMAX, FMT, SAT, EVEN, MODE)
+    _store_rows(x5, 5, sr, rb, rn, q_ptr, M, N, stride_qm, FMAX, FMT, SAT, EVEN, MODE)
+    _store_rows(x6, 6, sr, rb, rn, q_ptr, M, N, stride_qm, FMAX, FMT, SAT, EVEN, MODE)
+    _store_rows(x7, 7, sr, rb, rn, q_ptr, M, N, stride_qm, FMAX, FMT, SAT, EVEN, MODE)
+    # the column copy: 8 cast slices joined into [R, BN, 8] (8 consecutive M per thread)
+    qt = _join8(
+        _cast2(x0, sc, FMAX, qty, FMT, SAT), _cast2(x1, sc, FMAX, qty, FMT, SAT),
+        _cast2(x2, sc, FMAX, qty, FMT, SAT), _cast2(x3, sc, FMAX, qty, FMT, SAT),
+        _cast2(x4, sc, FMAX, qty, FMT, SAT), _cast2(x5, sc, FMAX, qty, FMT, SAT),
+        _cast2(x6, sc, FMAX, qty, FMT, SAT), _cast2(x7, sc, FMAX, qty, FMT, SAT),
+    )  # fmt: skip
+    k = tl.arange(0, 8)[None, None, :]
+    m3 = rb[:, None, None] + k
+    n3 = rn[None, :, None]
+    qt_ptrs = qt_ptr + n3.to(tl.int64) * stride_qtn + m3
+    if EVEN:
+        tl.store(qt_ptrs, qt)
+    else:
+        tl.store(qt_ptrs, qt, mask=(m3 < M) & (n3 < N))
+
+
+# ---- ahead-of-time check -------------------------------------------------------------------
+
+# (name, mode, BM, BN, warps) as quant_launch picks them with PRIMUS_TURBO_QUANT_SPLIT=8
+SPLIT_CONFIGS = {
+    "block_dual": (ROWS, 128, 128, 8),
+    "given_dual": (GIVEN, 64, 128, 4),
+}
+
+
+def aot_specs(target: str) -> list[AotSpec]:
+    """bf16 input, the target's e4m3 output (FNUZ on gfx942); even and masked variants."""
+    assert target in AOT_TARGETS, target
+    fp8, fmax = ("fp8e4b8", 240.0) if target == "gfx942" else ("fp8e4nv", 448.0)
+    sig = {
+        "x_ptr": "*bf16",
+        "q_ptr": f"*{fp8}",
+        "s_ptr": "*fp32",
+        "qt_ptr": f"*{fp8}",
+        "st_ptr": "*fp32",
+        "M": "i32:16",
+        "N": "i32:16",
+        "stride_xm": "i32:16",
+        "stride_qm": "i32:16",
+        "stride_qtn": "i32:16",
+        "stride_sm": "i32",
+        "stride_sn": "i32",
+        "stride_stm": "i32",
+        "stride_stn": "i32",
+    }
+    specs = []
+    for name, (mode, bm, bn, warps) in SPLIT_CONFIGS.items():
+        for even in (True, False):
+            cx = {"BM": bm, "BN": bn, "MODE": mode, "FMAX": fmax, "FMT": (0, 0, 0, 0),
+                  "SAT": target == "sm_90", "NP": 512 if mode == GIVEN else 1, "EVEN": even,
+                  "FAST": mode == ROWS}  # fmt: skip
+            specs.append(
+                AotSpec(f"quant_split_{name}{'_even' if even else ''}_{fp8}", quant_split_kernel,
+                        sig, cx, {"num_warps": warps}, default=name == "block_dual" and even)
+            )  # fmt: skip
+    return specs
