@@ -452,10 +452,14 @@ inline bool bwd_persist(const Plan& p, PlanKind kind) {
   return kind == PlanKind::kPersist && (p.vpt == 1 || p.vpt == 2);
 }
 
-constexpr int kOccThreads = 384, kOccBlocks = 3;  // the PERSIST_OCC kernel's launch bounds
-inline bool bwd_persist_occ(const Plan& p, PlanKind kind) {
-  return bwd_persist(p, kind) && p.vpt == 1 && p.threads <= kOccThreads &&
-         cached_env_int(g_persist_occ, "PRIMUS_TURBO_RMSNORM_CPP_PERSIST_OCC", 3, 1, 3) == 3;
+// The PERSIST_OCC kernels' launch bounds: 384 threads, 3 blocks per SM (56 registers on sm_90,
+// no spills) or 4 (40 registers, a few bytes of spills in bf16/fp16).
+constexpr int kOccThreads = 384;
+// Blocks per SM the persist backward kernel is bounded to: 3 or 4, 0 = the 512-thread kernel.
+inline int bwd_persist_occ(const Plan& p, PlanKind kind) {
+  if (!bwd_persist(p, kind) || p.vpt != 1 || p.threads > kOccThreads) return 0;
+  const int occ = cached_env_int(g_persist_occ, "PRIMUS_TURBO_RMSNORM_CPP_PERSIST_OCC", 3, 1, 4);
+  return occ >= 3 ? occ : 0;
 }
 
 template <typename T>
@@ -466,10 +470,12 @@ Status bwd_grid(const Plan& p, PlanKind kind, int64_t rows, int64_t* grid) {
   const int m = cached_env_int(g_persist_per_sm, "PRIMUS_TURBO_RMSNORM_CPP_PERSIST_PER_SM", 4, 1, 8);
   switch (p.vpt) {
     case 1:
-      st = bwd_persist_occ(p, kind)
-               ? resident_blocks(bwd_persist_kernel<T, 1, kOccThreads, kOccBlocks>, p.threads, m, &cap)
-           : persist ? resident_blocks(bwd_persist_kernel<T, 1>, p.threads, m, &cap)
-                     : resident_blocks(bwd_vec_kernel<T, 1>, p.threads, m, &cap);
+      switch (bwd_persist_occ(p, kind)) {
+        case 3: st = resident_blocks(bwd_persist_kernel<T, 1, kOccThreads, 3>, p.threads, m, &cap); break;
+        case 4: st = resident_blocks(bwd_persist_kernel<T, 1, kOccThreads, 4>, p.threads, m, &cap); break;
+        default: st = persist ? resident_blocks(bwd_persist_kernel<T, 1>, p.threads, m, &cap)
+                              : resident_blocks(bwd_vec_kernel<T, 1>, p.threads, m, &cap);
+      }
       break;
     case 2: st = persist ? resident_blocks(bwd_persist_kernel<T, 2>, p.threads, m, &cap)
                          : resident_blocks(bwd_vec_kernel<T, 2>, p.threads, m, &cap); break;
@@ -527,9 +533,11 @@ Status bwd_launch(const void* dy, const void* x, const void* w, const float* rst
   auto DX = static_cast<T*>(dx);
   dim3 grid(static_cast<unsigned>(g)), block(p.threads);
   if (rows > 0) {
-    if (bwd_persist_occ(p, kind)) {
-      bwd_persist_kernel<T, 1, kOccThreads, kOccBlocks>
-          <<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden);
+    const int occ = bwd_persist_occ(p, kind);
+    if (occ == 3) {
+      bwd_persist_kernel<T, 1, kOccThreads, 3><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden);
+    } else if (occ == 4) {
+      bwd_persist_kernel<T, 1, kOccThreads, 4><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden);
     } else if (bwd_persist(p, kind)) {
       if (p.vpt == 1) {
         bwd_persist_kernel<T, 1><<<grid, block, 0, s>>>(DY, X, W, rstd, DX, part, rows, hidden);

@@ -110,7 +110,8 @@ inline PlanKind cached_plan(std::atomic<int>& slot, const char* var) {
 //   PRIMUS_TURBO_RMSNORM_CPP_PERSIST_OCC (default 3): the persist backward at VPT 1 with at most
 //     384 threads per block uses the kernel bounded to 3 blocks of 384 threads per SM (<= 56
 //     registers on sm_90, no spills) instead of 1 block of 512 (64 registers: 2 blocks per SM at
-//     2880 bf16); 1 = the old kernel.
+//     2880 bf16); 4 = bounded to 4 per SM (40 registers, 12-24 bytes of spills in bf16/fp16);
+//     1 = the old kernel.
 //   PRIMUS_TURBO_RMSNORM_CPP_PERSIST_PER_SM (default 4): persist/prev backward blocks per SM at
 //     most (1..8).
 inline std::atomic<int> g_balance{-1}, g_persist_occ{-1}, g_persist_per_sm{-1};
