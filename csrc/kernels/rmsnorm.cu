@@ -114,6 +114,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
                    const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ part,
                    int64_t rows, int64_t hidden) {
   __shared__ float scratch[kScratch];
+  pdl_launch_dependents();
   constexpr int N = Vec16<T>::N;
   const int64_t nvec = hidden / N;
   const float inv_h = 1.f / static_cast<float>(hidden);
@@ -191,6 +192,7 @@ __global__ void __launch_bounds__(MAXT, MINB)
                        const float* __restrict__ rstd, T* __restrict__ dx,
                        float* __restrict__ part, int64_t rows, int64_t hidden) {
   __shared__ float scratch[kScratch];
+  pdl_launch_dependents();  // the dw reduce (PRIMUS_TURBO_RMSNORM_CPP_PDL); a no-op otherwise
   constexpr int N = Vec16<T>::N;
   const int nvec = static_cast<int>(hidden / N);
   const float inv_h = 1.f / static_cast<float>(hidden);
@@ -286,6 +288,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                        const float* __restrict__ rstd, T* __restrict__ dx,
                        float* __restrict__ part, int64_t rows, int64_t hidden) {
   __shared__ float scratch[kScratch];
+  pdl_launch_dependents();
   float* pb = part + static_cast<int64_t>(blockIdx.x) * hidden;
   for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) pb[h] = 0.f;
   const float inv_h = 1.f / static_cast<float>(hidden);
@@ -317,6 +320,7 @@ template <typename T>
 __global__ void dw_reduce_kernel(const float* __restrict__ part, T* __restrict__ dw,
                                  int64_t nparts, int64_t hidden) {
   __shared__ float sums[kRedLanes][kRedCols];
+  pdl_wait();  // launched as a programmatic dependent (PDL knob): the partial rows are complete
   const int64_t h = static_cast<int64_t>(blockIdx.x) * kRedCols + threadIdx.x;
   float s = 0.f;
   if (h < hidden) {
@@ -434,6 +438,26 @@ Status fwd_dispatch(const void* x, const void* w, void* y, float* rstd, int64_t 
 template <typename T>
 Status dw_reduce(const float* part, void* dw, int64_t nparts, int64_t hidden, ptStream_t s) {
   dim3 rgrid(static_cast<unsigned>((hidden + kRedCols - 1) / kRedCols)), rblock(kRedCols, kRedLanes);
+#if !PT_HIP
+  if (nparts > 0 && cached_env_int(g_pdl, "PRIMUS_TURBO_RMSNORM_CPP_PDL", 0, 0, 1) == 1) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = rgrid;
+    cfg.blockDim = rblock;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    const float* P = part;
+    T* DW = static_cast<T*>(dw);
+    if (cudaLaunchKernelEx(&cfg, dw_reduce_kernel<T>, P, DW, nparts, hidden) == cudaSuccess) {
+      return kOk;
+    }
+    (void)cudaGetLastError();  // not supported here: the plain launch below
+  }
+#endif
   dw_reduce_kernel<T><<<rgrid, rblock, 0, s>>>(part, static_cast<T*>(dw), nparts, hidden);
   PT_RETURN_LAUNCH_STATUS();
   return kOk;
@@ -578,6 +602,7 @@ void rmsnorm_gpu_reload_plans() noexcept {
   g_balance.store(-1, std::memory_order_relaxed);
   g_persist_occ.store(-1, std::memory_order_relaxed);
   g_persist_per_sm.store(-1, std::memory_order_relaxed);
+  g_pdl.store(-1, std::memory_order_relaxed);
   rmsnorm_tiles_reload_knobs();
   rmsnorm_rows_reload_knobs();
 }

@@ -114,7 +114,27 @@ inline PlanKind cached_plan(std::atomic<int>& slot, const char* var) {
 //     1 = the old kernel.
 //   PRIMUS_TURBO_RMSNORM_CPP_PERSIST_PER_SM (default 4): persist/prev backward blocks per SM at
 //     most (1..8).
-inline std::atomic<int> g_balance{-1}, g_persist_occ{-1}, g_persist_per_sm{-1};
+//   PRIMUS_TURBO_RMSNORM_CPP_PDL (default 0; CUDA sm_90+ only): the dw reduce kernel is launched as
+//     a programmatic dependent of the backward kernel (cudaLaunchKernelEx with programmatic
+//     stream serialization; the backward kernels allow it at their start, the reduce waits with
+//     griddepcontrol.wait for the backward grid's completion and memory flush), so its launch
+//     latency hides behind the backward's last rows. HIP: ignored.
+inline std::atomic<int> g_balance{-1}, g_persist_occ{-1}, g_persist_per_sm{-1}, g_pdl{-1};
+
+// Programmatic dependent launch (sm_90 PTX griddepcontrol; no-ops elsewhere and when the grid was
+// launched without the attribute). launch_dependents: the dependent grid may be scheduled once
+// every block of this grid has executed it (or exited); wait: blocks until the grids this one
+// depends on have completed and their memory is visible.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if !PT_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if !PT_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 inline int cached_env_int(std::atomic<int>& slot, const char* var, int def, int lo, int hi) {
   int v = slot.load(std::memory_order_relaxed);

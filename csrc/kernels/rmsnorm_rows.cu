@@ -99,6 +99,7 @@ __global__ void __launch_bounds__(kRowsMaxWarps * kWarpSize)
                     const float* __restrict__ rstd, T* __restrict__ dx,
                     float* __restrict__ part, int64_t rows, int nvec, float inv_h) {
   extern __shared__ float acc[];  // [blockDim.y][VPT * N * kWarpSize]
+  pdl_launch_dependents();  // the dw reduce (PRIMUS_TURBO_RMSNORM_CPP_PDL); a no-op otherwise
   constexpr int N = Vec16<T>::N;
   constexpr int kSlots = VPT * N * kWarpSize;
   const int64_t hidden = static_cast<int64_t>(nvec) * N;

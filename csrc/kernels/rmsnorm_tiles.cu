@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                     float* __restrict__ part, int64_t rows, int nvec, float inv_h) {
   __shared__ float scratch[kScratch];
   extern __shared__ float red[];
+  pdl_launch_dependents();  // the dw reduce (PRIMUS_TURBO_RMSNORM_CPP_PDL); a no-op otherwise
   constexpr int N = Vec16<T>::N;
   constexpr bool kPrefetch = VPT <= 2;  // at VPT 4 the second buffer would spill
   const int64_t hidden = static_cast<int64_t>(nvec) * N;
