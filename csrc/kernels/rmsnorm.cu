@@ -439,7 +439,8 @@ template <typename T>
 Status dw_reduce(const float* part, void* dw, int64_t nparts, int64_t hidden, ptStream_t s) {
   dim3 rgrid(static_cast<unsigned>((hidden + kRedCols - 1) / kRedCols)), rblock(kRedCols, kRedLanes);
 #if !PT_HIP
-  if (nparts > 0 && cached_env_int(g_pdl, "PRIMUS_TURBO_RMSNORM_CPP_PDL", 0, 0, 1) == 1) {
+  const int pdl = cached_env_int(g_pdl, "PRIMUS_TURBO_RMSNORM_CPP_PDL", kDefaultPdl, 0, 1);
+  if (nparts > 0 && pdl == 1) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = rgrid;
     cfg.blockDim = rblock;
@@ -482,7 +483,8 @@ constexpr int kOccThreads = 384;
 // Blocks per SM the persist backward kernel is bounded to: 3 or 4, 0 = the 512-thread kernel.
 inline int bwd_persist_occ(const Plan& p, PlanKind kind) {
   if (!bwd_persist(p, kind) || p.vpt != 1 || p.threads > kOccThreads) return 0;
-  const int occ = cached_env_int(g_persist_occ, "PRIMUS_TURBO_RMSNORM_CPP_PERSIST_OCC", 3, 1, 4);
+  const int occ =
+      cached_env_int(g_persist_occ, "PRIMUS_TURBO_RMSNORM_CPP_PERSIST_OCC", kDefaultPersistOcc, 1, 4);
   return occ >= 3 ? occ : 0;
 }
 
@@ -491,7 +493,8 @@ Status bwd_grid(const Plan& p, PlanKind kind, int64_t rows, int64_t* grid) {
   int64_t cap = 1;
   Status st = kOk;
   const bool persist = bwd_persist(p, kind);
-  const int m = cached_env_int(g_persist_per_sm, "PRIMUS_TURBO_RMSNORM_CPP_PERSIST_PER_SM", 4, 1, 8);
+  const int m = cached_env_int(g_persist_per_sm, "PRIMUS_TURBO_RMSNORM_CPP_PERSIST_PER_SM",
+                               kDefaultPersistPerSm, 1, 8);
   switch (p.vpt) {
     case 1:
       switch (bwd_persist_occ(p, kind)) {

@@ -120,6 +120,9 @@ inline PlanKind cached_plan(std::atomic<int>& slot, const char* var) {
 //     griddepcontrol.wait for the backward grid's completion and memory flush), so its launch
 //     latency hides behind the backward's last rows. HIP: ignored.
 inline std::atomic<int> g_balance{-1}, g_persist_occ{-1}, g_persist_per_sm{-1}, g_pdl{-1};
+// The knobs' defaults (one place to flip after an A/B run).
+constexpr int kDefaultBalance = 1, kDefaultPersistOcc = 3, kDefaultPersistPerSm = 4,
+              kDefaultPdl = 0;
 
 // Programmatic dependent launch (sm_90 PTX griddepcontrol; no-ops elsewhere and when the grid was
 // launched without the attribute). launch_dependents: the dependent grid may be scheduled once
@@ -149,7 +152,9 @@ inline int cached_env_int(std::atomic<int>& slot, const char* var, int def, int 
 
 inline int64_t balanced_grid(int64_t work, int64_t cap) {
   const int64_t g = std::max<int64_t>(1, std::min(work, cap));
-  if (cached_env_int(g_balance, "PRIMUS_TURBO_RMSNORM_CPP_BALANCE", 1, 0, 1) == 0) return g;
+  if (cached_env_int(g_balance, "PRIMUS_TURBO_RMSNORM_CPP_BALANCE", kDefaultBalance, 0, 1) == 0) {
+    return g;
+  }
   const int64_t per = (work + g - 1) / g;  // units per block at the cap
   return std::max<int64_t>(1, (work + per - 1) / per);
 }
