@@ -238,13 +238,14 @@ def _split(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
     warps = _env_int("PRIMUS_TURBO_QUANT_WARPS", warps)
     interp = triton_interpret()
     nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
+    extra = {"maxnreg": _env_int("PRIMUS_TURBO_QUANT_MAXNREG", MAXNREG)} if nvidia else {}
     quant_split_kernel[(_cdiv(m, bm) * _cdiv(n, bn),)](
         x, _u8(q), s, _u8(qt), st,
         m, n, x.stride(0), q.stride(0), qt.stride(0), *s_strides, *st_strides,
         BM=bm, BN=bn, MODE=mode, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype),
         SAT=nvidia and _hw_satfinite(x.device.index), NP=np_,
         EVEN=_env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0,
-        FAST=_env_flag("PRIMUS_TURBO_QUANT_FAST", True), num_warps=warps,
+        FAST=_env_flag("PRIMUS_TURBO_QUANT_FAST", False), num_warps=warps, **extra,
     )  # fmt: skip
 
 
