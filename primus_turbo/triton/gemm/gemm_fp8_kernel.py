@@ -442,8 +442,7 @@ def _pick(args, m, n, k, family) -> GemmConfig:
     tma_ok = args[5] == BLOCK and _tma_usable(a, b)
     if family == ArchFamily.CPU or not _tune_env():
         return select_fp8_config(m, n, k, family, cus, args[5], tma_ok)
-    key = (m, n, k, a.dtype, b.dtype, args[2].dtype, args[5], args[6], args[7],
-           a.stride(1) == 1, a.device, block_config_set(), tma_ok)  # fmt: skip
+    key = _tune_key(args, m, n, k, tma_ok)
     cfg = _tuned.get(key)
     if cfg is None and not _tuning_enabled():  # a graph capture: the tuned config if the shape
         return select_fp8_config(m, n, k, family, cus, args[5], tma_ok)  # ran before, else this
@@ -474,6 +473,12 @@ def _pick(args, m, n, k, family) -> GemmConfig:
               f"{timings.get(cfg, 0.0) / timings.get(guess, math.inf):.3f} of best",
               flush=True)  # fmt: skip
     return cfg
+
+
+def _tune_key(args, m: int, n: int, k: int, tma_ok: bool) -> tuple:
+    a, b = args[0], args[1]
+    return (m, n, k, a.dtype, b.dtype, args[2].dtype, args[5], args[6], args[7],
+            a.stride(1) == 1, a.device, block_config_set(), tma_ok)  # fmt: skip
 
 
 def _tma_usable(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -448,3 +448,33 @@ def test_gemm_fp8_block_v3_heuristic(monkeypatch):
         assert pick(8192, 8192, True).programs_per_cu == 2 and pick(8192, 8192, True).num_warps == 4
     finally:
         kern.block_config_set.cache_clear()
+
+
+def test_gemm_fp8_block_pick_under_capture(monkeypatch):
+    """Inside a CUDA graph capture the tuner never times: a shape tuned before keeps its tuned
+    config, a new shape gets the heuristic (``_pick`` with the sm_90 family; CPU tensors)."""
+    from primus_turbo.pytorch.core import platform
+    from primus_turbo.pytorch.core.platform import ArchFamily
+    from primus_turbo.triton.gemm import gemm_fp8_kernel as kern
+
+    monkeypatch.setattr(kern, "_tune_env", lambda: True)
+    monkeypatch.setattr(platform, "is_graph_capturing", lambda: True)
+    monkeypatch.setattr(kern, "_tuned", {})
+    monkeypatch.delenv("PRIMUS_TURBO_FP8_BLOCK_CONFIGS", raising=False)
+    kern.block_config_set.cache_clear()
+    try:
+        m, n, k = 64, 48, 128
+        a = torch.randn(m, k).to(E4M3_DEV)  # only the dispatch runs
+        b = torch.randn(n, k).to(E4M3_DEV)
+        c = torch.empty(m, n, dtype=torch.bfloat16)
+        args = (a, b, c, torch.ones(m, 1), torch.ones(1, 1), kern.BLOCK, 1, 128, (1, 0), (1, 1))
+        tma_ok = kern._tma_usable(a, b)
+        guess = kern.select_fp8_config(
+            m, n, k, ArchFamily.HOPPER, platform.num_compute_units(a.device), kern.BLOCK, tma_ok
+        )
+        assert kern._pick(args, m, n, k, ArchFamily.HOPPER) == guess  # no timing loop ran
+        tuned = kern._V3_TMA_N64 if guess != kern._V3_TMA_N64 else kern._V3_TMA_W8
+        kern._tuned[kern._tune_key(args, m, n, k, tma_ok)] = tuned
+        assert kern._pick(args, m, n, k, ArchFamily.HOPPER) == tuned
+    finally:
+        kern.block_config_set.cache_clear()
