@@ -152,6 +152,7 @@ inline int cached_env_int(std::atomic<int>& slot, const char* var, int def, int 
 
 inline int64_t balanced_grid(int64_t work, int64_t cap) {
   const int64_t g = std::max<int64_t>(1, std::min(work, cap));
+  if (work <= 0) return g;  // zero rows: one (idle) block, as before
   if (cached_env_int(g_balance, "PRIMUS_TURBO_RMSNORM_CPP_BALANCE", kDefaultBalance, 0, 1) == 0) {
     return g;
   }
