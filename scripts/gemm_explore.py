@@ -5,9 +5,9 @@ data in primus_turbo/triton/gemm/gemm_configs.py can be chosen from measurements
 Usage: python scripts/gemm_explore.py [--layout NT] [--quick]
 
 ``--weak``: kernel-only (profiler, L2 flushed) and do_bench times of plain, composite-N
-(``block_n2``) and flattened (``PRIMUS_TURBO_GEMM_FLATTEN``) plans on the DeepSeek-V3 shapes
-below 0.8x torch.matmul (kv_a, q_a, kv_b; NT), each vs torch.matmul's kernel; ``--smoke`` runs
-it on the CPU interpreter at tiny sizes (a syntax check of the script, no timing value).
+(``block_n2``), TMA (``_tma``) and flattened (``PRIMUS_TURBO_GEMM_FLATTEN``) plans on the
+DeepSeek-V3 shapes below 0.8x torch.matmul (kv_a, q_a, kv_b; NT), each vs torch.matmul's
+kernel; ``--smoke`` runs it on the CPU interpreter at tiny sizes (a syntax check, no timing).
 """
 
 # ruff: noqa: B023  (closures are called within the loop iteration that defines them)
@@ -124,14 +124,18 @@ def _kernel_us(fn, flush, gpu: bool, reps: int = 20) -> float:
 
 def weak(names: list[str], smoke: bool) -> None:
     from primus_turbo.pytorch.core.platform import ArchFamily
-    from primus_turbo.triton.gemm.gemm_configs import narrow_config, select_narrow
+    from primus_turbo.triton.gemm.gemm_configs import (
+        narrow_candidates,
+        narrow_config,
+        select_narrow,
+    )
 
     gpu = not smoke
     dev = "cuda" if gpu else "cpu"
     fam = arch_family() if gpu else ArchFamily.CPU
     sms = num_compute_units() if gpu else 4
     flush = torch.empty(256 << 20 if gpu else 1 << 10, dtype=torch.int8, device=dev)
-    flat0 = gk._flatten_enabled
+    flat0 = gk._flatten_for
     print(f"device={torch.cuda.get_device_name() if gpu else 'cpu'} family={fam.name} sms={sms}")
     for name in names:
         m, n, k = WEAK[name] if gpu else (40, 36, 300)
@@ -147,17 +151,25 @@ def weak(names: list[str], smoke: bool) -> None:
         )
         if gpu:
             plains = list(gemm_configs(fam))
-            comps = [
-                narrow_config(fam, bm, bn, bn2, 64)
-                for bm, bn, bn2 in (
-                    (128, 128, 16),
-                    (128, 128, 32),
-                    (128, 128, 64),
-                    (256, 64, 16),
-                    (64, 128, 16),
-                )
-            ]
+            # composite grid (kv_a): the tuner's candidates first, then bk/warps/stages/GROUP_M
+            # variants of 128x(128+16), wider narrow blocks and 64x(256+32)
             picked = select_narrow(m, n, k, fam, sms)
+            comps = list(narrow_candidates(m, n, k, fam, sms)) if name == "kv_a" else []
+            if name == "kv_a":
+                grid = [
+                    (128, 128, 16, 64, 8, 3, 8), (128, 128, 16, 64, 8, 6, 8),
+                    (128, 128, 16, 128, 8, 2, 8), (128, 128, 16, 64, 4, 4, 8),
+                    (128, 128, 16, 64, 4, 5, 8), (128, 128, 16, 128, 4, 3, 8),
+                    (128, 128, 16, 64, 8, 4, 4), (128, 128, 16, 64, 8, 4, 16),
+                    (128, 128, 16, 128, 8, 3, 4), (128, 128, 32, 128, 8, 3, 8),
+                    (128, 128, 32, 64, 8, 4, 8), (64, 256, 32, 64, 4, 4, 8),
+                    (64, 256, 32, 64, 8, 4, 8), (64, 256, 32, 128, 8, 3, 8),
+                ]  # fmt: skip
+                comps += [narrow_config(fam, *g[:4], *g[4:6], group_m=g[6]) for g in grid]
+                tma = [(64, 8, 5), (128, 8, 3), (64, 4, 4), (128, 4, 3), (128, 8, 2)]
+                comps += [narrow_config(fam, 128, 128, 16, *t, tma=True) for t in tma]
+                comps += [narrow_config(fam, 128, 128, 32, 64, 8, 4, tma=True)]
+                comps += [narrow_config(fam, 64, 256, 32, 64, 4, 4, tma=True)]
         else:
             plains = list(gemm_configs(fam))[:1]
             comps = [dataclasses.replace(plains[0], block_n2=8)]
@@ -165,15 +177,19 @@ def weak(names: list[str], smoke: bool) -> None:
         plains = plains[:3]  # 128x256, 256x128, 128x128 w4 on Hopper (the tuner's usual picks)
         if gpu:  # two co-resident CTAs per SM: one's epilogue overlaps the other's K loop (kv_b)
             plains.append(dataclasses.replace(plains[2], num_stages=3, programs_per_cu=2))
-        flat_names = {c.name for c in plains}
-        flat_names |= {c.name for c in comps if (c.block_m, c.block_n2) in ((128, 16), (128, 64))}
-        if picked is not None:
-            comps = [picked] + [c for c in comps if c != picked]
-            flat_names.add(picked.name)
-        plans = [(cfg, False) for cfg in plains + comps]
-        plans += [(cfg, True) for cfg in plains + comps if cfg.name in flat_names]
+            # TMA versions (PRIMUS_TURBO_GEMM_TMA=1): 128x256 s3/s4, 128x128 w4 s3 2/SM
+            plains += [dataclasses.replace(plains[0], tma=True),
+                       dataclasses.replace(plains[0], tma=True, num_stages=4),
+                       dataclasses.replace(plains[3], tma=True)]  # fmt: skip
+        # flat=1 for the plain plans (PRIMUS_TURBO_GEMM_FLATTEN=auto), flat=0 for them only on
+        # kv_b (the A/B of run 4.2); composites flat=0 (auto), flat=1 only for the first
+        plans = [(cfg, True) for cfg in plains]
+        if name != "kv_a" or not gpu:
+            plans += [(cfg, False) for cfg in plains if not cfg.tma]
+        plans += [(cfg, False) for cfg in comps]
+        plans += [(cfg, True) for cfg in comps[:1]]
         for cfg, flat in plans:
-            gk._flatten_enabled = lambda family, flat=flat: flat
+            gk._flatten_for = lambda cfg, family, flat=flat: flat
 
             def run(cfg=cfg):
                 gk._launch(a, b, c, m, n, k, (k, 1), (1, k), cfg, fam)
@@ -190,13 +206,14 @@ def weak(names: list[str], smoke: bool) -> None:
                 )
                 continue
             tag = " <- select_narrow" if picked is not None and cfg == picked else ""
+            tag += f" ({cfg.programs_per_cu}/SM)" if cfg.programs_per_cu > 1 else ""
             tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.tile_n)
             print(
                 f"  {cfg.name:44s} flat={int(flat)} tiles={tiles:5d} do_bench {host:7.1f} us"
                 f" | kernel {kern:7.1f} us ratio {t_ref / max(kern, 1e-9):.3f}"
                 f" | relerr {err:.1e}{tag}"
             )
-    gk._flatten_enabled = flat0
+    gk._flatten_for = flat0
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ class GemmConfig:
     # composite N tile: a second, narrower column block of ``block_n2`` (a power of two, 0 = none)
     # next to the first, sharing its A tile; the tile is ``block_n + block_n2`` wide (e.g. 144)
     block_n2: int = 0
+    # operands through TMA descriptors (``gemm_tma_kernel``, sm_90), else cp.async pointers
+    tma: bool = False
 
     @property
     def tile_n(self) -> int:
@@ -42,7 +44,7 @@ class GemmConfig:
         n2 = f"p{self.block_n2}" if self.block_n2 else ""
         return (
             f"m{self.block_m}n{self.block_n}{n2}k{self.block_k}g{self.group_m}"
-            f"w{self.num_warps}s{self.num_stages}{extra}"
+            f"w{self.num_warps}s{self.num_stages}{extra}{'_tma' if self.tma else ''}"
         )
 
 
@@ -237,14 +239,83 @@ def plan_cost(m: int, n: int, cfg: GemmConfig, num_cus: int) -> int:
     return rounds * cfg.programs_per_cu * tile_cost(cfg.block_m, cfg.block_n, cfg.block_n2)
 
 
-def narrow_config(family: ArchFamily, bm: int, bn: int, bn2: int, bk: int) -> GemmConfig:
-    warps = 8 if bm * (bn + bn2) > 128 * 128 else 4
+def narrow_config(
+    family: ArchFamily,
+    bm: int,
+    bn: int,
+    bn2: int,
+    bk: int,
+    warps: int = 0,
+    stages: int = 0,
+    group_m: int = 8,
+    tma: bool = False,
+) -> GemmConfig:
+    """A composite config; ``warps``/``stages`` 0 = the default rule (8 warps above 128x128,
+    as many bf16 stages as fit in 200 KiB, at most 4; 2 on AMD)."""
+    warps = warps or (8 if bm * (bn + bn2) > 128 * 128 else 4)
     stage_bytes = (bm + bn + bn2) * bk * 2
     if family in (ArchFamily.CDNA3, ArchFamily.CDNA4):
         opts = (("matrix_instr_nonkdim", 16), ("waves_per_eu", 0))
-        return GemmConfig(bm, bn, bk, 8, warps, 2, 1, opts, block_n2=bn2)
-    stages = max(2, min(4, (200 << 10) // stage_bytes))
-    return GemmConfig(bm, bn, bk, 8, warps, stages, 1, block_n2=bn2)
+        return GemmConfig(bm, bn, bk, group_m, warps, stages or 2, 1, opts, block_n2=bn2)
+    stages = stages or max(2, min(4, (200 << 10) // stage_bytes))
+    return GemmConfig(bm, bn, bk, group_m, warps, stages, 1, block_n2=bn2, tma=tma)
+
+
+# Hopper variants of the chosen composite tile that the tuner times (bk, warps, stages, tma); the
+# first is the one used without tuning. Measured (H200, run 4.2, kv_a kernel-only, L2 flushed):
+# 128x(128+16) k64 w8 s4 66.4 us. k128 s3: half the K steps (56 for K=7168), 16-byte cp.async for
+# the 16-column block (8-byte at k64); 3 x (128+144) x 128 x 2 B = 204 KiB of the 227 KiB. TMA:
+# the same tile with descriptor loads (gemm_tma_kernel; not yet measured).
+NARROW_VARIANTS_HOPPER = ((64, 8, 4, False), (128, 8, 3, False), (64, 8, 4, True))
+HOPPER_SMEM_BYTES = 227 << 10
+
+
+def _parse_config_name(name: str) -> GemmConfig:
+    """``m128n128p16k64g8w8s4`` (the ``GemmConfig.name`` format, Hopper/no extra options;
+    an optional ``c2`` suffix = programs per CU, then ``_tma``) back to a config."""
+    import re
+
+    match = re.fullmatch(r"m(\d+)n(\d+)(?:p(\d+))?k(\d+)g(\d+)w(\d+)s(\d+)(?:c(\d+))?(_tma)?", name)
+    if not match:
+        raise ValueError(
+            "primus_turbo: PRIMUS_TURBO_GEMM_NARROW_CONFIGS expected comma-separated config "
+            f"names such as m128n128p16k128g8w8s3, got {name!r}"
+        )
+    bm, bn, bn2, bk, g, w, s, c, tma = match.groups()
+    return GemmConfig(
+        int(bm), int(bn), int(bk), int(g), int(w), int(s), int(c or 1), block_n2=int(bn2 or 0),
+        tma=bool(tma),
+    )  # fmt: skip
+
+
+def parse_config_names(value: str) -> tuple[GemmConfig, ...]:
+    """Comma-separated config names (see ``_parse_config_name``); empty -> ()."""
+    return tuple(_parse_config_name(x.strip()) for x in value.split(",") if x.strip())
+
+
+@functools.lru_cache(maxsize=4096)
+def narrow_candidates(
+    m: int, n: int, k: int, family: ArchFamily, num_cus: int
+) -> tuple[GemmConfig, ...]:
+    """The composite plans the tuner times for this shape (``select_narrow``'s tile in the
+    ``NARROW_VARIANTS_HOPPER`` pipelines on NVIDIA; the one config elsewhere); () where
+    ``select_narrow`` keeps the plain configs. The first is the untuned choice."""
+    picked = select_narrow(m, n, k, family, num_cus)
+    if picked is None:
+        return ()
+    if family in (ArchFamily.CDNA3, ArchFamily.CDNA4, ArchFamily.CPU):
+        return (picked,)
+    out = []
+    bm, bn, bn2 = picked.block_m, picked.block_n, picked.block_n2
+    for bk, warps, stages, tma in NARROW_VARIANTS_HOPPER:
+        if (bm + bn + bn2) * bk * 2 * stages > HOPPER_SMEM_BYTES - (8 << 10):
+            continue  # keep a little room for barriers and the epilogue's layout conversion
+        if tma and family != ArchFamily.HOPPER:
+            continue
+        cfg = narrow_config(family, bm, bn, bn2, bk, warps, stages, tma=tma)
+        if cfg not in out:
+            out.append(cfg)
+    return tuple(out) or (picked,)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -20,6 +20,7 @@ for the next call. No program ever waits, so no residency assumption is needed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 
@@ -39,9 +40,18 @@ from primus_turbo.triton.gemm.gemm_configs import (
     GemmConfig,
     gemm_configs,
     select_config,
-    select_narrow,
     select_split_k,
     use_stream_k,
+)
+from primus_turbo.triton.gemm.gemm_env import (  # noqa: F401  (tests reach them through here)
+    FLATTEN_MODES,
+    TMA_MODES,
+    _flatten_for,
+    _flatten_mode,
+    _narrow_enabled,
+    _narrow_forced,
+    _narrow_plans,
+    _tma_mode,
 )
 
 
@@ -297,6 +307,13 @@ def _launch(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily, split
         programs = items
     else:
         programs = min(items, num_compute_units(a.device) * cfg.programs_per_cu)
+    if cfg.tma and split_k == 1 and _tma_mode(family) != "0":
+        from primus_turbo.triton.gemm import gemm_tma_kernel as tk
+
+        if tk.tma_ok(a, b, m, n, k, sa, sb):  # else: the pointer kernel, same tile
+            upcast = _interpreting() and a.dtype == torch.bfloat16
+            flat = _flatten_for(cfg, family)
+            return tk.launch_tma(a, b, c, m, n, k, sa, sb, cfg, programs, upcast, flat)
     if split_k > 1:
         ws = torch.empty(items * cfg.block_m * cfg.block_n, device=c.device, dtype=torch.float32)
         counters = _zeroed_counters(c.device, tiles)
@@ -309,7 +326,7 @@ def _launch(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, family: ArchFamily, split
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         EVEN_K=k % cfg.block_k == 0, UPCAST=_interpreting() and a.dtype == torch.bfloat16,
         SPLIT=split_k > 1, RED_M=_red_m(cfg), BLOCK_N2=cfg.block_n2,
-        FLATTEN=split_k == 1 and _flatten_enabled(family), **cfg.options,
+        FLATTEN=split_k == 1 and _flatten_for(cfg, family), **cfg.options,
     )  # fmt: skip
 
 
@@ -388,8 +405,11 @@ def _candidates(m: int, n: int, k: int, family: ArchFamily, cus: int) -> list[Pl
     mode = _split_k_mode()
     plain: list[Plan] = []
     split: list[Plan] = []
+    tma_plain = _tma_mode(family) == "1"
     for cand in gemm_configs(family):
         plain.append((cand, 1, False))
+        if tma_plain:
+            plain.append((dataclasses.replace(cand, tma=True), 1, False))
         factor = select_split_k(m, n, k, cand, cus) if mode != "0" else 1
         if factor > 1:
             split.append((cand, factor, False))
@@ -404,7 +424,8 @@ def _candidates(m: int, n: int, k: int, family: ArchFamily, cus: int) -> list[Pl
 
 def _pick_config(a, b, c, m, n, k, sa, sb, family: ArchFamily) -> Plan:
     cus = num_compute_units(a.device)
-    narrow = select_narrow(m, n, k, family, cus) if _narrow_enabled(family) else None
+    narrows = _narrow_plans(m, n, k, family, cus)
+    narrow = narrows[0] if narrows else None
     if is_graph_capturing():
         # no split-K while capturing: its counter buffer must not be first allocated in a graph
         return narrow or select_config(m, n, k, family, cus), 1, False
@@ -415,13 +436,12 @@ def _pick_config(a, b, c, m, n, k, sa, sb, family: ArchFamily) -> Plan:
         return cfg, select_split_k(m, n, k, cfg, cus) if _split_k_mode() != "0" else 1, False
     # the composite config depends on the exact N, so it is part of the key (shapes of one
     # power-of-two bucket with different composite choices are tuned apart)
-    key = (*_tune_key(m, n, k, a, b, c, sa, sb), narrow)
+    key = (*_tune_key(m, n, k, a, b, c, sa, sb), narrows)
     choice = _tuned.get(key)
     if choice is None:
         timings = {}
         candidates = _candidates(m, n, k, family, cus)
-        if narrow is not None:
-            candidates.append((narrow, 1, False))
+        candidates += [(cfg, 1, False) for cfg in narrows]
         for plan in candidates:
             try:
                 timings[plan] = triton.testing.do_bench(
@@ -478,32 +498,6 @@ def _stream_k_enabled() -> bool:
     from primus_turbo.pytorch.core.checks import env_flag
 
     return env_flag("PRIMUS_TURBO_GEMM_STREAM_K", False)
-
-
-@functools.cache
-def _narrow_enabled(family: ArchFamily) -> bool:
-    """``PRIMUS_TURBO_GEMM_NARROW``: composite N tiles (``select_narrow``) where the model
-    predicts a clear gain; with tuning on they are timed next to the plain plans, without tuning
-    they are used directly. Default on for NVIDIA (target: kv_a on the H200), off on AMD
-    (compiled by the AOT check, not yet measured there). Read once per process."""
-    from primus_turbo.pytorch.core.checks import env_flag
-
-    default = family not in (ArchFamily.CDNA3, ArchFamily.CDNA4)
-    return env_flag("PRIMUS_TURBO_GEMM_NARROW", default)
-
-
-@functools.cache
-def _flatten_enabled(family: ArchFamily) -> bool:
-    """``PRIMUS_TURBO_GEMM_FLATTEN=1``: flatten the persistent tile loop with the K loop
-    (``tl.range(..., flatten=True)``) in the plain and composite kernels, NVIDIA only (the
-    other Triton kernels of the package use it on CUDA only). Off by default until measured:
-    the target is the epilogue exposure of short-K shapes such as kv_b (K=512, 8 K steps per
-    tile). Read once per process."""
-    from primus_turbo.pytorch.core.checks import env_flag
-
-    if family in (ArchFamily.CDNA3, ArchFamily.CDNA4, ArchFamily.CPU):
-        return False
-    return env_flag("PRIMUS_TURBO_GEMM_FLATTEN", False)
 
 
 @functools.cache

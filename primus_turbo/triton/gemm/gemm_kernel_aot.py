@@ -6,6 +6,8 @@ through ``gemm_kernel.aot_specs``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from primus_turbo.pytorch.core.platform import ArchFamily
@@ -14,9 +16,9 @@ from primus_turbo.triton.gemm.gemm_configs import (
     STREAM_K_MAX_TILE,
     GemmConfig,
     gemm_configs,
+    narrow_candidates,
     narrow_config,
     select_config,
-    select_narrow,
 )
 from primus_turbo.triton.gemm.gemm_kernel import _red_m, gemm_kernel, gemm_streamk_kernel
 
@@ -95,7 +97,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                             {**constexprs, "SPLIT": True}, cfg.options)
                 )  # fmt: skip
         if dtype == torch.bfloat16:  # composite N tiles: kv_a's choice and a 128+64 one
-            for cfg in _aot_narrow_configs(family):
+            for cfg in (c for c in _aot_narrow_configs(family) if not c.tma):
                 constexprs = {
                     "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                     "GROUP_M": cfg.group_m, "EVEN_K": True, "UPCAST": False, "SPLIT": False,
@@ -103,8 +105,10 @@ def aot_specs(target: str) -> list[AotSpec]:
                 }  # fmt: skip
                 specs.append(AotSpec(f"gemm_{t}_{cfg.name}", gemm_kernel, signature, constexprs,
                                      cfg.options))  # fmt: skip
-            if family == ArchFamily.HOPPER:  # PRIMUS_TURBO_GEMM_FLATTEN=1 variants (CUDA only)
-                for cfg in (default, *_aot_narrow_configs(family)):
+            if family == ArchFamily.HOPPER:
+                # flattened plain tiles as PRIMUS_TURBO_GEMM_FLATTEN=auto (default) launches them,
+                # and the first composite one (=1); CUDA only
+                for cfg in (*gemm_configs(family), _aot_narrow_configs(family)[0]):
                     constexprs = {
                         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                         "GROUP_M": cfg.group_m, "EVEN_K": True, "UPCAST": False, "SPLIT": False,
@@ -112,16 +116,24 @@ def aot_specs(target: str) -> list[AotSpec]:
                     }  # fmt: skip
                     specs.append(AotSpec(f"gemm_{t}_{cfg.name}_flat", gemm_kernel, signature,
                                          constexprs, cfg.options))  # fmt: skip
+                # TMA kernel (sm_90): the composite candidates with tma, and TMA versions of the
+                # widest plain tile and of the k128 composite (PRIMUS_TURBO_GEMM_TMA=1 / explore)
+                from primus_turbo.triton.gemm.gemm_tma_kernel import aot_specs_sm90
+
+                tma = [c for c in _aot_narrow_configs(family) if c.tma]
+                tma += [dataclasses.replace(default, tma=True)]
+                tma += [narrow_config(family, 128, 128, 16, 128, 8, 3, tma=True)]
+                specs += aot_specs_sm90(tma)
     return specs
 
 
 def _aot_narrow_configs(family: ArchFamily) -> list[GemmConfig]:
-    """Composite configs the AOT check compiles: the one ``select_narrow`` picks for
-    DeepSeek-V3 kv_a (4096x576x7168) on the family's usual CU count, and 128x(128+64)."""
+    """Composite configs the AOT check compiles: the ones the tuner times for DeepSeek-V3 kv_a
+    (4096x576x7168, ``narrow_candidates``) on the family's usual CU count, and 128x(128+64)."""
     cus = {ArchFamily.HOPPER: 132, ArchFamily.CDNA3: 304, ArchFamily.CDNA4: 256}[family]
-    picked = select_narrow(4096, 576, 7168, family, cus)
+    picked = list(narrow_candidates(4096, 576, 7168, family, cus))
     extra = narrow_config(family, 128, 128, 64, 64)
-    return [picked, extra] if picked is not None and picked != extra else [extra]
+    return picked + [extra] if extra not in picked else picked
 
 
 _KERNEL_ARGS = (
