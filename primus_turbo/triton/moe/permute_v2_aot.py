@@ -56,7 +56,8 @@ def aot_specs(target: str) -> list[AotSpec]:
             fn=v2_hist_kernel,
             signature={"idx_ptr": "*i64", "counts_ptr": "*i32", "TK": "i32", "E": "i32",
                        "s_t": "i32", "s_k": "i32"},
-            constexprs={"K": 8, "CHUNK": chunk, "SUB": sub, "E_PAD": e_pad},
+            constexprs={"K": 8, "CHUNK": chunk, "SUB": max(sub, min(chunk, 8192 // e_pad)),
+                        "E_PAD": e_pad},
             options={"num_warps": 4},
         ),
         AotSpec(

@@ -192,7 +192,10 @@ def permute_fused_kernel(
             tl.store(src_ptr + dst, i, mask=m & ok)
     # output rows [base, base + CHUNK) that no copy fills: padding, or past the used rows
     fill = pstart + total
-    for s in range(0, CHUNK, SUB):
+    z_lo = 0
+    if not HAS_PAD:  # rows below `used` are all filled: start at the sub-block holding `used`
+        z_lo = (tl.minimum(tl.maximum(used - base, 0), CHUNK) // SUB * SUB).to(tl.int32)
+    for s in range(z_lo, CHUNK, SUB):
         r = base + s + tl.arange(0, SUB)
         if HAS_PAD:
             inside = (r[:, None] >= pstart[None, :]) & (r[:, None] < fill[None, :])
@@ -444,8 +447,11 @@ def permute_fused_triton(
     counts = torch.empty((grid, e_pad), dtype=torch.int32, device=dev)
     if h > 0 and x.stride(1) != 1:
         x = x.contiguous()
+    # 2d: the histogram in up to 8192-element one-hot steps (2 steps a chunk at 128 experts, was 8
+    # dependent id loads)
+    hsub = sub if geom == "v2" else max(sub, min(chunk, 8192 // e_pad))
     v2_hist_kernel[(grid,)](idx, counts, tk, num_experts, idx.stride(0), idx.stride(1), K=k,
-                            CHUNK=chunk, SUB=sub, E_PAD=e_pad, num_warps=4)  # fmt: skip
+                            CHUNK=chunk, SUB=hsub, E_PAD=e_pad, num_warps=4)  # fmt: skip
     block = _block_h(h, x.element_size())
     copy = geom == "v2" or copy_choice(num_experts) == "fused"
     splits, per = _splits(dev, grid, triton.cdiv(max(h, 1), block), geom, "permute")
