@@ -8,6 +8,9 @@ permuted rows again only when the probs need a gradient. With the ``2d`` geometr
 the unpermute forward also writes the unfilled inverse map, so the unpermute backward (weighted
 or not; the MoE layer's is unweighted, probs go into SwiGLU) is 1 launch in token order
 (``dout`` read once); the ``v2`` geometry gathers ``dout[src // K]`` in expert order there.
+The ``2d`` permute forward is 3 launches by default (``PRIMUS_TURBO_MOE_PERMUTE_COPY=gather``:
+histogram, map-only programs that also write the inverse map, a wide row gather), 2 with
+``fused`` (the map programs copy the rows).
 """
 
 from __future__ import annotations
