@@ -220,7 +220,7 @@ def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
 
 
 def _split_on() -> bool:
-    """``PRIMUS_TURBO_QUANT_SPLIT=1``: the 1x128 and tensorwise dual recipes through
+    """``PRIMUS_TURBO_QUANT_SPLIT=1``: the 1x128, MX and tensorwise dual recipes through
     ``quant_split_kernel`` (transposed copy without the shared-memory transpose of the fp8
     tile); ``0`` / unset: ``quant_tile_v2_kernel`` (v2/v3 only)."""
     raw = os.environ.get("PRIMUS_TURBO_QUANT_SPLIT", "").strip()
@@ -243,7 +243,7 @@ def _split(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
         x, _u8(q), s, _u8(qt), st,
         m, n, x.stride(0), q.stride(0), qt.stride(0), *s_strides, *st_strides,
         BM=bm, BN=bn, MODE=mode, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype),
-        SAT=nvidia and _hw_satfinite(x.device.index), NP=np_,
+        SAT=nvidia and _hw_satfinite(x.device.index), NP=np_, EMAX=_EMAX[dtype],
         EVEN=_env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0,
         FAST=_env_flag("PRIMUS_TURBO_QUANT_FAST", False), num_warps=warps, **extra,
     )  # fmt: skip
@@ -412,6 +412,9 @@ def quant_mx(x: torch.Tensor, dtype: torch.dtype, dual: bool = False, block: int
     qt = _empty_like_t(x, dtype) if dual else None
     st = torch.empty((n, m // block), dtype=torch.uint8, device=dev) if dual else None
     st_strides = (st.stride(1), st.stride(0)) if dual else (0, 0)
+    if dual and _use_v2(x) and _split_on():
+        _split(x, q, s, qt, st, "mx_dual", dtype, s.stride(), st_strides)
+        return q, s, qt, st
     if _use_v2(x):
         name = "mx_dual" if dual else "mx_rows"
         if _v3() and _mx4d(dual):

@@ -408,49 +408,46 @@ def test_quant_v3_even_shapes_match_v2(monkeypatch, case, special):
     _assert_q_close(outs["v3"][0], q1, outs["v3"][1], s1)
 
 
-@pytest.mark.parametrize("recipe", ["block1x128", "tensorwise"])
+def _same_bits(a, b):
+    assert a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
+    if a.dtype in (torch.float32, torch.uint8):
+        return torch.equal(a, b)
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+@pytest.mark.parametrize("recipe", ["block1x128", "tensorwise", "mx"])
 @pytest.mark.parametrize("shape", ["even", "odd"])
 @pytest.mark.parametrize("fast", ["0", "1"])
 def test_quant_split_kernel_bitwise(monkeypatch, recipe, shape, fast):
-    """PRIMUS_TURBO_QUANT_SPLIT=1 (the 8-row-slice dual kernel, with and without FAST) gives
-    the same bits and scales as the tile kernel (=0; FAST applies to both), with inf/-inf/NaN
-    (the filtered re-reduction), an all-zero row and column, edge tiles both ways (odd) or
-    none (even: EVEN, no masks)."""
+    """PRIMUS_TURBO_QUANT_SPLIT=1 (the 8-row-slice dual kernels; 1x128 with and without FAST)
+    gives the same bits and scales as the tile kernels (=0; FAST applies to both), with
+    inf/-inf/NaN (the filtered re-reduction), an all-zero row and column, edge tiles both ways
+    (odd) or none (even: EVEN, no masks)."""
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v3")
-    if fast == "1" and recipe == "tensorwise":
-        pytest.skip("FAST changes nothing in the tensorwise (given-scale) dual kernel")
+    if fast == "1" and recipe != "block1x128":
+        pytest.skip("FAST applies to the 1x128 split kernel only")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_FAST", fast)
     if HAS_GPU:
         m, n = (4096, 2048) if shape == "even" else (4096 + 72, 2048 + 40)
     else:
         m, n = (128, 256) if shape == "even" else (136, 264)
-    x = _x(m, n)
-    x[1, 3], x[2, 4], x[3, 5] = float("inf"), float("-inf"), float("nan")
-    x[9, :] = 0.0
-    x[:, 130] = 0.0
-    g, kw = (G.BLOCKWISE, {"block_size": 128}) if recipe == "block1x128" else (G.TENSORWISE, {})
-    for dtype in (E4M3, E5M2) if HAS_GPU else (E4M3,):
-        outs = []
-        for split in ("0", "1"):
-            monkeypatch.setenv("PRIMUS_TURBO_QUANT_SPLIT", split)
-            outs.append(quantize_fp8_with_trans(x, dtype, g, **kw))
-        for a, b in zip(*outs, strict=True):
-            assert a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
-            if a.dtype == torch.float32:
-                assert torch.equal(a, b)
-            else:
-                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-    x = _x(m, n)  # finite input: the FAST path without the re-reduction
-    outs = []
-    for split in ("0", "1"):
-        monkeypatch.setenv("PRIMUS_TURBO_QUANT_SPLIT", split)
-        outs.append(quantize_fp8_with_trans(x, E4M3, g, **kw))
-    for a, b in zip(*outs, strict=True):
-        assert (
-            torch.equal(a, b)
-            if a.dtype == torch.float32
-            else torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-        )
+    if recipe == "mx":  # multiples of 32 (odd: edge tiles of the 32 x 256 split tile)
+        m, n = (m, n) if shape == "even" else ((m // 32 + 1) * 32, (n // 32 - 2) * 32)
+    g, kw = {"block1x128": (G.BLOCKWISE, {"block_size": 128}), "tensorwise": (G.TENSORWISE, {}),
+             "mx": (G.MX_BLOCKWISE, {"block_size": 32})}[recipe]  # fmt: skip
+    for special in (True, False):  # False: finite input (the FAST path, no re-reduction)
+        x = _x(m, n)
+        if special:
+            x[1, 3], x[2, 4], x[3, 5] = float("inf"), float("-inf"), float("nan")
+            x[9, :] = 0.0
+            x[:, 130] = 0.0
+        for dtype in (E4M3, E5M2) if HAS_GPU and special else (E4M3,):
+            outs = []
+            for split in ("0", "1"):
+                monkeypatch.setenv("PRIMUS_TURBO_QUANT_SPLIT", split)
+                outs.append(quantize_fp8_with_trans(x, dtype, g, **kw))
+            for a, b in zip(*outs, strict=True):
+                assert _same_bits(a, b)
 
 
 @pytest.mark.parametrize("var", ["PRIMUS_TURBO_QUANT_SPLIT", "PRIMUS_TURBO_QUANT_FAST",
