@@ -222,7 +222,9 @@ def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
 def _split_on() -> bool:
     """``PRIMUS_TURBO_QUANT_SPLIT=1``: the 1x128, MX and tensorwise dual recipes through
     ``quant_split_kernel`` (transposed copy without the shared-memory transpose of the fp8
-    tile); ``0`` / unset: ``quant_tile_v2_kernel`` (v2/v3 only)."""
+    tile); ``0`` / unset: ``quant_tile_v2_kernel`` (v2/v3 only).
+    ``PRIMUS_TURBO_QUANT_SPLIT_BN`` (64..512, a power of two) sets the MX / tensorwise tile
+    width (default 256 / 128; warps follow: one 8-wide vector per thread and row slice)."""
     raw = os.environ.get("PRIMUS_TURBO_QUANT_SPLIT", "").strip()
     if raw not in ("", "0", "1"):
         raise ValueError(f"primus_turbo: PRIMUS_TURBO_QUANT_SPLIT expected 0 or 1, got {raw!r}")
@@ -235,6 +237,14 @@ def _split(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
     m, n = x.shape
     if m == 0 or n == 0:
         return
+    if name != "block_dual":  # the tile width is free for MX and tensorwise
+        bn = _env_int("PRIMUS_TURBO_QUANT_SPLIT_BN", bn)
+        if bn < 64 or bn > 512 or bn & (bn - 1):
+            raise ValueError(
+                f"primus_turbo: PRIMUS_TURBO_QUANT_SPLIT_BN expected a power of two in "
+                f"[64, 512], got {bn}"
+            )
+        warps = max(1, bm * bn // 2048)  # one 8-wide vector per thread and row slice
     warps = _env_int("PRIMUS_TURBO_QUANT_WARPS", warps)
     interp = triton_interpret()
     nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None

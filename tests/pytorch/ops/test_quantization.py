@@ -415,7 +415,7 @@ def _same_bits(a, b):
     return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
-@pytest.mark.parametrize("recipe", ["block1x128", "tensorwise", "mx"])
+@pytest.mark.parametrize("recipe", ["block1x128", "tensorwise", "mx", "mx_bn128", "tw_bn64"])
 @pytest.mark.parametrize("shape", ["even", "odd"])
 @pytest.mark.parametrize("fast", ["0", "1"])
 def test_quant_split_kernel_bitwise(monkeypatch, recipe, shape, fast):
@@ -427,6 +427,10 @@ def test_quant_split_kernel_bitwise(monkeypatch, recipe, shape, fast):
     if fast == "1" and recipe != "block1x128":
         pytest.skip("FAST applies to the 1x128 split kernel only")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_FAST", fast)
+    if "_bn" in recipe:  # PRIMUS_TURBO_QUANT_SPLIT_BN: another tile width (and warps)
+        recipe, bn = recipe.split("_bn")
+        recipe = {"tw": "tensorwise"}.get(recipe, recipe)
+        monkeypatch.setenv("PRIMUS_TURBO_QUANT_SPLIT_BN", bn)
     if HAS_GPU:
         m, n = (4096, 2048) if shape == "even" else (4096 + 72, 2048 + 40)
     else:
@@ -451,11 +455,20 @@ def test_quant_split_kernel_bitwise(monkeypatch, recipe, shape, fast):
 
 
 @pytest.mark.parametrize("var", ["PRIMUS_TURBO_QUANT_SPLIT", "PRIMUS_TURBO_QUANT_FAST",
-                                 "PRIMUS_TURBO_QUANT_EVEN"])  # fmt: skip
+                                 "PRIMUS_TURBO_QUANT_EVEN",
+                                 "PRIMUS_TURBO_QUANT_SPLIT_BN"])  # fmt: skip
 def test_quant_flag_env_validated(monkeypatch, var):
-    """The 0/1 kernel switches raise naming the variable and the value."""
+    """The 0/1 kernel switches (and the split tile width) raise naming the variable and the
+    value."""
     monkeypatch.setenv(var, "yes")
     x = _x(128, 128)
+    if var == "PRIMUS_TURBO_QUANT_SPLIT_BN":
+        monkeypatch.setenv("PRIMUS_TURBO_QUANT_SPLIT", "1")
+        for bad in ("32", "96", "1024"):
+            monkeypatch.setenv(var, bad)
+            with pytest.raises(ValueError, match=rf"{var} expected a power of two in \[64, 512\]"):
+                quantize_fp8_with_trans(x, E4M3, G.TENSORWISE)
+        return
     with pytest.raises(ValueError, match=rf"{var} expected 0 or 1, got 'yes'"):
         quantize_fp8_with_trans(x, E4M3, G.BLOCKWISE, block_size=128)
 
