@@ -173,6 +173,9 @@ def weak(names: list[str], smoke: bool) -> None:
                 comps += [narrow_config(fam, 128, 128, 16, *t, tma=True) for t in tma]
                 comps += [narrow_config(fam, 128, 128, 32, 64, 8, 4, tma=True)]
                 comps += [narrow_config(fam, 64, 256, 32, 64, 4, 4, tma=True)]
+                # last (a hang here loses only these): TMA + warp specialization (w4 only)
+                comps += [narrow_config(fam, 128, 128, 16, 64, 4, s, ws=True) for s in (3, 4)]
+                comps += [narrow_config(fam, 128, 128, 16, 128, 4, 3, ws=True)]
         else:
             plains = list(gemm_configs(fam))[:1]
             comps = [dataclasses.replace(plains[0], block_n2=8)]

@@ -27,6 +27,9 @@ class GemmConfig:
     block_n2: int = 0
     # operands through TMA descriptors (``gemm_tma_kernel``, sm_90), else cp.async pointers
     tma: bool = False
+    # with ``tma``: Triton's automatic warp specialization of the K loop (sm_90: a producer warp
+    # group issues the TMA copies, ``num_warps`` consumers; only with 4 warps on Triton 3.6)
+    ws: bool = False
 
     @property
     def tile_n(self) -> int:
@@ -44,7 +47,8 @@ class GemmConfig:
         n2 = f"p{self.block_n2}" if self.block_n2 else ""
         return (
             f"m{self.block_m}n{self.block_n}{n2}k{self.block_k}g{self.group_m}"
-            f"w{self.num_warps}s{self.num_stages}{extra}{'_tma' if self.tma else ''}"
+            f"w{self.num_warps}s{self.num_stages}{extra}"
+            f"{'_tma' if self.tma else ''}{'_ws' if self.ws else ''}"
         )
 
 
@@ -249,6 +253,7 @@ def narrow_config(
     stages: int = 0,
     group_m: int = 8,
     tma: bool = False,
+    ws: bool = False,
 ) -> GemmConfig:
     """A composite config; ``warps``/``stages`` 0 = the default rule (8 warps above 128x128,
     as many bf16 stages as fit in 200 KiB, at most 4; 2 on AMD)."""
@@ -258,7 +263,7 @@ def narrow_config(
         opts = (("matrix_instr_nonkdim", 16), ("waves_per_eu", 0))
         return GemmConfig(bm, bn, bk, group_m, warps, stages or 2, 1, opts, block_n2=bn2)
     stages = stages or max(2, min(4, (200 << 10) // stage_bytes))
-    return GemmConfig(bm, bn, bk, group_m, warps, stages, 1, block_n2=bn2, tma=tma)
+    return GemmConfig(bm, bn, bk, group_m, warps, stages, 1, block_n2=bn2, tma=tma or ws, ws=ws)
 
 
 # Hopper variants of the chosen composite tile that the tuner times (bk, warps, stages, tma); the
@@ -275,16 +280,17 @@ def _parse_config_name(name: str) -> GemmConfig:
     an optional ``c2`` suffix = programs per CU, then ``_tma``) back to a config."""
     import re
 
-    match = re.fullmatch(r"m(\d+)n(\d+)(?:p(\d+))?k(\d+)g(\d+)w(\d+)s(\d+)(?:c(\d+))?(_tma)?", name)
+    pattern = r"m(\d+)n(\d+)(?:p(\d+))?k(\d+)g(\d+)w(\d+)s(\d+)(?:c(\d+))?(_tma)?(_ws)?"
+    match = re.fullmatch(pattern, name)
     if not match:
         raise ValueError(
             "primus_turbo: PRIMUS_TURBO_GEMM_NARROW_CONFIGS expected comma-separated config "
             f"names such as m128n128p16k128g8w8s3, got {name!r}"
         )
-    bm, bn, bn2, bk, g, w, s, c, tma = match.groups()
+    bm, bn, bn2, bk, g, w, s, c, tma, ws = match.groups()
     return GemmConfig(
         int(bm), int(bn), int(bk), int(g), int(w), int(s), int(c or 1), block_n2=int(bn2 or 0),
-        tma=bool(tma),
+        tma=bool(tma or ws), ws=bool(ws),
     )  # fmt: skip
 
 

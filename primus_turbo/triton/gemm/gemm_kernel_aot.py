@@ -123,6 +123,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                 tma = [c for c in _aot_narrow_configs(family) if c.tma]
                 tma += [dataclasses.replace(default, tma=True)]
                 tma += [narrow_config(family, 128, 128, 16, 128, 8, 3, tma=True)]
+                tma += [narrow_config(family, 128, 128, 16, 64, 4, 4, ws=True)]
                 specs += aot_specs_sm90(tma)
     return specs
 

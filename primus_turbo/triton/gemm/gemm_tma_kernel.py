@@ -27,7 +27,7 @@ def gemm_tma_kernel(
     a_desc, b_desc, b2_desc, c_ptr, M, N, K, stride_cm, stride_cn, num_programs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, TRANS_B: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_N2: tl.constexpr = 0, FLATTEN: tl.constexpr = False,
+    BLOCK_N2: tl.constexpr = 0, FLATTEN: tl.constexpr = False, WS: tl.constexpr = False,
 ):  # fmt: skip
     """``a_desc``: A ``[M, K]`` blocks ``[BLOCK_M, BLOCK_K]``. ``TRANS_B``: ``b_desc`` is B^T
     ``[N, K]`` in blocks ``[BLOCK_N, BLOCK_K]`` (``b2_desc`` ``[BLOCK_N2, BLOCK_K]``), else B
@@ -45,7 +45,7 @@ def gemm_tma_kernel(
         col0 = pid_n * TILE_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc2 = tl.zeros((BLOCK_M, BLOCK_N2 if BLOCK_N2 > 0 else 16), dtype=tl.float32)
-        for kt in range(0, k_tiles):
+        for kt in tl.range(0, k_tiles, warp_specialize=WS):
             k0 = kt * BLOCK_K
             a = a_desc.load([row0, k0])
             if TRANS_B:
@@ -110,7 +110,8 @@ def launch_tma(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, programs: int, upcast:
     gemm_tma_kernel[(programs,)](
         a_desc, b_desc, b2_desc, c, m, n, k, c.stride(0), c.stride(1), programs,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, TRANS_B=trans_b, UPCAST=upcast,
-        BLOCK_N2=bn2, FLATTEN=flatten, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_N2=bn2, FLATTEN=flatten, WS=cfg.ws, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
@@ -130,7 +131,8 @@ def aot_specs_sm90(configs) -> list:
             "stride_cm": "i32:16", "stride_cn": "i32:1", "num_programs": "i32",
         }  # fmt: skip
         consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
-                  "TRANS_B": True, "UPCAST": False, "BLOCK_N2": bn2, "FLATTEN": False}  # fmt: skip
+                  "TRANS_B": True, "UPCAST": False, "BLOCK_N2": bn2, "FLATTEN": False,
+                  "WS": cfg.ws}  # fmt: skip
         opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
         specs.append(AotSpec(f"gemm_tma_bf16_{cfg.name}", gemm_tma_kernel, sig, consts, opts))
     return specs
