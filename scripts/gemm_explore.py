@@ -125,6 +125,7 @@ def _kernel_us(fn, flush, gpu: bool, reps: int = 20) -> float:
 def weak(names: list[str], smoke: bool) -> None:
     from primus_turbo.pytorch.core.platform import ArchFamily
     from primus_turbo.triton.gemm.gemm_configs import (
+        GemmConfig,
         narrow_candidates,
         narrow_config,
         select_narrow,
@@ -173,9 +174,6 @@ def weak(names: list[str], smoke: bool) -> None:
                 comps += [narrow_config(fam, 128, 128, 16, *t, tma=True) for t in tma]
                 comps += [narrow_config(fam, 128, 128, 32, 64, 8, 4, tma=True)]
                 comps += [narrow_config(fam, 64, 256, 32, 64, 4, 4, tma=True)]
-                # last (a hang here loses only these): TMA + warp specialization (w4 only)
-                comps += [narrow_config(fam, 128, 128, 16, 64, 4, s, ws=True) for s in (3, 4)]
-                comps += [narrow_config(fam, 128, 128, 16, 128, 4, 3, ws=True)]
         else:
             plains = list(gemm_configs(fam))[:1]
             comps = [dataclasses.replace(plains[0], block_n2=8)]
@@ -194,6 +192,13 @@ def weak(names: list[str], smoke: bool) -> None:
             plans += [(cfg, False) for cfg in plains if not cfg.tma]
         plans += [(cfg, False) for cfg in comps]
         plans += [(cfg, True) for cfg in comps[:1]]
+        if gpu:  # last (a hang here loses only these): TMA + warp specialization (w4 only)
+            ws = [GemmConfig(128, 256, 64, 8, 4, 3, tma=True, ws=True),
+                  GemmConfig(128, 128, 64, 8, 4, 4, tma=True, ws=True)]  # fmt: skip
+            if name == "kv_a":
+                ws += [narrow_config(fam, 128, 128, 16, 64, 4, s, ws=True) for s in (3, 4)]
+                ws += [narrow_config(fam, 128, 128, 16, 128, 4, 3, ws=True)]
+            plans += [(cfg, False) for cfg in ws]
         for cfg, flat in plans:
             gk._flatten_for = lambda cfg, family, flat=flat: flat
 
