@@ -161,15 +161,18 @@ def variable_k_variant() -> str:
     """``PRIMUS_TURBO_GROUPED_GEMM_VK``: the wgrad kernel. ``table`` (``variable_k_kernel``,
     pointer loads masked every step), ``tma`` (``variable_k_tma_kernel``: TMA loads for the
     whole K steps of a group, one masked pointer step for its last rows; where usable, else
-    ``table``), or ``tune`` (default): both timed on the first call per shape."""
-    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_VK", "tune", ("table", "tma", "tune"))
+    ``table``), ``fused`` (``variable_k_fused_kernel``: one pipelined loop over every (tile,
+    K step) of a program, TMA loads, the last rows masked in registers; where usable, else
+    ``table``), or ``tune`` (default): all timed on the first call per shape."""
+    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_VK", "tune", ("table", "tma", "fused", "tune"))
 
 
 @functools.cache
 def config_filter(var: str) -> tuple[str, ...]:
     """``PRIMUS_TURBO_GROUPED_GEMM_CONFIG`` (forward/dgrad) / ``..._VK_CONFIG`` (wgrad): a
-    comma-separated list of config names (``m128n256k64g8w8s4``) that restricts the tuner's
-    candidates; one name that fits means no timing at all. Empty (default): no restriction."""
+    comma-separated list of config names (``m128n256k64g8w8s4``: that tile in every kernel
+    variant) or ``variant:name`` plans (``tma:m256n128k64g8w8s3``) that restricts the tuner's
+    candidates; one that fits means no timing at all. Empty (default): no restriction."""
     import os
 
     raw = os.environ.get(var, "").strip()
@@ -200,7 +203,7 @@ def tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
 #   forward/dgrad: tma 128x256 s3 / s4 (most keys), flat 128x256 s3 (DeepSeek-V3 dgrad: 1.00
 #   and 1.06 vs 0.92 / 0.98 with TMA; DeepSeek-V3 down forward);
 #   wgrad: tma 256x128 w8 (DeepSeek-V3 gate_up), tma 128x128 w4 (Qwen3), table 128x128 w4
-#   (DeepSeek-V3 down), + tma 256x128 w8 s4 (new, not measured yet).
+#   (DeepSeek-V3 down), + tma 256x128 w8 s4 and the fused wgrad (new, not measured yet).
 HOPPER_WINNERS = {
     "fwd": (
         ("tma", "m128n256k64g8w8s3"),
@@ -212,6 +215,8 @@ HOPPER_WINNERS = {
         ("tma", "m256n128k64g8w8s4"),
         ("tma", "m128n128k64g8w4s3"),
         ("table", "m128n128k64g8w4s3"),
+        ("fused", "m256n128k64g8w8s3"),
+        ("fused", "m128n128k64g8w4s3"),
     ),
 }
 
@@ -256,9 +261,11 @@ def forward_plans(
 def variable_k_plans(family: ArchFamily, mode: str, tma_ok: bool) -> list[tuple[str, GemmConfig]]:
     """The (kernel, config) candidates the tuner times for the wgrad."""
     configs = grouped_gemm_configs(family)
-    plans = [("table", cfg) for cfg in configs] if mode != "tma" or not tma_ok else []
+    plans = [("table", cfg) for cfg in configs] if mode in ("table", "tune") or not tma_ok else []
     if mode in ("tma", "tune") and tma_ok:
         plans += [("tma", cfg) for cfg in tma_configs(family)]
+    if mode in ("fused", "tune") and tma_ok:
+        plans += [("fused", cfg) for cfg in tma_configs(family)]
     return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG", family, "vk")
 
 
@@ -269,8 +276,8 @@ def _filtered(plans: list, var: str, family: ArchFamily, gemm: str) -> list:
     if not names:
         tuning = len({v for v, _ in plans}) > 1
         return _winners(plans, family, gemm) if tuning else plans
-    kept = [p for p in plans if p[1].name in names]
+    kept = [p for p in plans if p[1].name in names or f"{p[0]}:{p[1].name}" in names]
     if not kept:
-        have = sorted({p[1].name for p in plans})
+        have = sorted({p[1].name for p in plans} | {f"{p[0]}:{p[1].name}" for p in plans})
         raise ValueError(f"primus_turbo: {var} expected config names in {have}, got {names}")
     return kept
