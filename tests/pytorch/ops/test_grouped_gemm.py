@@ -387,6 +387,10 @@ def test_grouped_gemm_tma_opt_in(lens, k, n, trans_b, monkeypatch, device):
          "kernel_variant", "fast"),
         ("PRIMUS_TURBO_GROUPED_GEMM_VK", "triton.grouped_gemm.grouped_gemm_configs",
          "variable_k_variant", "flat"),
+        ("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "triton.grouped_gemm.grouped_gemm_configs",
+         "candidate_set", "best"),
+        ("PRIMUS_TURBO_GROUPED_GEMM_TUNE_TIMING", "triton.grouped_gemm.grouped_gemm_tune",
+         "tune_timing", "cuda_graph"),
         ("PRIMUS_TURBO_GROUPED_GEMM_DEFAULT", "pytorch.kernels.grouped_gemm.grouped_gemm_impl",
          "_default_mode", "hipblaslt"),
         ("PRIMUS_TURBO_GROUPED_GEMM_VENDOR_FIXUP",
@@ -518,3 +522,29 @@ def test_grouped_gemm_vk_fused_every_config(cfg, monkeypatch, device):
     """Every tile config of the fused wgrad on a ragged shape with empty groups on the H200."""
     _force_vk_fused(monkeypatch, device, cfg)
     _check_fwd_bwd([0, 3000, 1, 0, 64, 255, 2500, 7000], 2048, 768, True, torch.bfloat16, device)
+
+
+def test_grouped_gemm_candidates_winners(monkeypatch):
+    """Hopper tune mode times only the measured winners (HOPPER_WINNERS) unless
+    PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES=all; a fixed kernel keeps every tile."""
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
+
+    def names(plans):
+        return {(v, c.name) for v, c in plans}
+
+    gc.candidate_set.cache_clear()
+    try:
+        fwd = gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True)
+        assert names(fwd) == set(gc.HOPPER_WINNERS["fwd"])
+        assert names(gc.variable_k_plans(ArchFamily.HOPPER, "tune", True)) == set(
+            gc.HOPPER_WINNERS["vk"]
+        )
+        assert len(gc.variable_k_plans(ArchFamily.HOPPER, "tma", True)) == len(
+            gc.tma_configs(ArchFamily.HOPPER)
+        )
+        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "all")
+        gc.candidate_set.cache_clear()
+        assert len(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True)) > len(fwd)
+    finally:
+        monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", raising=False)
+        gc.candidate_set.cache_clear()
