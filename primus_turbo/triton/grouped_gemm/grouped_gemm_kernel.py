@@ -51,7 +51,7 @@ from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import (
     variable_k_plans,
     variable_k_variant,
 )
-from primus_turbo.triton.grouped_gemm.grouped_gemm_tune import time_candidates
+from primus_turbo.triton.grouped_gemm.grouped_gemm_tune import _tune_min_work, time_candidates
 
 
 @triton.jit
@@ -238,29 +238,6 @@ _tuned: dict[tuple, GemmConfig] = {}
 def _bucket(x: int) -> int:
     """Nearby row counts share a tuning result (the group sizes themselves are not known)."""
     return 1 << max(x - 1, 0).bit_length()
-
-
-@functools.cache
-def _tune_min_work() -> int:
-    """``M * N * K`` below which the heuristic's config is used untimed (default ``2**30``, about
-    2 GFLOP, a few microseconds on an H200): timing compiles every candidate config (seconds
-    each), which bought nothing on tiny problems and made the small GPU tests run for minutes.
-    ``PRIMUS_TURBO_GROUPED_GEMM_TUNE_MIN_MNK`` overrides it (0: tune every shape)."""
-    import os
-
-    raw = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_TUNE_MIN_MNK", "").strip()
-    if not raw:
-        return 1 << 30
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(
-            "primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_TUNE_MIN_MNK expected a non-negative "
-            f"integer (M*N*K; default {1 << 30}), got {raw!r}"
-        )
-    return value
 
 
 def _choose(key: tuple, default, launch, family: ArchFamily, work: int = 1 << 62, candidates=None):

@@ -11,6 +11,29 @@ from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import _env_choice
 
 
 @functools.cache
+def _tune_min_work() -> int:
+    """``M * N * K`` below which the heuristic's config is used untimed (default ``2**30``, about
+    2 GFLOP, a few microseconds on an H200): timing compiles every candidate config (seconds
+    each), which bought nothing on tiny problems and made the small GPU tests run for minutes.
+    ``PRIMUS_TURBO_GROUPED_GEMM_TUNE_MIN_MNK`` overrides it (0: tune every shape)."""
+    import os
+
+    raw = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_TUNE_MIN_MNK", "").strip()
+    if not raw:
+        return 1 << 30
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(
+            "primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_TUNE_MIN_MNK expected a non-negative "
+            f"integer (M*N*K; default {1 << 30}), got {raw!r}"
+        )
+    return value
+
+
+@functools.cache
 def tune_timing() -> str:
     """``PRIMUS_TURBO_GROUPED_GEMM_TUNE_TIMING``: ``rounds`` (default, ``time_rounds``) or
     ``do_bench`` (one ``triton.testing.do_bench`` per candidate, 20 ms each: 3 runs of a
