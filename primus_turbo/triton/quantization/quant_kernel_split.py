@@ -379,7 +379,8 @@ def quant_split_kernel(
 
 # ---- ahead-of-time check -------------------------------------------------------------------
 
-# (name, mode, BM, BN, warps) as quant_launch picks them with PRIMUS_TURBO_QUANT_SPLIT=8
+# (name, mode, BM, BN, warps on NVIDIA) as quant_launch picks them with
+# PRIMUS_TURBO_QUANT_SPLIT=1 (warps: one 8-wide vector per thread and row slice; half on AMD)
 SPLIT_CONFIGS = {
     "block_dual": (ROWS, 128, 128, 8),
     "given_dual": (GIVEN, 64, 128, 4),
@@ -412,6 +413,8 @@ def aot_specs(target: str) -> list[AotSpec]:
     for name, (mode, bm, bn, warps) in SPLIT_CONFIGS.items():
         if mode == MX and target == "gfx942":
             continue
+        lanes = 64 if target.startswith("gfx") else 32
+        warps = max(1, bm * bn // (64 * lanes))  # as the launcher derives them
         for even in (True, False):
             cx = {"BM": bm, "BN": bn, "MODE": mode, "FMAX": fmax, "FMT": (0, 0, 0, 0),
                   "SAT": target == "sm_90", "NP": 512 if mode == GIVEN else 1, "EVEN": even,

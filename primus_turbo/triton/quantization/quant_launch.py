@@ -233,7 +233,7 @@ def _split_on() -> bool:
 
 def _split(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
     """Launch ``quant_split_kernel`` with ``SPLIT_CONFIGS[name]``: one tile per program."""
-    mode, bm, bn, warps = SPLIT_CONFIGS[name]
+    mode, bm, bn, _ = SPLIT_CONFIGS[name]
     m, n = x.shape
     if m == 0 or n == 0:
         return
@@ -244,7 +244,8 @@ def _split(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
                 f"primus_turbo: PRIMUS_TURBO_QUANT_SPLIT_BN expected a power of two in "
                 f"[64, 512], got {bn}"
             )
-        warps = max(1, bm * bn // 2048)  # one 8-wide vector per thread and row slice
+    lanes = 64 if torch.version.hip is not None and x.device.type == "cuda" else 32
+    warps = max(1, bm * bn // (64 * lanes))  # one 8-wide vector per thread and row slice
     warps = _env_int("PRIMUS_TURBO_QUANT_WARPS", warps)
     interp = triton_interpret()
     nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None

@@ -426,6 +426,8 @@ def test_quant_split_kernel_bitwise(monkeypatch, recipe, shape, fast):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v3")
     if fast == "1" and recipe != "block1x128":
         pytest.skip("FAST applies to the 1x128 split kernel only")
+    if not HAS_GPU and (("_bn" in recipe and shape == "odd") or (fast == "1" and shape == "even")):
+        pytest.skip("CPU time budget: the interpreter covers the other combinations")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_FAST", fast)
     if "_bn" in recipe:  # PRIMUS_TURBO_QUANT_SPLIT_BN: another tile width (and warps)
         recipe, bn = recipe.split("_bn")
