@@ -228,10 +228,18 @@ def candidate_set() -> str:
     return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "winners", ("winners", "all"))
 
 
-def _winners(plans: list, family: ArchFamily, gemm: str) -> list:
-    """``plans`` restricted to the measured winners (Hopper, ``candidate_set() == winners``);
-    unchanged where none of them is among the plans (e.g. NN with K not a multiple of 64)."""
+# The winners were measured with 512-2048 rows per group; below this average (host-known
+# ``M // G``) the small tiles they leave out may win, so every plan is timed.
+WINNERS_MIN_AVG_ROWS = 256
+
+
+def _winners(plans: list, family: ArchFamily, gemm: str, avg_rows: int) -> list:
+    """``plans`` restricted to the measured winners (Hopper, ``candidate_set() == winners``,
+    ``avg_rows >= WINNERS_MIN_AVG_ROWS``); unchanged where none of them is among the plans
+    (e.g. NN with K not a multiple of 64)."""
     if family != ArchFamily.HOPPER or candidate_set() != "winners":
+        return plans
+    if avg_rows < WINNERS_MIN_AVG_ROWS:
         return plans
     keep = HOPPER_WINNERS[gemm]
     kept = [p for p in plans if (p[0], p[1].name) in keep]
@@ -239,9 +247,10 @@ def _winners(plans: list, family: ArchFamily, gemm: str) -> list:
 
 
 def forward_plans(
-    family: ArchFamily, mode: str, tma_ok: bool, k: int, trans_b: bool
+    family: ArchFamily, mode: str, tma_ok: bool, k: int, trans_b: bool, avg_rows: int = 1 << 30
 ) -> list[tuple[str, GemmConfig]]:
-    """The (kernel, config) candidates the tuner times for the forward/dgrad."""
+    """The (kernel, config) candidates the tuner times for the forward/dgrad (``avg_rows``:
+    ``M // G``, see ``WINNERS_MIN_AVG_ROWS``)."""
     configs = grouped_gemm_configs(family)
     # tune: the table kernel lost every forward/dgrad key to flat on the H200 (session 3), so
     # with TMA candidates present it is left out (fewer compiles on the first call)
@@ -255,10 +264,12 @@ def forward_plans(
             plans += tma
         elif mode == "tma":  # NN with K not a multiple of any tile's BLOCK_K
             plans += [("flat", cfg) for cfg in configs if flat_config_ok(cfg)]
-    return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_CONFIG", family, "fwd")
+    return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_CONFIG", family, "fwd", avg_rows)
 
 
-def variable_k_plans(family: ArchFamily, mode: str, tma_ok: bool) -> list[tuple[str, GemmConfig]]:
+def variable_k_plans(
+    family: ArchFamily, mode: str, tma_ok: bool, avg_rows: int = 1 << 30
+) -> list[tuple[str, GemmConfig]]:
     """The (kernel, config) candidates the tuner times for the wgrad."""
     configs = grouped_gemm_configs(family)
     plans = [("table", cfg) for cfg in configs] if mode in ("table", "tune") or not tma_ok else []
@@ -266,16 +277,16 @@ def variable_k_plans(family: ArchFamily, mode: str, tma_ok: bool) -> list[tuple[
         plans += [("tma", cfg) for cfg in tma_configs(family)]
     if mode in ("fused", "tune") and tma_ok:
         plans += [("fused", cfg) for cfg in tma_configs(family)]
-    return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG", family, "vk")
+    return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG", family, "vk", avg_rows)
 
 
-def _filtered(plans: list, var: str, family: ArchFamily, gemm: str) -> list:
+def _filtered(plans: list, var: str, family: ArchFamily, gemm: str, avg_rows: int) -> list:
     """The config-name filter ``var`` over every plan of the mode where it is set, else (in
     ``tune`` mode only: a fixed kernel keeps all its tiles) the measured winners."""
     names = config_filter(var)
     if not names:
         tuning = len({v for v, _ in plans}) > 1
-        return _winners(plans, family, gemm) if tuning else plans
+        return _winners(plans, family, gemm, avg_rows) if tuning else plans
     kept = [p for p in plans if p[1].name in names or f"{p[0]}:{p[1].name}" in names]
     if not kept:
         have = sorted({p[1].name for p in plans} | {f"{p[0]}:{p[1].name}" for p in plans})

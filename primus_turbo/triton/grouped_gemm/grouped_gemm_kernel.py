@@ -359,7 +359,7 @@ def grouped_gemm_triton(
         plan = ("flat" if mode == "flat" else "table", config)
     else:
         cfg = select_grouped_config(m, n, k, g, family, num_compute_units(a.device))
-        plans = forward_plans(family, mode, tma_ok, k, trans_b)
+        plans = forward_plans(family, mode, tma_ok, k, trans_b, m // g)
         default = ("table", cfg) if mode == "tune" else plans[0]
         if mode != "tune" and any(p[1] == cfg for p in plans):
             default = next(p for p in plans if p[1] == cfg)  # the heuristic's tile, this kernel
@@ -452,7 +452,7 @@ def variable_k_triton(
 
     mode = variable_k_variant()
     tma_ok = mode != "table" and variable_k_tma_usable(x, y, scales is not None)
-    plans = variable_k_plans(family, mode, tma_ok)
+    plans = variable_k_plans(family, mode, tma_ok, m // num_groups)
     cfg = select_variable_k_config(p, q, m, num_groups, family, num_compute_units(x.device))
     default = next((pl for pl in plans if pl[1] == cfg), plans[0])
     if mode == "tune":

@@ -526,7 +526,8 @@ def test_grouped_gemm_vk_fused_every_config(cfg, monkeypatch, device):
 
 def test_grouped_gemm_candidates_winners(monkeypatch):
     """Hopper tune mode times only the measured winners (HOPPER_WINNERS) unless
-    PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES=all; a fixed kernel keeps every tile."""
+    PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES=all or the groups are small (M // G below
+    WINNERS_MIN_AVG_ROWS); a fixed kernel keeps every tile."""
     from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
 
     def names(plans):
@@ -542,6 +543,8 @@ def test_grouped_gemm_candidates_winners(monkeypatch):
         assert len(gc.variable_k_plans(ArchFamily.HOPPER, "tma", True)) == len(
             gc.tma_configs(ArchFamily.HOPPER)
         )
+        few = gc.WINNERS_MIN_AVG_ROWS - 1  # small groups: every plan
+        assert len(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, few)) > len(fwd)
         monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "all")
         gc.candidate_set.cache_clear()
         assert len(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True)) > len(fwd)
