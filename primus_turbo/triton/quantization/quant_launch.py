@@ -224,7 +224,9 @@ def _split_on() -> bool:
     ``quant_split_kernel`` (transposed copy without the shared-memory transpose of the fp8
     tile); ``0`` / unset: ``quant_tile_v2_kernel`` (v2/v3 only).
     ``PRIMUS_TURBO_QUANT_SPLIT_BN`` (64..512, a power of two) sets the MX / tensorwise tile
-    width (default 256 / 128; warps follow: one 8-wide vector per thread and row slice)."""
+    width (default 256 / 128; warps follow: one 8-wide vector per thread and row slice).
+    ``PRIMUS_TURBO_QUANT_RCP=1`` (NVIDIA): the 1x128 split kernel's scales through
+    ``rcp.approx`` instead of two ``div.full`` each (same bits, see ``_scale_rcp``)."""
     raw = os.environ.get("PRIMUS_TURBO_QUANT_SPLIT", "").strip()
     if raw not in ("", "0", "1"):
         raise ValueError(f"primus_turbo: PRIMUS_TURBO_QUANT_SPLIT expected 0 or 1, got {raw!r}")
@@ -256,7 +258,8 @@ def _split(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
         BM=bm, BN=bn, MODE=mode, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype),
         SAT=nvidia and _hw_satfinite(x.device.index), NP=np_, EMAX=_EMAX[dtype],
         EVEN=_env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0,
-        FAST=_env_flag("PRIMUS_TURBO_QUANT_FAST", False), num_warps=warps, **extra,
+        FAST=_env_flag("PRIMUS_TURBO_QUANT_FAST", False),
+        RCP=_env_flag("PRIMUS_TURBO_QUANT_RCP", False) and nvidia, num_warps=warps, **extra,
     )  # fmt: skip
 
 

@@ -418,8 +418,10 @@ def _same_bits(a, b):
 @pytest.mark.parametrize("recipe", ["block1x128", "tensorwise", "mx", "mx_bn128", "tw_bn64"])
 @pytest.mark.parametrize("shape", ["even", "odd"])
 @pytest.mark.parametrize("fast", ["0", "1"])
-def test_quant_split_kernel_bitwise(monkeypatch, recipe, shape, fast):
-    """PRIMUS_TURBO_QUANT_SPLIT=1 (the 8-row-slice dual kernels; 1x128 with and without FAST)
+@pytest.mark.parametrize("rcp", ["0", "1"])
+def test_quant_split_kernel_bitwise(monkeypatch, recipe, shape, fast, rcp):
+    """PRIMUS_TURBO_QUANT_SPLIT=1 (the 8-row-slice dual kernels; 1x128 with and without FAST,
+    on the GPU also with RCP)
     gives the same bits and scales as the tile kernels (=0; FAST applies to both), with
     inf/-inf/NaN (the filtered re-reduction), an all-zero row and column, edge tiles both ways
     (odd) or none (even: EVEN, no masks)."""
@@ -428,7 +430,10 @@ def test_quant_split_kernel_bitwise(monkeypatch, recipe, shape, fast):
         pytest.skip("FAST applies to the 1x128 split kernel only")
     if not HAS_GPU and (("_bn" in recipe and shape == "odd") or (fast == "1" and shape == "even")):
         pytest.skip("CPU time budget: the interpreter covers the other combinations")
+    if rcp == "1" and (not HAS_GPU or recipe != "block1x128"):
+        pytest.skip("RCP: compiled NVIDIA kernels, 1x128 split kernel only")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_FAST", fast)
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_RCP", rcp)
     if "_bn" in recipe:  # PRIMUS_TURBO_QUANT_SPLIT_BN: another tile width (and warps)
         recipe, bn = recipe.split("_bn")
         recipe = {"tw": "tensorwise"}.get(recipe, recipe)
@@ -447,6 +452,7 @@ def test_quant_split_kernel_bitwise(monkeypatch, recipe, shape, fast):
             x[1, 3], x[2, 4], x[3, 5] = float("inf"), float("-inf"), float("nan")
             x[9, :] = 0.0
             x[:, 130] = 0.0
+            x[20, 40] = 1e38  # amax above 2^126: div.full's scaled range (RCP claims same bits)
         for dtype in (E4M3, E5M2) if HAS_GPU and special else (E4M3,):
             outs = []
             for split in ("0", "1"):
@@ -457,7 +463,7 @@ def test_quant_split_kernel_bitwise(monkeypatch, recipe, shape, fast):
 
 
 @pytest.mark.parametrize("var", ["PRIMUS_TURBO_QUANT_SPLIT", "PRIMUS_TURBO_QUANT_FAST",
-                                 "PRIMUS_TURBO_QUANT_EVEN",
+                                 "PRIMUS_TURBO_QUANT_EVEN", "PRIMUS_TURBO_QUANT_RCP",
                                  "PRIMUS_TURBO_QUANT_SPLIT_BN"])  # fmt: skip
 def test_quant_flag_env_validated(monkeypatch, var):
     """The 0/1 kernel switches (and the split tile width) raise naming the variable and the
@@ -471,6 +477,8 @@ def test_quant_flag_env_validated(monkeypatch, var):
             with pytest.raises(ValueError, match=rf"{var} expected a power of two in \[64, 512\]"):
                 quantize_fp8_with_trans(x, E4M3, G.TENSORWISE)
         return
+    if var == "PRIMUS_TURBO_QUANT_RCP":  # read by the split kernel's launcher
+        monkeypatch.setenv("PRIMUS_TURBO_QUANT_SPLIT", "1")
     with pytest.raises(ValueError, match=rf"{var} expected 0 or 1, got 'yes'"):
         quantize_fp8_with_trans(x, E4M3, G.BLOCKWISE, block_size=128)
 
