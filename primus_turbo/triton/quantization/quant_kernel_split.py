@@ -441,7 +441,7 @@ def aot_specs(target: str) -> list[AotSpec]:
         for even in (True, False):
             cx = {"BM": bm, "BN": bn, "MODE": mode, "FMAX": fmax, "FMT": (0, 0, 0, 0),
                   "SAT": target == "sm_90", "NP": 512 if mode == GIVEN else 1, "EVEN": even,
-                  "FAST": False, "EMAX": 8}  # fmt: skip
+                  "FAST": False, "EMAX": 8, "RCP": False}  # fmt: skip
             ssig = dict(sig, **({"s_ptr": "*u8", "st_ptr": "*u8"} if mode == MX else {}))
             specs.append(
                 AotSpec(f"quant_split_{name}{'_even' if even else ''}_{fp8}", quant_split_kernel,
