@@ -427,7 +427,11 @@ def _pick_config(a, b, c, m, n, k, sa, sb, family: ArchFamily) -> Plan:
     narrows = _narrow_plans(m, n, k, family, cus)
     narrow = narrows[0] if narrows else None
     if is_graph_capturing():
+        # The plan tuned before the capture (e.g. in the warm-up) if any, else the heuristic;
         # no split-K while capturing: its counter buffer must not be first allocated in a graph
+        tuned = _tuned.get((*_tune_key(m, n, k, a, b, c, sa, sb), narrows))
+        if tuned is not None and tuned[1] == 1:
+            return tuned
         return narrow or select_config(m, n, k, family, cus), 1, False
     if family == ArchFamily.CPU or not _config_tuning_enabled():
         if narrow is not None:

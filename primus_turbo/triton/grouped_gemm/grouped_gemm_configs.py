@@ -203,7 +203,9 @@ def tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
 #   forward/dgrad: tma 128x256 s3 / s4 (most keys), flat 128x256 s3 (DeepSeek-V3 dgrad: 1.00
 #   and 1.06 vs 0.92 / 0.98 with TMA; DeepSeek-V3 down forward);
 #   wgrad: tma 256x128 w8 (DeepSeek-V3 gate_up), tma 128x128 w4 (Qwen3), table 128x128 w4
-#   (DeepSeek-V3 down), + tma 256x128 w8 s4 and the fused wgrad (new, not measured yet).
+#   (DeepSeek-V3 down), tma 256x128 w8 s4 (run 4.3: best wgrad on both DeepSeek-V3 shapes).
+# The fused wgrad (PRIMUS_TURBO_GROUPED_GEMM_VK=fused) measured 2x slower than the TMA wgrad on
+# every key in run 4.3 and is not a default candidate.
 HOPPER_WINNERS = {
     "fwd": (
         ("tma", "m128n256k64g8w8s3"),
@@ -215,8 +217,6 @@ HOPPER_WINNERS = {
         ("tma", "m256n128k64g8w8s4"),
         ("tma", "m128n128k64g8w4s3"),
         ("table", "m128n128k64g8w4s3"),
-        ("fused", "m256n128k64g8w8s3"),
-        ("fused", "m128n128k64g8w4s3"),
     ),
 }
 

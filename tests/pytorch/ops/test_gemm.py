@@ -794,3 +794,29 @@ def test_tma_modes(value, family, mode, monkeypatch):
     finally:
         for fn in (gk._tma_mode, gk._narrow_enabled, gk._narrow_forced):
             fn.cache_clear()
+
+
+def test_triton_gemm_capture_reuses_tuned_plan(monkeypatch):
+    """While a CUDA graph is captured the TRITON GEMM does not tune; it replays the plan tuned
+    before the capture (the graph-timed benchmark's warm-up) instead of the untuned heuristic,
+    and never a split-K plan (its counter buffer must not be first allocated in a graph)."""
+    import dataclasses
+
+    from primus_turbo.pytorch.core.platform import ArchFamily
+    from primus_turbo.triton.gemm import gemm_kernel as gk
+
+    a = torch.randn(64, 48)
+    b = torch.randn(40, 48)
+    c = torch.empty(64, 40)
+    m, n, k, sa, sb = 64, 40, 48, a.stride(), b.stride()
+    fam = ArchFamily.HOPPER
+    heuristic = gk.select_config(m, n, k, fam, 132)
+    other = dataclasses.replace(heuristic, num_stages=heuristic.num_stages + 1)
+    monkeypatch.setattr(gk, "num_compute_units", lambda dev: 132)
+    monkeypatch.setattr(gk, "is_graph_capturing", lambda: True)
+    monkeypatch.setattr(gk, "_narrow_plans", lambda *args: ())
+    key = (*gk._tune_key(m, n, k, a, b, c, sa, sb), ())
+    monkeypatch.setitem(gk._tuned, key, (other, 1, False))
+    assert gk._pick_config(a, b, c, m, n, k, sa, sb, fam) == (other, 1, False)
+    monkeypatch.setitem(gk._tuned, key, (other, 4, False))  # split-K: not inside a capture
+    assert gk._pick_config(a, b, c, m, n, k, sa, sb, fam) == (heuristic, 1, False)
