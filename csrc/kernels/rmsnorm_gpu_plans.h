@@ -139,6 +139,25 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// Streaming (evict-first) 16-byte accesses for data touched once: ld.global.cs / st.global.cs on
+// CUDA; plain accesses on HIP.
+template <typename T>
+__device__ __forceinline__ void load16_stream(Vec16<T>& dst, const T* src) {
+#if PT_HIP
+  load16(dst, src);
+#else
+  dst.raw = __ldcs(reinterpret_cast<const uint4*>(src));
+#endif
+}
+template <typename T>
+__device__ __forceinline__ void store16_stream(T* dst, const Vec16<T>& src) {
+#if PT_HIP
+  store16(dst, src);
+#else
+  __stcs(reinterpret_cast<uint4*>(dst), src.raw);
+#endif
+}
+
 inline int cached_env_int(std::atomic<int>& slot, const char* var, int def, int lo, int hi) {
   int v = slot.load(std::memory_order_relaxed);
   if (v < 0) {

@@ -47,21 +47,45 @@ __device__ __forceinline__ float group_sum(float v, float* scratch) {
   return t;
 }
 
-template <typename T, int VPT>
-__global__ void __launch_bounds__(kMaxThreads)
+// MODE (PRIMUS_TURBO_RMSNORM_CPP_TILES_FWD_MODE, a bit set; 0 = the original kernel):
+//   1: the weight vectors are loaded with x, before the row reduction (their latency hides behind
+//      the reduction instead of sitting between it and the stores; + 4 x VPT registers);
+//   2: streaming cache hints: x read once with ld.global.cs (evict first), y written with
+//      st.global.cs (CUDA; plain accesses on HIP), so the L2 keeps the weight.
+//   4: the kernel is compiled for blocks of at most kFwdBoundThreads threads, kFwdBoundBlocks of
+//      them per SM (48 registers on sm_90 instead of 60 for bf16 VPT 4, no spills: 5 blocks of 256
+//      per SM instead of 4); used only at VPT <= 4 with blocks of at most kFwdBoundThreads
+//      threads. With bit 4, bit 1 is dropped (5 -> 4, 7 -> 6: the bounded kernel would spill the
+//      preloaded weight, 130-200 bytes).
+constexpr int kFwdBoundThreads = 256, kFwdBoundBlocks = 5;
+template <typename T, int VPT, int MODE>
+__global__ void __launch_bounds__((MODE & 4) != 0 ? kFwdBoundThreads : kMaxThreads,
+                                  (MODE & 4) != 0 ? kFwdBoundBlocks : 1)
     fwd_tile_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
                     float* __restrict__ rstd, int64_t rows, int nvec, float inv_h, float eps) {
   __shared__ float scratch[kScratch];
   constexpr int N = Vec16<T>::N;
+  constexpr bool kPreW = (MODE & 1) != 0, kStream = (MODE & 2) != 0;
   const int64_t hidden = static_cast<int64_t>(nvec) * N;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool valid = row < rows;
-  Vec16<T> xv[VPT];
+  Vec16<T> xv[VPT], wv[kPreW ? VPT : 1];
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int v = static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x);
     xv[i].raw = make_uint4(0, 0, 0, 0);
-    if (valid && v < nvec) load16(xv[i], x + row * hidden + static_cast<int64_t>(v) * N);
+    if (valid && v < nvec) {
+      const T* src = x + row * hidden + static_cast<int64_t>(v) * N;
+      if (kStream) {
+        load16_stream(xv[i], src);
+      } else {
+        load16(xv[i], src);
+      }
+    }
+    if (kPreW) {
+      wv[i % (kPreW ? VPT : 1)].raw = make_uint4(0, 0, 0, 0);
+      if (valid && v < nvec) load16(wv[i % (kPreW ? VPT : 1)], w + static_cast<int64_t>(v) * N);
+    }
   }
   float ss = 0.f;
 #pragma unroll
@@ -81,13 +105,21 @@ __global__ void __launch_bounds__(kMaxThreads)
   for (int i = 0; i < VPT; ++i) {
     const int v = static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x);
     if (v < nvec) {
-      Vec16<T> wv, out;
-      load16(wv, w + static_cast<int64_t>(v) * N);
+      Vec16<T> wl, out;
+      if (kPreW) {
+        wl = wv[i % (kPreW ? VPT : 1)];
+      } else {
+        load16(wl, w + static_cast<int64_t>(v) * N);
+      }
 #pragma unroll
       for (int j = 0; j < N; ++j) {
-        out.v()[j] = from_float<T>(to_float(xv[i].v()[j]) * rs * to_float(wv.v()[j]));
+        out.v()[j] = from_float<T>(to_float(xv[i].v()[j]) * rs * to_float(wl.v()[j]));
       }
-      store16(yr + static_cast<int64_t>(v) * N, out);
+      if (kStream) {
+        store16_stream(yr + static_cast<int64_t>(v) * N, out);
+      } else {
+        store16(yr + static_cast<int64_t>(v) * N, out);
+      }
     }
   }
 }
@@ -273,10 +305,15 @@ constexpr int kBwdMaxPerSm = 3;
 // rmsnorm_gpu_reload_plans: PRIMUS_TURBO_RMSNORM_CPP_TILES_FWD_VPT / _TILES_BWD_VPT (preferred
 // VPT, a power of two <= 8 / <= 4), _TILES_BLOCK (threads a block packs row groups up to,
 // 32..512) and _TILES_BWD_PER_SM (backward blocks per SM at most, 1..8).
-std::atomic<int> g_knobs[4] = {{-1}, {-1}, {-1}, {-1}};  // -1: read at the next use
-const char* const kKnobVars[4] = {
+// _TILES_FWD_MODE (0..7, default kDefaultFwdMode): the forward kernel's MODE bits (see
+// fwd_tile_kernel: 1 = weight loaded before the reduction, 2 = streaming x loads / y stores,
+// 4 = register-bounded kernel, 5 blocks of 256 per SM; 5 and 7 run as 4 and 6).
+std::atomic<int> g_knobs[5] = {{-1}, {-1}, {-1}, {-1}, {-1}};  // -1: read at the next use
+const char* const kKnobVars[5] = {
     "PRIMUS_TURBO_RMSNORM_CPP_TILES_FWD_VPT", "PRIMUS_TURBO_RMSNORM_CPP_TILES_BWD_VPT",
-    "PRIMUS_TURBO_RMSNORM_CPP_TILES_BLOCK", "PRIMUS_TURBO_RMSNORM_CPP_TILES_BWD_PER_SM"};
+    "PRIMUS_TURBO_RMSNORM_CPP_TILES_BLOCK", "PRIMUS_TURBO_RMSNORM_CPP_TILES_BWD_PER_SM",
+    "PRIMUS_TURBO_RMSNORM_CPP_TILES_FWD_MODE"};
+constexpr int kDefaultFwdMode = 0;  // the H200 A/B of modes 1-6 is pending
 inline int env_int(int knob, int def, int lo, int hi) {
   int n = g_knobs[knob].load(std::memory_order_relaxed);
   if (n < 0) {
@@ -304,6 +341,23 @@ TilePlan bwd_tile_plan(int64_t hidden) {
   return tile_plan<T>(hidden, vpt, kBwdMaxVpt, block);
 }
 
+template <typename T, int MODE>
+void launch_fwd_tiles(const TilePlan& p, dim3 grid, dim3 block, ptStream_t s, const T* X,
+                      const T* W, T* Y, float* rstd, int64_t rows, int nvec, float inv_h,
+                      float eps) {
+  if ((MODE & 4) != 0 && (p.vpt > 4 || p.tpr * p.rpb > kFwdBoundThreads)) {
+    launch_fwd_tiles<T, MODE & 3>(p, grid, block, s, X, W, Y, rstd, rows, nvec, inv_h, eps);
+    return;
+  }
+  constexpr int kV8 = (MODE & 4) != 0 ? 4 : 8;  // bounded kernels: VPT <= 4 only
+  switch (p.vpt) {
+    case 1: fwd_tile_kernel<T, 1, MODE><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, nvec, inv_h, eps); break;
+    case 2: fwd_tile_kernel<T, 2, MODE><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, nvec, inv_h, eps); break;
+    case 4: fwd_tile_kernel<T, 4, MODE><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, nvec, inv_h, eps); break;
+    default: fwd_tile_kernel<T, kV8, MODE><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, nvec, inv_h, eps);
+  }
+}
+
 template <typename T>
 Status fwd_tiles(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t hidden,
                  float eps, ptStream_t s, bool* handled) {
@@ -318,11 +372,16 @@ Status fwd_tiles(const void* x, const void* w, void* y, float* rstd, int64_t row
   auto Y = static_cast<T*>(y);
   const dim3 block(p.tpr, p.rpb);
   const dim3 grid(static_cast<unsigned>((rows + p.rpb - 1) / p.rpb));
-  switch (p.vpt) {
-    case 1: fwd_tile_kernel<T, 1><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, nvec, inv_h, eps); break;
-    case 2: fwd_tile_kernel<T, 2><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, nvec, inv_h, eps); break;
-    case 4: fwd_tile_kernel<T, 4><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, nvec, inv_h, eps); break;
-    default: fwd_tile_kernel<T, 8><<<grid, block, 0, s>>>(X, W, Y, rstd, rows, nvec, inv_h, eps);
+  const int mode = env_int(4, kDefaultFwdMode, 0, 7);
+  switch (mode) {
+    case 7:  // bit 1 is dropped with bit 4: the bounded kernel would spill its weight registers
+    case 6: launch_fwd_tiles<T, 6>(p, grid, block, s, X, W, Y, rstd, rows, nvec, inv_h, eps); break;
+    case 5:
+    case 4: launch_fwd_tiles<T, 4>(p, grid, block, s, X, W, Y, rstd, rows, nvec, inv_h, eps); break;
+    case 1: launch_fwd_tiles<T, 1>(p, grid, block, s, X, W, Y, rstd, rows, nvec, inv_h, eps); break;
+    case 2: launch_fwd_tiles<T, 2>(p, grid, block, s, X, W, Y, rstd, rows, nvec, inv_h, eps); break;
+    case 3: launch_fwd_tiles<T, 3>(p, grid, block, s, X, W, Y, rstd, rows, nvec, inv_h, eps); break;
+    default: launch_fwd_tiles<T, 0>(p, grid, block, s, X, W, Y, rstd, rows, nvec, inv_h, eps);
   }
   PT_RETURN_LAUNCH_STATUS();
   return kOk;

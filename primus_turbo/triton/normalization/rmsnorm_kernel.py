@@ -18,6 +18,7 @@ bitwise reproducible for a given device.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 import triton
@@ -27,6 +28,19 @@ from primus_turbo.pytorch.core.platform import num_compute_units, triton_interpr
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec, triton_dtype_name
 
 MAX_HIDDEN = 65536  # one tile per row; larger rows go to another backend
+
+
+def _env_per_thread(default: int) -> int:
+    """PRIMUS_TURBO_RMSNORM_TRITON_FWD_PER_THREAD (read once at import; a power of two 4..64):
+    elements per thread of the forward kernel, so num_warps = tile elements / (32 * it). Default
+    16 (16 warps at hidden 8192); 32 gives 8 warps of 4 x 16-byte bf16 loads per thread, like
+    Inductor's one-pass kernel and the C++ tiles plan."""
+    v = os.environ.get("PRIMUS_TURBO_RMSNORM_TRITON_FWD_PER_THREAD", "")
+    n = int(v) if v.isdigit() else default
+    return n if 4 <= n <= 64 and n & (n - 1) == 0 else default
+
+
+FWD_PER_THREAD = _env_per_thread(16)
 
 
 @triton.jit
@@ -153,7 +167,7 @@ def select_config(n: int, backward: bool = False) -> RmsNormConfig:
     block_n = triton.next_power_of_2(max(n, 1))
     rows = max(1, min(16, (4096 if backward else 8192) // block_n))
     elems = block_n * rows
-    per_thread = 8 if backward else 16  # backward holds x, dy and the dw sums per element
+    per_thread = 8 if backward else FWD_PER_THREAD  # backward holds x, dy and the dw sums
     num_warps = max(1, min(16, elems // (32 * per_thread)))
     return RmsNormConfig(block_n, rows, num_warps)
 

@@ -182,7 +182,10 @@ CPP_PLAN_CASES = [((1001, 1024), torch.bfloat16), ((3000, 2880), torch.bfloat16)
     "plan",
     ["auto", "tiles", "persist", "prev", "rows", "rows/tiles",
      "persist+PERSIST_OCC=1+BALANCE=0", "persist+PERSIST_OCC=4", "persist+PERSIST_PER_SM=2",
-     "tiles+BALANCE=0", "persist+PDL=1", "tiles+PDL=1", "rows+PDL=1"],
+     "tiles+BALANCE=0", "persist+PDL=1", "tiles+PDL=1", "rows+PDL=1",
+     "tiles+TILES_FWD_MODE=1", "tiles+TILES_FWD_MODE=2", "tiles+TILES_FWD_MODE=3",
+     "tiles+TILES_FWD_MODE=4", "tiles+TILES_FWD_MODE=6", "tiles+TILES_FWD_MODE=7",
+     "tiles+TILES_FWD_MODE=6+TILES_FWD_VPT=8"],
 )  # fmt: skip
 def test_rmsnorm_cpp_plans(plan, device, monkeypatch):
     """Every C++ GPU launch plan (PRIMUS_TURBO_RMSNORM_CPP_PLAN, or FWD/BWD pairs, optionally with
