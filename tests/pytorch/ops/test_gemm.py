@@ -641,9 +641,10 @@ def test_narrow_candidates_and_forced_configs(monkeypatch):
 
     hopper = ArchFamily.HOPPER
     cands = narrow_candidates(4096, 576, 7168, hopper, 132)
-    assert cands[0] == select_narrow(4096, 576, 7168, hopper, 132) and 2 <= len(cands) <= 3
+    assert cands[0] == select_narrow(4096, 576, 7168, hopper, 132) and 2 <= len(cands) <= 4
     assert [c.name for c in cands] == [
-        "m128n128p16k64g8w8s4", "m128n128p16k128g8w8s3", "m128n128p16k64g8w8s4_tma"
+        "m128n128p16k64g8w8s4", "m128n128p16k128g8w4s3_tma", "m128n128p16k64g8w4s4_tma",
+        "m128n128p16k64g8w8s4_tma",
     ]  # fmt: skip
     for c in cands:
         assert (c.block_m + c.tile_n) * c.block_k * 2 * c.num_stages <= HOPPER_SMEM_BYTES
