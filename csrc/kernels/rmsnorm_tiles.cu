@@ -96,6 +96,17 @@ __global__ void __launch_bounds__((MODE & 4) != 0 ? kFwdBoundThreads : kMaxThrea
       ss += f * f;
     }
   }
+#if !PT_HIP
+  if ((MODE & 4) != 0) {
+    // The packed x registers are "redefined" here, so the compiler cannot carry the fp32
+    // conversions of the sum across the reduction (2x the registers for 16-bit types): the
+    // epilogue converts again from the packed values.
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      asm volatile("" : "+r"(xv[i].raw.x), "+r"(xv[i].raw.y), "+r"(xv[i].raw.z), "+r"(xv[i].raw.w));
+    }
+  }
+#endif
   ss = group_sum(ss, scratch);
   if (!valid) return;  // after the last barrier
   const float rs = rsqrtf(ss * inv_h + eps);
