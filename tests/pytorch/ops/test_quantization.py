@@ -415,7 +415,24 @@ def _same_bits(a, b):
     return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
-@pytest.mark.parametrize("recipe", ["block1x128", "tensorwise", "mx", "mx_bn128", "tw_bn64"])
+def test_quant_split_kernel_skips_tensorwise(monkeypatch):
+    """PRIMUS_TURBO_QUANT_SPLIT=1 leaves tensorwise dual on the tile kernel: the split kernel's
+    tensorwise dual bits differed from the tile kernel's on the H200 (run 4.4, even shapes)."""
+    from primus_turbo.triton.quantization import quant_launch as ql
+
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v3")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_SPLIT", "1")
+    called = []
+    monkeypatch.setattr(ql, "_split", lambda *a, **k: called.append(a))
+    x = _x(128, 256)
+    q, s, qt, st = quantize_fp8_with_trans(x, E4M3, G.TENSORWISE)
+    assert not called
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_SPLIT", "0")
+    for a, b in zip((q, s, qt, st), quantize_fp8_with_trans(x, E4M3, G.TENSORWISE), strict=True):
+        assert _same_bits(a, b)
+
+
+@pytest.mark.parametrize("recipe", ["block1x128", "mx", "mx_bn128"])
 @pytest.mark.parametrize("shape", ["even", "odd"])
 @pytest.mark.parametrize("fast", ["0", "1"])
 @pytest.mark.parametrize("rcp", ["0", "1"])
@@ -475,7 +492,7 @@ def test_quant_flag_env_validated(monkeypatch, var):
         for bad in ("32", "96", "1024"):
             monkeypatch.setenv(var, bad)
             with pytest.raises(ValueError, match=rf"{var} expected a power of two in \[64, 512\]"):
-                quantize_fp8_with_trans(x, E4M3, G.TENSORWISE)
+                quantize_fp8_with_trans(x, E4M3, G.MX_BLOCKWISE, block_size=32)
         return
     if var == "PRIMUS_TURBO_QUANT_RCP":  # read by the split kernel's launcher
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_SPLIT", "1")
