@@ -161,10 +161,10 @@ def variable_k_variant() -> str:
     """``PRIMUS_TURBO_GROUPED_GEMM_VK``: the wgrad kernel. ``table`` (``variable_k_kernel``,
     pointer loads masked every step), ``tma`` (``variable_k_tma_kernel``: TMA loads for the
     whole K steps of a group, one masked pointer step for its last rows; where usable, else
-    ``table``), ``fused`` (``variable_k_fused_kernel``: one pipelined loop over every (tile,
-    K step) of a program, TMA loads, the last rows masked in registers; where usable, else
-    ``table``), or ``tune`` (default): all timed on the first call per shape."""
-    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_VK", "tune", ("table", "tma", "fused", "tune"))
+    ``table``), or ``tune`` (default): both timed on the first call per shape. (A "fused"
+    one-loop TMA wgrad was tried in session 4 and removed: 2x slower than ``tma`` on every key
+    of the H200 run 4.3.)"""
+    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_VK", "tune", ("table", "tma", "tune"))
 
 
 @functools.cache
@@ -204,8 +204,6 @@ def tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
 #   and 1.06 vs 0.92 / 0.98 with TMA; DeepSeek-V3 down forward);
 #   wgrad: tma 256x128 w8 (DeepSeek-V3 gate_up), tma 128x128 w4 (Qwen3), table 128x128 w4
 #   (DeepSeek-V3 down), tma 256x128 w8 s4 (run 4.3: best wgrad on both DeepSeek-V3 shapes).
-# The fused wgrad (PRIMUS_TURBO_GROUPED_GEMM_VK=fused) measured 2x slower than the TMA wgrad on
-# every key in run 4.3 and is not a default candidate.
 HOPPER_WINNERS = {
     "fwd": (
         ("tma", "m128n256k64g8w8s3"),
@@ -275,8 +273,6 @@ def variable_k_plans(
     plans = [("table", cfg) for cfg in configs] if mode in ("table", "tune") or not tma_ok else []
     if mode in ("tma", "tune") and tma_ok:
         plans += [("tma", cfg) for cfg in tma_configs(family)]
-    if mode in ("fused", "tune") and tma_ok:
-        plans += [("fused", cfg) for cfg in tma_configs(family)]
     return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG", family, "vk", avg_rows)
 
 

@@ -410,12 +410,6 @@ def variable_k_triton(
             from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import launch_variable_k_tma
 
             return launch_variable_k_tma(x, y, c, group_offs, num_groups, cfg, programs, upcast)
-        if variant == "fused":
-            from primus_turbo.triton.grouped_gemm.grouped_gemm_vk_fused import (
-                launch_variable_k_fused,
-            )
-
-            return launch_variable_k_fused(x, y, c, group_offs, num_groups, cfg, programs, upcast)
         variable_k_kernel[(programs,)](
             x,
             y,
@@ -576,9 +570,8 @@ def aot_specs(target: str) -> list[AotSpec]:
     specs += _flat_aot_specs(target, [s for s in specs if s.fn is grouped_gemm_kernel])
     from primus_turbo.triton.grouped_gemm.grouped_gemm_fixup import aot_specs as fixup_specs
     from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import aot_specs as tma_specs
-    from primus_turbo.triton.grouped_gemm.grouped_gemm_vk_fused import aot_specs as fused_specs
 
-    return specs + fixup_specs(target) + tma_specs(target) + fused_specs(target)
+    return specs + fixup_specs(target) + tma_specs(target)
 
 
 def _flat_aot_specs(target: str, forward_specs: list[AotSpec]) -> list[AotSpec]:

@@ -481,7 +481,7 @@ def test_grouped_gemm_config_filter(var, monkeypatch):
         s4 = gc.GemmConfig(128, 256, 64, 8, 8, 4)
         monkeypatch.setenv(var, "m128n256k64g8w8s4")
         gc.config_filter.cache_clear()
-        assert plans() == ([("tma", s4), ("fused", s4)] if "VK" in var else [("tma", s4)])
+        assert plans() == [("tma", s4)]
         monkeypatch.setenv(var, "tma:m128n256k64g8w8s4")  # variant:name picks one plan
         gc.config_filter.cache_clear()
         assert plans() == [("tma", s4)]
@@ -492,37 +492,6 @@ def test_grouped_gemm_config_filter(var, monkeypatch):
     finally:
         monkeypatch.delenv(var, raising=False)
         gc.config_filter.cache_clear()
-
-
-def _force_vk_fused(monkeypatch, device, cfg=None):
-    """Route the wgrad through ``variable_k_fused_kernel`` (one plan: ``cfg`` or the tuner's
-    candidates of mode ``fused``); forward and dgrad stay on the TMA forward kernel."""
-    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as gk
-
-    _force_tma(monkeypatch, device)
-    monkeypatch.setattr(gk, "variable_k_variant", lambda: "fused")
-    if cfg is not None:
-        monkeypatch.setattr(gk, "variable_k_plans", lambda *a: [("fused", cfg)])
-
-
-@pytest.mark.parametrize("trans_b", [False, True], ids=["NN", "NT"])
-@pytest.mark.parametrize(
-    "lens,k,n", [CASES[0], CASES[3], ([0, 9, 0], 32, 16), ([40, 0, 0, 33, 16], 48, 24)], ids=str
-)
-def test_grouped_gemm_vk_fused(lens, k, n, trans_b, monkeypatch, device):
-    """PRIMUS_TURBO_GROUPED_GEMM_VK=fused: the one-loop wgrad (tiles and K steps linearised,
-    rows past a group's end zeroed in the X tile) vs the fp32 reference: empty groups (one
-    all-masked step, zeros stored), groups shorter than a K step, several tiles per program."""
-    _force_vk_fused(monkeypatch, device)
-    _check_fwd_bwd(lens, k, n, trans_b, torch.bfloat16, device)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("cfg", _tma_plan_ids(), ids=lambda c: c.name)
-def test_grouped_gemm_vk_fused_every_config(cfg, monkeypatch, device):
-    """Every tile config of the fused wgrad on a ragged shape with empty groups on the H200."""
-    _force_vk_fused(monkeypatch, device, cfg)
-    _check_fwd_bwd([0, 3000, 1, 0, 64, 255, 2500, 7000], 2048, 768, True, torch.bfloat16, device)
 
 
 def test_grouped_gemm_candidates_winners(monkeypatch):
