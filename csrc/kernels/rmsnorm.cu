@@ -591,12 +591,9 @@ Status rmsnorm_fwd_gpu(const void* x, const void* w, void* y, float* rstd, int64
   if (rows < 0 || hidden < 0) return kBadArgument;
   if (rows == 0 || hidden == 0) return kOk;
   auto s = static_cast<ptStream_t>(stream);
-  switch (dtype) {
-    case DType::kFloat32: return fwd_dispatch<float>(x, w, y, rstd, rows, hidden, eps, s);
-    case DType::kFloat16: return fwd_dispatch<pt_half>(x, w, y, rstd, rows, hidden, eps, s);
-    case DType::kBFloat16: return fwd_dispatch<pt_bf16>(x, w, y, rstd, rows, hidden, eps, s);
-  }
-  return kUnsupportedDType;
+  return dispatch_dtype(dtype, [&](auto t) {
+    return fwd_dispatch<decltype(t)>(x, w, y, rstd, rows, hidden, eps, s);
+  });
 }
 
 void rmsnorm_gpu_reload_plans() noexcept {
@@ -615,12 +612,9 @@ Status rmsnorm_bwd_gpu_partials(int64_t rows, int64_t hidden, DType dtype,
   *nparts = 1;
   if (rows < 0 || hidden < 0) return kBadArgument;
   if (rows == 0 || hidden == 0) return kOk;
-  switch (dtype) {
-    case DType::kFloat32: return bwd_partials<float>(rows, hidden, nparts);
-    case DType::kFloat16: return bwd_partials<pt_half>(rows, hidden, nparts);
-    case DType::kBFloat16: return bwd_partials<pt_bf16>(rows, hidden, nparts);
-  }
-  return kUnsupportedDType;
+  return dispatch_dtype(dtype, [&](auto t) {
+    return bwd_partials<decltype(t)>(rows, hidden, nparts);
+  });
 }
 
 Status rmsnorm_bwd_gpu(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
@@ -629,15 +623,9 @@ Status rmsnorm_bwd_gpu(const void* dy, const void* x, const void* w, const float
   if (rows < 0 || hidden < 0) return kBadArgument;
   if (hidden == 0) return kOk;
   auto s = static_cast<ptStream_t>(stream);
-  switch (dtype) {
-    case DType::kFloat32:
-      return bwd_launch<float>(dy, x, w, rstd, dx, dw, dw_partial, rows, hidden, s);
-    case DType::kFloat16:
-      return bwd_launch<pt_half>(dy, x, w, rstd, dx, dw, dw_partial, rows, hidden, s);
-    case DType::kBFloat16:
-      return bwd_launch<pt_bf16>(dy, x, w, rstd, dx, dw, dw_partial, rows, hidden, s);
-  }
-  return kUnsupportedDType;
+  return dispatch_dtype(dtype, [&](auto t) {
+    return bwd_launch<decltype(t)>(dy, x, w, rstd, dx, dw, dw_partial, rows, hidden, s);
+  });
 }
 
 }  // namespace primus_turbo

@@ -347,36 +347,24 @@ bool rmsnorm_bwd_rows_applies(int64_t hidden, DType dtype) noexcept {
 Status rmsnorm_fwd_rows(const void* x, const void* w, void* y, float* rstd, int64_t rows,
                         int64_t hidden, float eps, DType dtype, ptStream_t s,
                         bool* handled) noexcept {
-  switch (dtype) {
-    case DType::kFloat32: return fwd_rows<float>(x, w, y, rstd, rows, hidden, eps, s, handled);
-    case DType::kFloat16: return fwd_rows<pt_half>(x, w, y, rstd, rows, hidden, eps, s, handled);
-    case DType::kBFloat16: return fwd_rows<pt_bf16>(x, w, y, rstd, rows, hidden, eps, s, handled);
-  }
-  return kUnsupportedDType;
+  return dispatch_dtype(dtype, [&](auto t) {
+    return fwd_rows<decltype(t)>(x, w, y, rstd, rows, hidden, eps, s, handled);
+  });
 }
 
 Status rmsnorm_bwd_rows_partials(int64_t rows, int64_t hidden, DType dtype,
                                  int64_t* nparts) noexcept {
-  switch (dtype) {
-    case DType::kFloat32: return bwd_rows_partials<float>(rows, hidden, nparts);
-    case DType::kFloat16: return bwd_rows_partials<pt_half>(rows, hidden, nparts);
-    case DType::kBFloat16: return bwd_rows_partials<pt_bf16>(rows, hidden, nparts);
-  }
-  return kUnsupportedDType;
+  return dispatch_dtype(dtype, [&](auto t) {
+    return bwd_rows_partials<decltype(t)>(rows, hidden, nparts);
+  });
 }
 
 Status rmsnorm_bwd_rows(const void* dy, const void* x, const void* w, const float* rstd,
                         void* dx, float* part, int64_t rows, int64_t hidden, DType dtype,
                         ptStream_t s, int64_t* nparts) noexcept {
-  switch (dtype) {
-    case DType::kFloat32:
-      return bwd_rows<float>(dy, x, w, rstd, dx, part, rows, hidden, s, nparts);
-    case DType::kFloat16:
-      return bwd_rows<pt_half>(dy, x, w, rstd, dx, part, rows, hidden, s, nparts);
-    case DType::kBFloat16:
-      return bwd_rows<pt_bf16>(dy, x, w, rstd, dx, part, rows, hidden, s, nparts);
-  }
-  return kUnsupportedDType;
+  return dispatch_dtype(dtype, [&](auto t) {
+    return bwd_rows<decltype(t)>(dy, x, w, rstd, dx, part, rows, hidden, s, nparts);
+  });
 }
 
 }  // namespace primus_turbo

@@ -88,6 +88,20 @@ __device__ __forceinline__ pt_bf16 from_float<pt_bf16>(float v) {
 #endif
 }
 
+// ---- element-type dispatch ---------------------------------------------------------------------
+// Host side: f(T{}) with T the element type of ``dtype`` (float, pt_half, pt_bf16); the entry
+// points of the kernels library use it as ``dispatch_dtype(dtype, [&](auto t) {
+// return launch<decltype(t)>(...); })``.
+template <typename F>
+inline Status dispatch_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32: return f(float{});
+    case DType::kFloat16: return f(pt_half{});
+    case DType::kBFloat16: return f(pt_bf16{});
+  }
+  return kUnsupportedDType;
+}
+
 // ---- 16-byte vectors ---------------------------------------------------------------------------
 // N elements of T packed into 16 bytes, loaded/stored with one 128-bit access (callers guarantee
 // 16-byte alignment: contiguous rows whose length is a multiple of N, and aligned base pointers).
