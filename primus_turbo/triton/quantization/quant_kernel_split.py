@@ -16,8 +16,8 @@ of the tile. Then
   plus their address math, 16 KB of shared memory per 128 x 128 tile).
 Modes: ``ROWS`` (1 x BN and BM x 1 blocks: the 1x128 dual recipe with BM = BN = 128),
 ``MX`` (E8M0 scales per 32 along N and, with BM = 32, per 32 along M; ~20 SASS instructions
-per element on sm_90 vs ~28 for the reshaped tile) and ``GIVEN`` (the tensorwise dual cast
-from ``NP`` partial maxima at ``st_ptr``). Scale math is
+per element on sm_90 vs ~28 for the reshaped tile). (A tensorwise dual mode was removed: its
+bits differed from the tile kernel's on the H200, run 4.4.) Scale math is
 ``_scale_of`` (reciprocal once per row / column, one multiply per element), the conversion
 ``_cast2``: results are bitwise those of ``quant_tile_v2_kernel``.
 """
@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
-from primus_turbo.triton.quantization.quant_kernel import GIVEN, MX, ROWS, _finite_abs, _scale_of
+from primus_turbo.triton.quantization.quant_kernel import MX, ROWS, _finite_abs, _scale_of
 from primus_turbo.triton.quantization.quant_kernel_v2 import MAXNREG, _cast2, _e8m0_scale
 
 
@@ -96,7 +96,7 @@ def _store_rows(x, k: tl.constexpr, scale8, rb, rn, q_ptr, s_ptr, pid_n, M, N, s
                 stride_sm, stride_sn, FMAX: tl.constexpr, EMAX: tl.constexpr, FMT: tl.constexpr,
                 SAT: tl.constexpr, EVEN: tl.constexpr, MODE: tl.constexpr):  # fmt: skip
     """Row-quantize slice ``k`` (rows ``rb + k``) and store it: ROWS with column ``k`` of
-    ``scale8`` [R, 8]; GIVEN with the scalar ``scale8``; MX with the E8M0 scales of its own
+    ``scale8`` [R, 8]; MX with the E8M0 scales of its own
     32-groups (stored here too)."""
     rows = rb + k
     qty = q_ptr.dtype.element_ty
@@ -104,7 +104,7 @@ def _store_rows(x, k: tl.constexpr, scale8, rb, rn, q_ptr, s_ptr, pid_n, M, N, s
         sel = tl.arange(0, 8)[None, :] == k
         scale = tl.sum(tl.where(sel, scale8, 0.0), axis=1)[:, None]
         q = _cast2(x, scale, FMAX, qty, FMT, SAT)
-    elif MODE == 4:
+    else:  # MX
         R: tl.constexpr = x.shape[0]
         G: tl.constexpr = x.shape[1] // 32
         xr = tl.reshape(x, (R, G, 32))
@@ -117,8 +117,6 @@ def _store_rows(x, k: tl.constexpr, scale8, rb, rn, q_ptr, s_ptr, pid_n, M, N, s
         else:
             tl.store(s_ptrs, sinv.to(s_ptr.dtype.element_ty),
                      mask=(rows < M)[:, None] & (g * 32 < N)[None, :])  # fmt: skip
-    else:
-        q = _cast2(x, scale8, FMAX, qty, FMT, SAT)
     ptrs = q_ptr + rows.to(tl.int64)[:, None] * stride_qm + rn[None, :]
     if EVEN:
         tl.store(ptrs, q)
@@ -148,7 +146,6 @@ def quant_split_kernel(
     FMAX: tl.constexpr,
     FMT: tl.constexpr = (0, 0, 0, 0),
     SAT: tl.constexpr = False,
-    NP: tl.constexpr = 1,
     EVEN: tl.constexpr = False,
     FAST: tl.constexpr = False,
     EMAX: tl.constexpr = 8,
@@ -156,14 +153,13 @@ def quant_split_kernel(
 ):
     """``x`` [M, N] (unit column stride) -> ``q`` [M, N] and ``qt`` [N, M] (unit column
     strides), one ``BM x BN`` tile per program (grid: tiles, row-major over (M, N) tiles).
-    ROWS: ``s`` (row, block) / ``st`` (M block, column) by strides; GIVEN: ``NP`` partial
-    maxima at ``st_ptr``, the 0-d ``s`` written by program 0. ``FAST`` (ROWS; off by default:
-    at the 128-register cap the 128 x 128 tile spills ~90 B on sm_90, 119 registers without
-    it; ~20 vs ~22 SASS instructions per element, v2's tile kernel ~25): the amaxes of
-    plain ``|x|`` (NaN is dropped by the max); the tile is reduced again with the inf/NaN
-    filter only when the largest column amax is not finite. That test reads the column amaxes
-    every warp already holds (no barrier), and every inf of the tile lies in some column, so
-    the row amaxes are covered too."""
+    ROWS: ``s`` (row, block) / ``st`` (M block, column) by strides; MX: E8M0 scales.
+    ``FAST`` (ROWS; off by default: at the 128-register cap the 128 x 128 tile spills ~90 B
+    on sm_90, 119 registers without it; ~20 vs ~22 SASS instructions per element, v2's tile
+    kernel ~25): the amaxes of plain ``|x|`` (NaN is dropped by the max); the tile is reduced
+    again with the inf/NaN filter only when the largest column amax is not finite. That test
+    reads the column amaxes every warp already holds (no barrier), and every inf of the tile
+    lies in some column, so the row amaxes are covered too."""
     R: tl.constexpr = BM // 8
     pid = tl.program_id(0)
     grid_n = tl.cdiv(N, BN)
@@ -196,7 +192,7 @@ def quant_split_kernel(
             tl.store(st_ptr + pid_m * stride_stm + rn * stride_stn, sinv_c, mask=rn < N)
             tl.store(s_ptrs, sinv_r, mask=(rb[:, None] + k8) < M)
         sc = sc[None, :]
-    elif MODE == 4:  # MX: BM == 32, so a column's 32-group is the whole tile height
+    else:  # MX: BM == 32, so a column's 32-group is the whole tile height
         a = tl.maximum(tl.maximum(tl.maximum(_finite_abs(x0), _finite_abs(x1)),
                                   tl.maximum(_finite_abs(x2), _finite_abs(x3))),
                        tl.maximum(tl.maximum(_finite_abs(x4), _finite_abs(x5)),
@@ -209,12 +205,6 @@ def quant_split_kernel(
             tl.store(st_ptr + pid_m * stride_stm + rn * stride_stn, sinv_c, mask=rn < N)
         sc = sc[None, :]
         sr = sc  # unused: each slice takes its own 32-group scales
-    else:
-        amax = tl.max(tl.load(st_ptr + tl.arange(0, NP)), axis=0)  # partial maxima
-        sr, sinv_g = _scale_of(amax, FMAX, False, 0)
-        if pid == 0:
-            tl.store(s_ptr, sinv_g)
-        sc = sr
     _store_rows(x0, 0, sr, rb, rn, q_ptr, s_ptr, pid_n, M, N, stride_qm, stride_sm,
                 stride_sn, FMAX, EMAX, FMT, SAT, EVEN, MODE)  # fmt: skip
     _store_rows(x1, 1, sr, rb, rn, q_ptr, s_ptr, pid_n, M, N, stride_qm, stride_sm,
@@ -254,7 +244,6 @@ def quant_split_kernel(
 # PRIMUS_TURBO_QUANT_SPLIT=1 (warps: one 8-wide vector per thread and row slice; half on AMD)
 SPLIT_CONFIGS = {
     "block_dual": (ROWS, 128, 128, 8),
-    "given_dual": (GIVEN, 64, 128, 4),
     "mx_dual": (MX, 32, 256, 4),  # BM must be 32 (one MX group of rows per tile)
 }
 
@@ -288,7 +277,7 @@ def aot_specs(target: str) -> list[AotSpec]:
         warps = max(1, bm * bn // (64 * lanes))  # as the launcher derives them
         for even in (True, False):
             cx = {"BM": bm, "BN": bn, "MODE": mode, "FMAX": fmax, "FMT": (0, 0, 0, 0),
-                  "SAT": target == "sm_90", "NP": 512 if mode == GIVEN else 1, "EVEN": even,
+                  "SAT": target == "sm_90", "EVEN": even,
                   "FAST": False, "EMAX": 8, "RCP": False}  # fmt: skip
             ssig = dict(sig, **({"s_ptr": "*u8", "st_ptr": "*u8"} if mode == MX else {}))
             specs.append(

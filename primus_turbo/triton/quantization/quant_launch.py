@@ -223,8 +223,8 @@ def _split_on() -> bool:
     """``PRIMUS_TURBO_QUANT_SPLIT=1``: the 1x128 and MX dual recipes through
     ``quant_split_kernel`` (transposed copy without the shared-memory transpose of the fp8
     tile); ``0`` / unset: ``quant_tile_v2_kernel`` (v2/v3 only).
-    ``PRIMUS_TURBO_QUANT_SPLIT_BN`` (64..512, a power of two) sets the MX / tensorwise tile
-    width (default 256 / 128; warps follow: one 8-wide vector per thread and row slice).
+    ``PRIMUS_TURBO_QUANT_SPLIT_BN`` (64..512, a power of two) sets the MX tile
+    width (default 256; warps follow: one 8-wide vector per thread and row slice).
     ``PRIMUS_TURBO_QUANT_RCP=1`` (NVIDIA): the 1x128 split kernel's scales through
     ``rcp.approx`` instead of two ``div.full`` each (same bits, see ``_scale_rcp``)."""
     raw = os.environ.get("PRIMUS_TURBO_QUANT_SPLIT", "").strip()
@@ -233,13 +233,13 @@ def _split_on() -> bool:
     return raw == "1" and quant_impl_version() != "v1"
 
 
-def _split(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
+def _split(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     """Launch ``quant_split_kernel`` with ``SPLIT_CONFIGS[name]``: one tile per program."""
     mode, bm, bn, _ = SPLIT_CONFIGS[name]
     m, n = x.shape
     if m == 0 or n == 0:
         return
-    if name != "block_dual":  # the tile width is free for MX and tensorwise
+    if name != "block_dual":  # the tile width is free for MX
         bn = _env_int("PRIMUS_TURBO_QUANT_SPLIT_BN", bn)
         if bn < 64 or bn > 512 or bn & (bn - 1):
             raise ValueError(
@@ -256,7 +256,7 @@ def _split(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
         x, _u8(q), s, _u8(qt), st,
         m, n, x.stride(0), q.stride(0), qt.stride(0), *s_strides, *st_strides,
         BM=bm, BN=bn, MODE=mode, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype),
-        SAT=nvidia and _hw_satfinite(x.device.index), NP=np_, EMAX=_EMAX[dtype],
+        SAT=nvidia and _hw_satfinite(x.device.index), EMAX=_EMAX[dtype],
         EVEN=_env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0,
         FAST=_env_flag("PRIMUS_TURBO_QUANT_FAST", False),
         RCP=_env_flag("PRIMUS_TURBO_QUANT_RCP", False) and nvidia, num_warps=warps, **extra,
