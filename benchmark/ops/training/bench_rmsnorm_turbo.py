@@ -82,24 +82,40 @@ PLAN_VARS = ("PRIMUS_TURBO_RMSNORM_CPP_PLAN", "PRIMUS_TURBO_RMSNORM_CPP_FWD_PLAN
              "PRIMUS_TURBO_RMSNORM_CPP_BWD_PLAN")  # fmt: skip
 
 
-def expand_backends(backends: list[str], plans: list[str]) -> list[tuple[str, str, str | None]]:
-    """(row name, backend, C++ launch plan): with ``--plans``, TURBO becomes one row per plan
-    (``TURBO[tiles]``, ``TURBO[persist/rows]``, ...), all timed in the same process and run."""
+def expand_backends(
+    backends: list[str], plans: list[str], triton_plans: list[str] | None = None
+) -> list[tuple[str, str, str | None]]:
+    """(row name, backend, launch plan): with ``--plans``, TURBO becomes one row per plan
+    (``TURBO[tiles]``, ``TURBO[persist/rows]``, ...); with ``--triton-plans``, TRITON one row per
+    Triton forward plan (``TRITON[looped+RBLOCK=4096]``); all timed in the same process and run."""
     out: list[tuple[str, str, str | None]] = []
     for b in backends:
         if b == "TURBO" and plans:
             out += [(f"TURBO[{p}]", b, p) for p in plans]
+        elif b == "TRITON" and triton_plans:
+            out += [(f"TRITON[{p}]", b, f"triton:{p}") for p in triton_plans]
         else:
             out.append((b, b, None))
     return out
 
 
 def _reload_plans() -> None:
+    from primus_turbo.pytorch.kernels.normalization.rmsnorm_impl import reload_env
+
+    reload_env()  # Python-side knobs (TURBO_FWD*, TRITON_FWD*)
     try:
         import primus_turbo.pytorch._C as ext
     except ImportError:
         return
     getattr(ext, "_rmsnorm_reload_plans", lambda: None)()
+
+
+def knob_var(key: str) -> str:
+    """Env var of a plan knob: ``TURBO_*`` / ``TRITON_*`` -> ``PRIMUS_TURBO_RMSNORM_<key>`` (the
+    Python-side forward knobs), anything else -> ``PRIMUS_TURBO_RMSNORM_CPP_<key>``."""
+    if key.startswith(("TURBO_", "TRITON_")):
+        return f"PRIMUS_TURBO_RMSNORM_{key}"
+    return f"PRIMUS_TURBO_RMSNORM_CPP_{key}"
 
 
 @contextlib.contextmanager
@@ -111,15 +127,20 @@ def cpp_plan(plan: str | None):
     if plan is None:
         yield
         return
-    name, *knobs = plan.split("+")
     env: dict[str, str] = {}
-    if "/" in name:
-        env[PLAN_VARS[1]], env[PLAN_VARS[2]] = name.split("/", 1)
+    if plan.startswith("triton:"):  # TRITON row: forward kernel + PRIMUS_TURBO_RMSNORM_TRITON_FWD_*
+        name, *knobs = plan[len("triton:") :].split("+")
+        env["PRIMUS_TURBO_RMSNORM_TRITON_FWD"] = name
+        knobs = [f"TRITON_FWD_{k}" for k in knobs]
     else:
-        env[PLAN_VARS[0]] = name
+        name, *knobs = plan.split("+")
+        if "/" in name:
+            env[PLAN_VARS[1]], env[PLAN_VARS[2]] = name.split("/", 1)
+        else:
+            env[PLAN_VARS[0]] = name
     for knob in knobs:
         key, _, value = knob.partition("=")
-        env[f"PRIMUS_TURBO_RMSNORM_CPP_{key}"] = value
+        env[knob_var(key)] = value
     saved = {k: os.environ.get(k) for k in (*PLAN_VARS, *env)}
     for k in PLAN_VARS:
         os.environ.pop(k, None)
@@ -232,7 +253,15 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="comma-separated C++ launch plans to compare as TURBO[plan] rows in one run: auto, "
         "tiles, persist, prev, rows, FWD/BWD pairs such as tiles/rows, each optionally with "
-        "+KNOB=VALUE suffixes (e.g. tiles+TILES_FWD_VPT=8+TILES_BLOCK=512)",
+        "+KNOB=VALUE suffixes (e.g. tiles+TILES_FWD_VPT=8+TILES_BLOCK=512; TURBO_*/TRITON_* "
+        "knobs set PRIMUS_TURBO_RMSNORM_<KNOB>, e.g. auto+TURBO_FWD=cpp)",
+    )
+    p.add_argument(
+        "--triton-plans",
+        default="",
+        help="comma-separated Triton forward plans to compare as TRITON[plan] rows: tile, looped, "
+        "auto, each optionally with +KNOB=VALUE (PRIMUS_TURBO_RMSNORM_TRITON_FWD_<KNOB>: RBLOCK, "
+        "ROWS, WARPS, STAGES, HINTS, PER_THREAD, LOOPED_MIN_N), e.g. looped+RBLOCK=4096+WARPS=8",
     )
     p.add_argument(
         "--hidden",
@@ -260,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     if info.device.type != "cuda":
         backends = [b for b in backends if b != "TRITON"]  # the interpreter is not a benchmark
     plans = [q.strip() for q in args.plans.split(",") if q.strip()]
-    entries = expand_backends(backends, plans)
+    tplans = [q.strip() for q in args.triton_plans.split(",") if q.strip()]
+    entries = expand_backends(backends, plans, tplans)
     for tid, (label, m, n) in shard(cases, args.num_shards, args.shard_id):
         try:
             copy_gbps, peer_row = run_shape_baselines(tid, label, m, n, dtype, args, info)

@@ -8,39 +8,88 @@ Math (``x [M, N]``, ``w [N]``; ``w`` is ``1 + gamma`` when zero-centered):
 Dtypes: x/y/dy/dx fp16/bf16/fp32 (one dtype); w/dw any float dtype; rstd fp32. Rows are addressed
 by a row stride (last dim contiguous); row offsets are int64.
 
-Grid mapping: forward, one program per ``ROWS`` rows, the whole row in one ``BLOCK_N`` tile (the
-row is read once). Backward: a persistent grid of ``G`` programs (the device's SMs/CUs times a
-few) walks row blocks with stride ``G``; each keeps its fp32 dw sums in registers and writes one
-partial row; ``dw_reduce_kernel`` then sums the ``G`` partial rows in a fixed order, so dw is
-bitwise reproducible for a given device.
+Grid mapping: forward, one program per ``ROWS`` rows, either the whole row in one ``BLOCK_N``
+tile (``tile``: the row is read once into registers) or ``looped`` (Inductor's form of this
+reduction): pass 1 walks the row in ``RBLOCK`` chunks summing squares (loads marked evict-last),
+pass 2 re-reads the chunks (L2 hits, evict-first), scales and stores; few registers per thread,
+so many programs per SM. Which one: :func:`fwd_knobs` (env ``PRIMUS_TURBO_RMSNORM_TRITON_FWD*``,
+re-read after :func:`reload_env`). Backward: a persistent grid of ``G`` programs (the device's
+SMs/CUs times a few) walks row blocks with stride ``G``; each keeps its fp32 dw sums in
+registers and writes one partial row; ``dw_reduce_kernel`` then sums the ``G`` partial rows in a
+fixed order, so dw is bitwise reproducible for a given device.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import torch
 import triton
 import triton.language as tl
 
-from primus_turbo.pytorch.core.platform import num_compute_units, triton_interpret
+from primus_turbo.pytorch.core.platform import is_rocm, num_compute_units, triton_interpret
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec, triton_dtype_name
 
-MAX_HIDDEN = 65536  # one tile per row; larger rows go to another backend
+MAX_HIDDEN = 65536  # one tile per row (tile forward, backward); the looped forward has no limit
+FWD_MODES = ("auto", "tile", "looped")
 
 
-def _env_per_thread(default: int) -> int:
-    """PRIMUS_TURBO_RMSNORM_TRITON_FWD_PER_THREAD (read once at import; a power of two 4..64):
-    elements per thread of the forward kernel, so num_warps = tile elements / (32 * it). Default
-    16 (16 warps at hidden 8192); 32 gives 8 warps of 4 x 16-byte bf16 loads per thread, like
-    Inductor's one-pass kernel and the C++ tiles plan."""
-    v = os.environ.get("PRIMUS_TURBO_RMSNORM_TRITON_FWD_PER_THREAD", "")
+@dataclasses.dataclass(frozen=True)
+class FwdKnobs:
+    """Forward kernel choice, from the environment (read once; :func:`reload_env` re-reads):
+
+    - ``PRIMUS_TURBO_RMSNORM_TRITON_FWD``: ``auto`` (default: ``looped`` for hidden >=
+      ``..._FWD_LOOPED_MIN_N``, default 8192, else ``tile``), ``tile`` or ``looped``. Rows wider
+      than ``MAX_HIDDEN`` always loop.
+    - ``..._FWD_PER_THREAD`` (tile; a power of two 4..64, default 32): elements per thread, so
+      num_warps = tile elements / (32 * it) (16 was the session-4 default: 16 warps at 8192).
+    - ``..._FWD_RBLOCK`` (looped; a power of two 64..16384, default 2048, capped at the row),
+      ``..._FWD_ROWS`` (rows per program, a power of two 1..16, default 1),
+      ``..._FWD_WARPS`` (power of two 1..32; default 0 = one 16-byte bf16 vector per lane:
+      rows * RBLOCK / (8 * warp size), at most 8; Inductor's 8 warps at RBLOCK 2048 on NVIDIA),
+      ``..._FWD_STAGES`` (num_stages, 1..4, default 1), ``..._FWD_HINTS`` (1 default: pass 1
+      evict-last, pass 2 evict-first, the weight evict-last; 0: no cache hints).
+    """
+
+    mode: str = "auto"
+    looped_min_n: int = 8192
+    per_thread: int = 32
+    rblock: int = 2048
+    rows: int = 1
+    warps: int = 0
+    stages: int = 1
+    hints: bool = True
+
+
+def _env_int(name: str, default: int, lo: int, hi: int, pow2: bool = False) -> int:
+    v = os.environ.get(f"PRIMUS_TURBO_RMSNORM_TRITON_FWD_{name}", "").strip()
     n = int(v) if v.isdigit() else default
-    return n if 4 <= n <= 64 and n & (n - 1) == 0 else default
+    if n < lo or n > hi or (pow2 and n & (n - 1)):
+        return default
+    return n
 
 
-FWD_PER_THREAD = _env_per_thread(16)
+@functools.lru_cache(maxsize=1)
+def fwd_knobs() -> FwdKnobs:
+    d = FwdKnobs()
+    mode = os.environ.get("PRIMUS_TURBO_RMSNORM_TRITON_FWD", "").strip().lower()
+    return FwdKnobs(
+        mode=mode if mode in FWD_MODES else d.mode,
+        looped_min_n=_env_int("LOOPED_MIN_N", d.looped_min_n, 0, 1 << 30),
+        per_thread=_env_int("PER_THREAD", d.per_thread, 4, 64, pow2=True),
+        rblock=_env_int("RBLOCK", d.rblock, 64, 16384, pow2=True),
+        rows=_env_int("ROWS", d.rows, 1, 16, pow2=True),
+        warps=_env_int("WARPS", d.warps, 1, 32, pow2=True),
+        stages=_env_int("STAGES", d.stages, 1, 4),
+        hints=_env_int("HINTS", 1, 0, 1) == 1,
+    )
+
+
+def reload_env() -> None:
+    """Re-read the ``PRIMUS_TURBO_RMSNORM_TRITON_FWD*`` variables at the next launch."""
+    fwd_knobs.cache_clear()
 
 
 @triton.jit
@@ -80,6 +129,79 @@ def rmsnorm_fwd_kernel(
     tl.store(
         y_ptr + rows64[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask
     )
+    tl.store(rstd_ptr + rows, rstd, mask=rmask)
+
+
+@triton.jit
+def rmsnorm_fwd_looped_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    rstd_ptr,
+    M,
+    N,
+    stride_x,
+    stride_y,
+    eps,
+    RBLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    HINTS: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr,
+):
+    """Two passes over ``RBLOCK`` chunks of ``ROWS`` rows: sum of squares, then scale and store
+    (the second pass reads the row back from L2)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < M
+    rows64 = rows.to(tl.int64)
+    xrow = x_ptr + rows64[:, None] * stride_x
+    yrow = y_ptr + rows64[:, None] * stride_y
+    r = tl.arange(0, RBLOCK)
+    acc = tl.zeros([ROWS, RBLOCK], dtype=tl.float32)
+    for start in range(0, N, RBLOCK):
+        cols = start + r
+        if EVEN_N and EVEN_M:
+            x = tl.load(xrow + cols[None, :], eviction_policy="evict_last" if HINTS else "")
+        else:
+            mask = rmask[:, None] & (cols < N)[None, :]
+            x = tl.load(
+                xrow + cols[None, :],
+                mask=mask,
+                other=0.0,
+                eviction_policy="evict_last" if HINTS else "",
+            )
+        x = x.to(tl.float32)
+        acc += x * x
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=1) / N + eps)
+    for start in range(0, N, RBLOCK):
+        cols = start + r
+        if EVEN_N:
+            w = tl.load(w_ptr + cols, eviction_policy="evict_last" if HINTS else "")
+        else:
+            w = tl.load(
+                w_ptr + cols,
+                mask=cols < N,
+                other=0.0,
+                eviction_policy="evict_last" if HINTS else "",
+            )
+        w = w.to(tl.float32)
+        if ZERO_CENTERED:
+            w = w + 1.0
+        if EVEN_N and EVEN_M:
+            x = tl.load(xrow + cols[None, :], eviction_policy="evict_first" if HINTS else "")
+            y = x.to(tl.float32) * rstd[:, None] * w[None, :]
+            tl.store(yrow + cols[None, :], y.to(y_ptr.dtype.element_ty))
+        else:
+            mask = rmask[:, None] & (cols < N)[None, :]
+            x = tl.load(
+                xrow + cols[None, :],
+                mask=mask,
+                other=0.0,
+                eviction_policy="evict_first" if HINTS else "",
+            )
+            y = x.to(tl.float32) * rstd[:, None] * w[None, :]
+            tl.store(yrow + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(rstd_ptr + rows, rstd, mask=rmask)
 
 
@@ -167,9 +289,37 @@ def select_config(n: int, backward: bool = False) -> RmsNormConfig:
     block_n = triton.next_power_of_2(max(n, 1))
     rows = max(1, min(16, (4096 if backward else 8192) // block_n))
     elems = block_n * rows
-    per_thread = 8 if backward else FWD_PER_THREAD  # backward holds x, dy and the dw sums
+    per_thread = 8 if backward else fwd_knobs().per_thread  # bwd: x, dy and the dw sums
     num_warps = max(1, min(16, elems // (32 * per_thread)))
     return RmsNormConfig(block_n, rows, num_warps)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopedConfig:
+    rblock: int
+    rows: int
+    num_warps: int
+    num_stages: int
+    hints: bool
+
+
+def fwd_variant(n: int) -> str:
+    """``tile`` or ``looped``: the forward kernel for hidden size ``n`` under :func:`fwd_knobs`."""
+    k = fwd_knobs()
+    if n > MAX_HIDDEN:
+        return "looped"
+    if k.mode != "auto":
+        return k.mode
+    return "looped" if n >= k.looped_min_n else "tile"
+
+
+def select_looped_config(n: int, warp_size: int = 32) -> LoopedConfig:
+    """Looped forward config for hidden ``n`` (see :class:`FwdKnobs`); the default 8 elements
+    (one 16-byte bf16 vector) per lane at RBLOCK 2048 is Inductor's config for this reduction."""
+    k = fwd_knobs()
+    rblock = max(16, min(k.rblock, triton.next_power_of_2(max(n, 1))))
+    warps = k.warps or max(1, min(8, k.rows * rblock // (8 * warp_size)))
+    return LoopedConfig(rblock, k.rows, warps, k.stages, k.hints)
 
 
 def _bwd_programs(m: int, rows: int, device: torch.device) -> int:
@@ -187,6 +337,15 @@ def rmsnorm_fwd_triton(
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
     if m == 0 or n == 0:
+        return y, rstd
+    if fwd_variant(n) == "looped":
+        lc = select_looped_config(n, 64 if is_rocm() and not triton_interpret() else 32)
+        rmsnorm_fwd_looped_kernel[(triton.cdiv(m, lc.rows),)](
+            x, w, y, rstd, m, n, x.stride(0), y.stride(0), eps,
+            RBLOCK=lc.rblock, ROWS=lc.rows, EVEN_N=n % lc.rblock == 0, EVEN_M=m % lc.rows == 0,
+            HINTS=lc.hints, ZERO_CENTERED=zero_centered,
+            num_warps=lc.num_warps, num_stages=lc.num_stages,
+        )  # fmt: skip
         return y, rstd
     cfg = select_config(n)
     rmsnorm_fwd_kernel[(triton.cdiv(m, cfg.rows),)](
@@ -225,7 +384,8 @@ def rmsnorm_bwd_triton(
 
 
 def aot_specs(target: str) -> list[AotSpec]:
-    """bf16 forward and backward at the benchmark hidden sizes (2880, 8192), and the reduce."""
+    """bf16 forward (tile and looped) and backward at the benchmark hidden sizes (2880, 8192),
+    and the reduce."""
     assert target in AOT_TARGETS, target
     specs = []
     t = triton_dtype_name(torch.bfloat16)
@@ -271,6 +431,29 @@ def aot_specs(target: str) -> list[AotSpec]:
                 constexprs={"BLOCK_N": bcfg.block_n, "ROWS": bcfg.rows, "ZERO_CENTERED": False},
                 options={"num_warps": bcfg.num_warps, "num_stages": 1},
                 default=n == 8192,
+            )
+        )
+    ws = AOT_TARGETS[target][2]
+    fwd_sig = {"x_ptr": f"*{t}", "w_ptr": f"*{t}", "y_ptr": f"*{t}", "rstd_ptr": "*fp32",
+               "M": "i32", "N": "i32:16", "stride_x": "i32:16", "stride_y": "i32:16",
+               "eps": "fp32"}  # fmt: skip
+    # looped forward: the default (RBLOCK 2048) at 8192, 2880 (masked tail), a 2-row variant
+    for n, rblock, rows in ((8192, 2048, 1), (2880, 1024, 1), (8192, 4096, 2)):
+        warps = max(1, min(8, rows * rblock // (8 * ws)))
+        specs.append(
+            AotSpec(
+                name=f"rmsnorm_fwd_looped_{t}_n{n}_r{rblock}x{rows}",
+                fn=rmsnorm_fwd_looped_kernel,
+                signature=fwd_sig,
+                constexprs={
+                    "RBLOCK": rblock,
+                    "ROWS": rows,
+                    "EVEN_N": n % rblock == 0,
+                    "EVEN_M": True,
+                    "HINTS": True,
+                    "ZERO_CENTERED": False,
+                },  # fmt: skip
+                options={"num_warps": warps, "num_stages": 1},
             )
         )
     specs.append(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -10,9 +11,20 @@ import torch
 import primus_turbo.pytorch as turbo
 from primus_turbo.build_info import native_has_gpu, native_status
 from primus_turbo.pytorch.core import BackendType, GlobalBackendManager
-from primus_turbo.pytorch.kernels.normalization.rmsnorm_impl import RMSNormDispatcher
+from primus_turbo.pytorch.kernels.normalization.rmsnorm_impl import (
+    RMSNormDispatcher,
+    reload_env,
+    turbo_gpu_fwd,
+)
 from primus_turbo.pytorch.reference import rmsnorm_ref
-from primus_turbo.triton.normalization.rmsnorm_kernel import select_config
+from primus_turbo.triton.normalization.rmsnorm_kernel import (
+    MAX_HIDDEN,
+    fwd_knobs,
+    fwd_variant,
+    rmsnorm_fwd_triton,
+    select_config,
+    select_looped_config,
+)
 from tests.conftest import HAS_GPU
 from tests.pytorch.test_utils import assert_close, rand
 
@@ -196,6 +208,7 @@ def test_rmsnorm_cpp_plans(plan, device, monkeypatch):
 
     plan, *knobs = plan.split("+")
     with monkeypatch.context() as mp:
+        mp.setenv("PRIMUS_TURBO_RMSNORM_TURBO_FWD", "cpp")  # the C++ forward at every width
         for var in CPP_PLAN_VARS:
             mp.delenv(var, raising=False)
         for knob in knobs:
@@ -207,6 +220,7 @@ def test_rmsnorm_cpp_plans(plan, device, monkeypatch):
         else:
             mp.setenv(CPP_PLAN_VARS[0], plan)
         ext._rmsnorm_reload_plans()
+        reload_env()
         try:
             GlobalBackendManager.set_backend("rmsnorm", BackendType.TURBO)
             for shape, dtype in CPP_PLAN_CASES:
@@ -214,6 +228,87 @@ def test_rmsnorm_cpp_plans(plan, device, monkeypatch):
         finally:
             mp.undo()
             ext._rmsnorm_reload_plans()
+            reload_env()
+
+
+FWD_ENV = "PRIMUS_TURBO_RMSNORM_TRITON_FWD"
+# Triton forward plans ("MODE+KNOB=VALUE", knobs PRIMUS_TURBO_RMSNORM_TRITON_FWD_<KNOB>); the CPU
+# uses small RBLOCKs so the interpreter loops over several chunks with a masked tail.
+TRITON_FWD_PLANS = ["tile+PER_THREAD=16", "looped", "looped+RBLOCK=64", "looped+RBLOCK=32+ROWS=2",
+                    "looped+RBLOCK=64+HINTS=0+WARPS=2", "auto+LOOPED_MIN_N=100"]  # fmt: skip
+TRITON_FWD_SHAPES = ([(5, 127), (2, 3, 200), (4, 1), (3, 256)] if not HAS_GPU else
+                     [(4096, 127), (3000, 2880), (3000, 8192), (33, 16384), (7, 24576),
+                      (5, 70001)])  # fmt: skip
+
+
+@contextlib.contextmanager
+def _fwd_plan_env(monkeypatch, plan: str, **extra: str):
+    mode, *knobs = plan.split("+")
+    with monkeypatch.context() as mp:
+        mp.setenv(FWD_ENV, mode)
+        for knob in knobs:
+            key, _, value = knob.partition("=")
+            mp.setenv(f"{FWD_ENV}_{key}", value)
+        for key, value in extra.items():
+            mp.setenv(key, value)
+        reload_env()
+        try:
+            yield
+        finally:
+            mp.undo()
+            reload_env()
+
+
+@pytest.mark.parametrize("plan", TRITON_FWD_PLANS)
+def test_rmsnorm_triton_fwd_plans(plan, device, monkeypatch):
+    """The Triton forward variants (tile, Inductor-style looped two-pass) with the Triton
+    backward: forward and both grads vs the fp32 reference, odd and 1-wide rows; bf16 on every
+    shape, fp32 and zero-centered on the first."""
+    GlobalBackendManager.set_backend("rmsnorm", BackendType.TRITON)
+    with _fwd_plan_env(monkeypatch, plan):
+        for i, shape in enumerate(TRITON_FWD_SHAPES):
+            if shape[-1] > MAX_HIDDEN:  # beyond the Triton backward: the looped forward only
+                x = rand(*shape, dtype=torch.bfloat16, device=device)
+                w = rand(shape[-1], dtype=torch.bfloat16, device=device)
+                y, rstd = rmsnorm_fwd_triton(x, w, 1e-6, False)
+                assert_close(y, rmsnorm_ref(x.float(), w.float()), torch.bfloat16)
+                continue
+            _check(shape, torch.bfloat16, device)
+            if i == 0:
+                _check(shape, torch.float32, device)
+                _check(shape, torch.bfloat16, device, zero_centered=True)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="the TURBO backend's Triton forward is GPU-only")
+@pytest.mark.parametrize("fwd", ["cpp", "triton", "triton+RBLOCK=4096+ROWS=2"])
+def test_rmsnorm_turbo_fwd_switch(fwd, device, monkeypatch):
+    """TURBO with its GPU forward on the C++ kernels or the Triton looped kernel (wide rows), the
+    C++ backward on the forward's rstd."""
+    _skip_unsupported(BackendType.TURBO, device)
+    kernel, *knobs = fwd.split("+")
+    plan = "+".join(["looped", *knobs])
+    GlobalBackendManager.set_backend("rmsnorm", BackendType.TURBO)
+    with _fwd_plan_env(monkeypatch, plan, PRIMUS_TURBO_RMSNORM_TURBO_FWD=kernel,
+                       PRIMUS_TURBO_RMSNORM_TURBO_FWD_MIN_N="4096"):  # fmt: skip
+        assert turbo_gpu_fwd() == (kernel, 4096)
+        for shape in [(3000, 8192), (33, 16384), (257, 4096), (300, 2880), (7, 24576)]:
+            _check(shape, torch.bfloat16, device)
+
+
+def test_rmsnorm_fwd_knobs(monkeypatch):
+    """Defaults: looped from hidden 8192 (and above MAX_HIDDEN whatever the mode), RBLOCK 2048
+    with one 16-byte bf16 vector per lane (8 warps of 32, 4 wavefronts of 64); bad values fall
+    back to the defaults."""
+    with _fwd_plan_env(monkeypatch, "auto"):
+        assert fwd_variant(8192) == "looped" and fwd_variant(2880) == "tile"
+        assert select_looped_config(8192).num_warps == 8
+        assert select_looped_config(8192, 64).num_warps == 4
+        assert select_looped_config(100).rblock == 128
+        assert turbo_gpu_fwd() == ("triton", 8192)
+    with _fwd_plan_env(monkeypatch, "tile+RBLOCK=3000+WARPS=x+PER_THREAD=16"):
+        k = fwd_knobs()
+        assert k.mode == "tile" and k.rblock == 2048 and k.warps == 0 and k.per_thread == 16
+        assert fwd_variant(8192) == "tile" and fwd_variant(70000) == "looped"
 
 
 def test_rmsnorm_module(device):

@@ -7,6 +7,8 @@ with ``rstd [M]`` fp32. The forward's backend also runs the backward.
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any
 
 import torch
@@ -29,6 +31,28 @@ native_status()  # load the extension now (never first inside a torch.compile tr
 
 # C++ GPU kernels: register-cached 16-byte vector path up to this many elements per row.
 TURBO_GPU_MAX_VEC_HIDDEN = 16384
+
+
+@functools.lru_cache(maxsize=1)
+def turbo_gpu_fwd() -> tuple[str, int]:
+    """``(kernel, min_hidden)``: the TURBO backend's GPU forward runs ``kernel`` ("triton": the
+    Triton forward, looped at these widths; "cpp": the C++ kernels) for hidden >= ``min_hidden``
+    and the C++ kernels below. Env ``PRIMUS_TURBO_RMSNORM_TURBO_FWD`` (triton | cpp, default
+    triton: H200 run 4.4 had Inductor's looped form at 4132 GB/s vs C++ 3961 at 16384x8192) and
+    ``PRIMUS_TURBO_RMSNORM_TURBO_FWD_MIN_N`` (default 8192); re-read after :func:`reload_env`.
+    The backward stays C++ (same fp32 ``rstd [M]``)."""
+    kernel = os.environ.get("PRIMUS_TURBO_RMSNORM_TURBO_FWD", "").strip().lower()
+    v = os.environ.get("PRIMUS_TURBO_RMSNORM_TURBO_FWD_MIN_N", "").strip()
+    return (kernel if kernel in ("triton", "cpp") else "triton", int(v) if v.isdigit() else 8192)
+
+
+def reload_env() -> None:
+    """Re-read the Python-side RMSNorm knobs (``PRIMUS_TURBO_RMSNORM_TURBO_FWD*`` and the Triton
+    forward's ``PRIMUS_TURBO_RMSNORM_TRITON_FWD*``) at the next call."""
+    from primus_turbo.triton.normalization.rmsnorm_kernel import reload_env as triton_reload
+
+    turbo_gpu_fwd.cache_clear()
+    triton_reload()
 
 
 class RMSNormDispatcher(AutoKernelDispatcher):
@@ -65,7 +89,8 @@ class RMSNormDispatcher(AutoKernelDispatcher):
 
 @RMSNormDispatcher.register
 class RMSNormTurboBackend(KernelBackend):
-    """Our C++ kernels (``torch.ops.primus_turbo_cpp.rmsnorm_fwd/bwd``): CPU, CUDA and HIP."""
+    """Our C++ kernels (``torch.ops.primus_turbo_cpp.rmsnorm_fwd/bwd``): CPU, CUDA and HIP; on
+    the GPU the forward of wide rows may run the Triton looped kernel (:func:`turbo_gpu_fwd`)."""
 
     backend_type = BackendType.TURBO
 
@@ -88,6 +113,12 @@ class RMSNormTurboBackend(KernelBackend):
 
     @staticmethod
     def execute(x, gamma, eps, zero_centered, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        if x.device.type == "cuda":
+            kernel, min_n = turbo_gpu_fwd()
+            if kernel == "triton" and x.shape[1] >= min_n:
+                from primus_turbo.triton.normalization.rmsnorm_kernel import rmsnorm_fwd_triton
+
+                return rmsnorm_fwd_triton(x, gamma, eps, False)
         return native_ops().rmsnorm_fwd(x, gamma, eps)
 
     @staticmethod
