@@ -49,8 +49,10 @@ class FwdKnobs:
       ``..._FWD_ROWS`` (rows per program, a power of two 1..16, default 1),
       ``..._FWD_WARPS`` (power of two 1..32; default 0 = one 16-byte bf16 vector per lane:
       rows * RBLOCK / (8 * warp size), at most 8; Inductor's 8 warps at RBLOCK 2048 on NVIDIA),
-      ``..._FWD_STAGES`` (num_stages, 1..4, default 1), ``..._FWD_HINTS`` (1 default: pass 1
-      evict-last, pass 2 evict-first, the weight evict-last; 0: no cache hints).
+      ``..._FWD_STAGES`` (num_stages, 1..4, default 1), ``..._FWD_HINTS`` (bits, default 1:
+      Inductor's loads, pass 1 evict-last, pass 2 evict-first, the weight evict-last; 2: y
+      stored evict-first; 0: no cache hints), ``..._FWD_REVERSE`` (1: pass 2 walks the chunks
+      last to first; default 0).
     """
 
     mode: str = "auto"
@@ -60,7 +62,8 @@ class FwdKnobs:
     rows: int = 1
     warps: int = 0
     stages: int = 1
-    hints: bool = True
+    hints: int = 1
+    reverse: bool = False
 
 
 def _env_int(name: str, default: int, lo: int, hi: int, pow2: bool = False) -> int:
@@ -83,7 +86,8 @@ def fwd_knobs() -> FwdKnobs:
         rows=_env_int("ROWS", d.rows, 1, 16, pow2=True),
         warps=_env_int("WARPS", d.warps, 1, 32, pow2=True),
         stages=_env_int("STAGES", d.stages, 1, 4),
-        hints=_env_int("HINTS", 1, 0, 1) == 1,
+        hints=_env_int("HINTS", d.hints, 0, 3),
+        reverse=_env_int("REVERSE", 0, 0, 1) == 1,
     )
 
 
@@ -148,10 +152,16 @@ def rmsnorm_fwd_looped_kernel(
     EVEN_N: tl.constexpr,
     EVEN_M: tl.constexpr,
     HINTS: tl.constexpr,
+    REVERSE: tl.constexpr,
     ZERO_CENTERED: tl.constexpr,
 ):
     """Two passes over ``RBLOCK`` chunks of ``ROWS`` rows: sum of squares, then scale and store
-    (the second pass reads the row back from L2)."""
+    (the second pass reads the row back from L2). HINTS bits: 1 = Inductor's load hints (x
+    evict-last in pass 1, evict-first in pass 2; w evict-last), 2 = y stored evict-first.
+    REVERSE: pass 2 walks the chunks last to first (the most recently read first)."""
+    LOAD1: tl.constexpr = "evict_last" if HINTS % 2 == 1 else ""
+    LOAD2: tl.constexpr = "evict_first" if HINTS % 2 == 1 else ""
+    STORE: tl.constexpr = "evict_first" if HINTS // 2 % 2 == 1 else ""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < M
     rows64 = rows.to(tl.int64)
@@ -162,46 +172,40 @@ def rmsnorm_fwd_looped_kernel(
     for start in range(0, N, RBLOCK):
         cols = start + r
         if EVEN_N and EVEN_M:
-            x = tl.load(xrow + cols[None, :], eviction_policy="evict_last" if HINTS else "")
+            x = tl.load(xrow + cols[None, :], eviction_policy=LOAD1)
         else:
             mask = rmask[:, None] & (cols < N)[None, :]
-            x = tl.load(
-                xrow + cols[None, :],
-                mask=mask,
-                other=0.0,
-                eviction_policy="evict_last" if HINTS else "",
-            )
+            x = tl.load(xrow + cols[None, :], mask=mask, other=0.0, eviction_policy=LOAD1)
         x = x.to(tl.float32)
         acc += x * x
     rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=1) / N + eps)
-    for start in range(0, N, RBLOCK):
-        cols = start + r
-        if EVEN_N:
-            w = tl.load(w_ptr + cols, eviction_policy="evict_last" if HINTS else "")
+    nchunks = tl.cdiv(N, RBLOCK)
+    for i in range(0, nchunks):
+        if REVERSE:
+            cols = (nchunks - 1 - i) * RBLOCK + r
         else:
-            w = tl.load(
-                w_ptr + cols,
-                mask=cols < N,
-                other=0.0,
-                eviction_policy="evict_last" if HINTS else "",
-            )
+            cols = i * RBLOCK + r
+        if EVEN_N:
+            w = tl.load(w_ptr + cols, eviction_policy=LOAD1)
+        else:
+            w = tl.load(w_ptr + cols, mask=cols < N, other=0.0, eviction_policy=LOAD1)
         w = w.to(tl.float32)
         if ZERO_CENTERED:
             w = w + 1.0
         if EVEN_N and EVEN_M:
-            x = tl.load(xrow + cols[None, :], eviction_policy="evict_first" if HINTS else "")
+            x = tl.load(xrow + cols[None, :], eviction_policy=LOAD2)
             y = x.to(tl.float32) * rstd[:, None] * w[None, :]
-            tl.store(yrow + cols[None, :], y.to(y_ptr.dtype.element_ty))
+            tl.store(yrow + cols[None, :], y.to(y_ptr.dtype.element_ty), eviction_policy=STORE)
         else:
             mask = rmask[:, None] & (cols < N)[None, :]
-            x = tl.load(
-                xrow + cols[None, :],
-                mask=mask,
-                other=0.0,
-                eviction_policy="evict_first" if HINTS else "",
-            )
+            x = tl.load(xrow + cols[None, :], mask=mask, other=0.0, eviction_policy=LOAD2)
             y = x.to(tl.float32) * rstd[:, None] * w[None, :]
-            tl.store(yrow + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.store(
+                yrow + cols[None, :],
+                y.to(y_ptr.dtype.element_ty),
+                mask=mask,
+                eviction_policy=STORE,
+            )
     tl.store(rstd_ptr + rows, rstd, mask=rmask)
 
 
@@ -300,7 +304,8 @@ class LoopedConfig:
     rows: int
     num_warps: int
     num_stages: int
-    hints: bool
+    hints: int
+    reverse: bool
 
 
 def fwd_variant(n: int) -> str:
@@ -319,7 +324,7 @@ def select_looped_config(n: int, warp_size: int = 32) -> LoopedConfig:
     k = fwd_knobs()
     rblock = max(16, min(k.rblock, triton.next_power_of_2(max(n, 1))))
     warps = k.warps or max(1, min(8, k.rows * rblock // (8 * warp_size)))
-    return LoopedConfig(rblock, k.rows, warps, k.stages, k.hints)
+    return LoopedConfig(rblock, k.rows, warps, k.stages, k.hints, k.reverse)
 
 
 def _bwd_programs(m: int, rows: int, device: torch.device) -> int:
@@ -343,7 +348,7 @@ def rmsnorm_fwd_triton(
         rmsnorm_fwd_looped_kernel[(triton.cdiv(m, lc.rows),)](
             x, w, y, rstd, m, n, x.stride(0), y.stride(0), eps,
             RBLOCK=lc.rblock, ROWS=lc.rows, EVEN_N=n % lc.rblock == 0, EVEN_M=m % lc.rows == 0,
-            HINTS=lc.hints, ZERO_CENTERED=zero_centered,
+            HINTS=lc.hints, REVERSE=lc.reverse, ZERO_CENTERED=zero_centered,
             num_warps=lc.num_warps, num_stages=lc.num_stages,
         )  # fmt: skip
         return y, rstd
@@ -438,7 +443,9 @@ def aot_specs(target: str) -> list[AotSpec]:
                "M": "i32", "N": "i32:16", "stride_x": "i32:16", "stride_y": "i32:16",
                "eps": "fp32"}  # fmt: skip
     # looped forward: the default (RBLOCK 2048) at 8192, 2880 (masked tail), a 2-row variant
+    # with the y store hint and the reversed second pass
     for n, rblock, rows in ((8192, 2048, 1), (2880, 1024, 1), (8192, 4096, 2)):
+        extra = rows > 1
         warps = max(1, min(8, rows * rblock // (8 * ws)))
         specs.append(
             AotSpec(
@@ -450,10 +457,12 @@ def aot_specs(target: str) -> list[AotSpec]:
                     "ROWS": rows,
                     "EVEN_N": n % rblock == 0,
                     "EVEN_M": True,
-                    "HINTS": True,
+                    "HINTS": 3 if extra else 1,
+                    "REVERSE": extra,
                     "ZERO_CENTERED": False,
                 },  # fmt: skip
                 options={"num_warps": warps, "num_stages": 1},
+                default=n == 8192 and not extra,
             )
         )
     specs.append(

@@ -235,7 +235,8 @@ FWD_ENV = "PRIMUS_TURBO_RMSNORM_TRITON_FWD"
 # Triton forward plans ("MODE+KNOB=VALUE", knobs PRIMUS_TURBO_RMSNORM_TRITON_FWD_<KNOB>); the CPU
 # uses small RBLOCKs so the interpreter loops over several chunks with a masked tail.
 TRITON_FWD_PLANS = ["tile+PER_THREAD=16", "looped", "looped+RBLOCK=64", "looped+RBLOCK=32+ROWS=2",
-                    "looped+RBLOCK=64+HINTS=0+WARPS=2", "auto+LOOPED_MIN_N=100"]  # fmt: skip
+                    "looped+RBLOCK=64+HINTS=0+WARPS=2", "looped+RBLOCK=32+HINTS=3+REVERSE=1",
+                    "auto+LOOPED_MIN_N=100"]  # fmt: skip
 TRITON_FWD_SHAPES = ([(5, 127), (2, 3, 200), (4, 1), (3, 256)] if not HAS_GPU else
                      [(4096, 127), (3000, 2880), (3000, 8192), (33, 16384), (7, 24576),
                       (5, 70001)])  # fmt: skip
