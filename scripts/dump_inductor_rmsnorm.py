@@ -1,6 +1,6 @@
-"""Print the Triton code Inductor generates for ``torch.compile(rmsnorm_ref)`` (forward and
-backward) and the launch config each of its kernels ran with, so the Triton RMSNorm forward can
-copy it.
+"""Print the Triton code Inductor generates for ``torch.compile(rmsnorm_ref)`` (the training
+forward; with ``--backward`` also the backward) and the launch config each of its kernels ran
+with, so the Triton RMSNorm forward can copy it.
 
     python scripts/dump_inductor_rmsnorm.py [--m 16384] [--n 8192] [--out FILE]
 
@@ -72,7 +72,9 @@ def main() -> int:
     p.add_argument("--m", type=int, default=16384)
     p.add_argument("--n", type=int, default=8192)
     p.add_argument("--out", default="")
+    p.add_argument("--backward", action="store_true", help="also run (and dump) the backward")
     args = p.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     x = torch.randn(args.m, args.n, device=dev, dtype=torch.bfloat16, requires_grad=True)
@@ -81,13 +83,17 @@ def main() -> int:
     fn = torch.compile(rmsnorm_ref, dynamic=False)
 
     def step():
-        fn(x, w).backward(dy)
+        y = fn(x, w)  # the training forward (inputs require grad), as the benchmark's peer
+        if args.backward:
+            y.backward(dy)
+        if dev == "cuda":
+            torch.cuda.synchronize()
 
     _, codes = run_and_get_code(step)
     print(f"torch {torch.__version__}, device {dev}, M={args.m} N={args.n} bf16: "
           f"{len(codes)} generated module(s)")  # fmt: skip
     for i, code in enumerate(codes):
-        print(f"\n######## module {i} ({'forward' if i == 0 else 'backward'})")
+        print(f"\n######## module {i}")
         for src in kernel_sources(code):
             print(src)
         calls = [ln.strip() for ln in code.splitlines() if ".run(" in ln]
