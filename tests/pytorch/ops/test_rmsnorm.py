@@ -11,6 +11,7 @@ import torch
 import primus_turbo.pytorch as turbo
 from primus_turbo.build_info import native_has_gpu, native_status
 from primus_turbo.pytorch.core import BackendType, GlobalBackendManager
+from primus_turbo.pytorch.core.platform import is_rocm
 from primus_turbo.pytorch.kernels.normalization.rmsnorm_impl import (
     RMSNormDispatcher,
     reload_env,
@@ -305,7 +306,7 @@ def test_rmsnorm_fwd_knobs(monkeypatch):
         assert select_looped_config(8192).num_warps == 8
         assert select_looped_config(8192, 64).num_warps == 4
         assert select_looped_config(100).rblock == 128
-        assert turbo_gpu_fwd() == ("triton", 8192)
+        assert turbo_gpu_fwd() == ("cpp" if is_rocm() else "triton", 8192)
     with _fwd_plan_env(monkeypatch, "tile+RBLOCK=3000+WARPS=x+PER_THREAD=16"):
         k = fwd_knobs()
         assert k.mode == "tile" and k.rblock == 2048 and k.warps == 0 and k.per_thread == 16

@@ -23,7 +23,7 @@ from primus_turbo.pytorch.core.backend import (
     Verdict,
     no,
 )
-from primus_turbo.pytorch.core.platform import triton_interpret
+from primus_turbo.pytorch.core.platform import is_rocm, triton_interpret
 from primus_turbo.pytorch.reference.normalization import rmsnorm_bwd_ref, rmsnorm_fwd_ref
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -37,13 +37,15 @@ TURBO_GPU_MAX_VEC_HIDDEN = 16384
 def turbo_gpu_fwd() -> tuple[str, int]:
     """``(kernel, min_hidden)``: the TURBO backend's GPU forward runs ``kernel`` ("triton": the
     Triton forward, looped at these widths; "cpp": the C++ kernels) for hidden >= ``min_hidden``
-    and the C++ kernels below. Env ``PRIMUS_TURBO_RMSNORM_TURBO_FWD`` (triton | cpp, default
-    triton: H200 run 4.4 had Inductor's looped form at 4132 GB/s vs C++ 3961 at 16384x8192) and
+    and the C++ kernels below. Env ``PRIMUS_TURBO_RMSNORM_TURBO_FWD`` (triton | cpp; default
+    triton on CUDA: H200 run 4.4 had Inductor's looped form at 4132 GB/s vs C++ 3961 at
+    16384x8192; cpp on ROCm, unmeasured there) and
     ``PRIMUS_TURBO_RMSNORM_TURBO_FWD_MIN_N`` (default 8192); re-read after :func:`reload_env`.
     The backward stays C++ (same fp32 ``rstd [M]``)."""
     kernel = os.environ.get("PRIMUS_TURBO_RMSNORM_TURBO_FWD", "").strip().lower()
     v = os.environ.get("PRIMUS_TURBO_RMSNORM_TURBO_FWD_MIN_N", "").strip()
-    return (kernel if kernel in ("triton", "cpp") else "triton", int(v) if v.isdigit() else 8192)
+    default = "cpp" if is_rocm() else "triton"  # measured on the H200 only
+    return (kernel if kernel in ("triton", "cpp") else default, int(v) if v.isdigit() else 8192)
 
 
 def reload_env() -> None:
