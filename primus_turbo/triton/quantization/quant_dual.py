@@ -1,0 +1,318 @@
+"""Sliced dual quantization: 1x128 + 128x1 blocks and MXFP8 (1x32 + 32x1), optionally persistent.
+
+``quant_sliced_kernel`` (``PRIMUS_TURBO_QUANT_SLICED=1``, see quant_launch) loads a ``BM x BN``
+tile as 8 row slices, each a 3-D ``[G, R, 32]`` view (``G = BN / 32`` column groups, ``R = BM / 8``
+rows, 32 columns): slice ``k`` holds rows ``8 r + k`` and columns ``32 g + c``. All slices share
+one register layout, so a thread holds an ``8 x 8`` block of the tile (8 slices x one 16-byte
+vector), and the column groups (R) sit on lanes, not warps, for the MX tile (``G=8, R=4``, 4 warps):
+* row amax: per slice, a reduction over ``c`` (MX: 1 x 32 groups; in-thread 8 + 4 lanes) and,
+  for the 1x128 recipe, over ``g`` too;
+* column amax: an element-wise max over the 8 slices (in-thread), then over ``R``;
+* the row output: 8 stores of 8 contiguous bytes per thread;
+* the column (transposed) output: the 8 cast slices joined along a new last axis, so a thread
+  owns 8 consecutive M positions of a transposed row: 8-byte stores along M, no shared-memory
+  transpose of the fp8 tile (the reshapes of the tile kernel's MX path each cost one);
+* E8M0 scales from the fp32 exponent bits (``_e8m0_scale``), 1x128 scales as in ``_scale_of``.
+``PERSIST``: programs loop over the tiles ``pid, pid + P, ...`` and load the next tile (bf16,
+in registers) before quantizing the current one, so its DRAM latency overlaps this tile's math
+and stores (the one-tile-per-program kernels wait for every load with nothing else to do; H200
+run 4.2: halving the resident programs per SM halved the 1x128 dual's speed).
+Results are bitwise those of ``quant_tile_v2_kernel`` (same ``_finite_abs`` amaxes, scale
+functions and ``_cast2``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
+from primus_turbo.triton.quantization.quant_kernel import MX, ROWS, _finite_abs
+from primus_turbo.triton.quantization.quant_kernel_split import _scale_rcp
+from primus_turbo.triton.quantization.quant_kernel_v2 import MAXNREG, _cast2, _e8m0_scale
+
+
+@triton.jit
+def _join8(c0, c1, c2, c3, c4, c5, c6, c7):
+    """``[G, R, 32, 8]`` with ``c_k`` at index ``k`` of the new (register-held) last axis; nested
+    joins index ``[i, j, l]`` -> ``c_{4i + 2j + l}`` after the row-major reshape."""
+    lo = tl.join(tl.join(c0, c4), tl.join(c2, c6))
+    t = tl.join(lo, tl.join(tl.join(c1, c5), tl.join(c3, c7)))
+    return tl.reshape(t, (c0.shape[0], c0.shape[1], c0.shape[2], 8))
+
+
+@triton.jit
+def _offsets(t, grid_n, BM: tl.constexpr, BN: tl.constexpr):
+    """(rows of slice 0 ``[1, R, 1]``, columns ``[G, 1, 32]``) of tile ``t``."""
+    G: tl.constexpr = BN // 32
+    R: tl.constexpr = BM // 8
+    pid_m = t // grid_n
+    pid_n = t - pid_m * grid_n
+    rows = pid_m * BM + tl.arange(0, R)[None, :, None] * 8
+    cols = pid_n * BN + tl.arange(0, G)[:, None, None] * 32 + tl.arange(0, 32)[None, None, :]
+    return rows, cols
+
+
+@triton.jit
+def _ld(x_ptr, rows, cols, M, N, stride_xm, EVEN: tl.constexpr):
+    ptrs = x_ptr + rows.to(tl.int64) * stride_xm + cols
+    if EVEN:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=(rows < M) & (cols < N), other=0.0)
+
+
+@triton.jit
+def _row_out(x, a, k: tl.constexpr, rows0, cols, q_ptr, M, N, stride_qm, MODE: tl.constexpr,
+             FMAX: tl.constexpr, EMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr,
+             EVEN: tl.constexpr, RCP: tl.constexpr):  # fmt: skip
+    """Row-quantize slice ``k`` (fp32 ``x``, its finite ``|x|`` ``a``), store it and return its
+    scales (stored by the caller, all slices at once): MX one E8M0 scale per 32-group
+    ``[G, R]``; ROWS one per row ``[R]`` (1 x BN)."""
+    rows = rows0 + k
+    if MODE == 4:
+        scale, sinv = _e8m0_scale(tl.max(a, axis=2), EMAX)  # [G, R]
+        q = _cast2(x, scale[:, :, None], FMAX, q_ptr.dtype.element_ty, FMT, SAT)
+    else:
+        scale, sinv = _scale_rcp(tl.max(tl.max(a, axis=2), axis=0), FMAX, RCP)  # [R]
+        q = _cast2(x, scale[None, :, None], FMAX, q_ptr.dtype.element_ty, FMT, SAT)
+    ptrs = q_ptr + rows.to(tl.int64) * stride_qm + cols
+    if EVEN:
+        tl.store(ptrs, q)
+    else:
+        tl.store(ptrs, q, mask=(rows < M) & (cols < N))
+    return sinv
+
+
+@triton.jit
+def _store_row_scales(s0, s1, s2, s3, s4, s5, s6, s7, rows0, pid_n, s_ptr, M, N, stride_sm,
+                      stride_sn, MODE: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
+    """The 8 slices' row scales joined along a new last axis (slice ``k`` at index ``k``) and
+    stored at once: one layout conversion for the tile instead of one per slice."""
+    R: tl.constexpr = rows0.shape[1]
+    k = tl.arange(0, 8)
+    if MODE == 4:
+        G: tl.constexpr = s0.shape[0]
+        sv = _join8(s0[:, :, None], s1[:, :, None], s2[:, :, None], s3[:, :, None],
+                    s4[:, :, None], s5[:, :, None], s6[:, :, None], s7[:, :, None])  # fmt: skip
+        sv = tl.reshape(sv, (G, R, 8)).to(s_ptr.dtype.element_ty)
+        r = tl.reshape(rows0, (1, R, 1)) + k[None, None, :]
+        g = pid_n * G + tl.arange(0, G)[:, None, None]
+        ptrs = s_ptr + r.to(tl.int64) * stride_sm + g * stride_sn
+        if EVEN:
+            tl.store(ptrs, sv)
+        else:
+            tl.store(ptrs, sv, mask=(r < M) & (g * 32 < N))
+    else:
+        sv = _join8(s0[None, :, None], s1[None, :, None], s2[None, :, None], s3[None, :, None],
+                    s4[None, :, None], s5[None, :, None], s6[None, :, None],
+                    s7[None, :, None])  # fmt: skip
+        sv = tl.reshape(sv, (R, 8))
+        r = tl.reshape(rows0, (R, 1)) + k[None, :]
+        ptrs = s_ptr + r.to(tl.int64) * stride_sm + pid_n * stride_sn
+        if EVEN:
+            tl.store(ptrs, sv)
+        else:
+            tl.store(ptrs, sv, mask=r < M)
+
+
+@triton.jit
+def _quant_tile(
+    x0, x1, x2, x3, x4, x5, x6, x7, t, grid_n, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_qm,
+    stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn, BM: tl.constexpr,
+    BN: tl.constexpr, MODE: tl.constexpr, DUAL: tl.constexpr, FMAX: tl.constexpr,
+    EMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr, EVEN: tl.constexpr,
+    RCP: tl.constexpr,
+):  # fmt: skip
+    """Quantize one tile given as its 8 bf16 slices (see the module docstring)."""
+    rows, cols = _offsets(t, grid_n, BM, BN)
+    pid_m = t // grid_n
+    pid_n = t - pid_m * grid_n
+    f0, f1, f2, f3 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
+    f4, f5, f6, f7 = x4.to(tl.float32), x5.to(tl.float32), x6.to(tl.float32), x7.to(tl.float32)
+    a0, a1, a2, a3 = _finite_abs(f0), _finite_abs(f1), _finite_abs(f2), _finite_abs(f3)
+    a4, a5, a6, a7 = _finite_abs(f4), _finite_abs(f5), _finite_abs(f6), _finite_abs(f7)
+    s0 = _row_out(f0, a0, 0, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
+                  SAT, EVEN, RCP)  # fmt: skip
+    s1 = _row_out(f1, a1, 1, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
+                  SAT, EVEN, RCP)  # fmt: skip
+    s2 = _row_out(f2, a2, 2, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
+                  SAT, EVEN, RCP)  # fmt: skip
+    s3 = _row_out(f3, a3, 3, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
+                  SAT, EVEN, RCP)  # fmt: skip
+    s4 = _row_out(f4, a4, 4, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
+                  SAT, EVEN, RCP)  # fmt: skip
+    s5 = _row_out(f5, a5, 5, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
+                  SAT, EVEN, RCP)  # fmt: skip
+    s6 = _row_out(f6, a6, 6, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
+                  SAT, EVEN, RCP)  # fmt: skip
+    s7 = _row_out(f7, a7, 7, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
+                  SAT, EVEN, RCP)  # fmt: skip
+    _store_row_scales(s0, s1, s2, s3, s4, s5, s6, s7, rows, pid_n, s_ptr, M, N, stride_sm,
+                      stride_sn, MODE, EVEN)  # fmt: skip
+    if DUAL:  # BM is the column block (MX: 32; ROWS: 128): one column scale per tile column
+        a = tl.maximum(tl.maximum(tl.maximum(a0, a1), tl.maximum(a2, a3)),
+                       tl.maximum(tl.maximum(a4, a5), tl.maximum(a6, a7)))  # fmt: skip
+        ac = tl.max(a, axis=1)  # [G, 32]
+        if MODE == 4:
+            sc, sinv_c = _e8m0_scale(ac, EMAX)
+        else:
+            sc, sinv_c = _scale_rcp(ac, FMAX, RCP)
+        c2 = tl.reshape(cols, (cols.shape[0], 32))
+        st_ptrs = st_ptr + pid_m * stride_stm + c2.to(tl.int64) * stride_stn
+        sv = sinv_c.to(st_ptr.dtype.element_ty)
+        if EVEN:
+            tl.store(st_ptrs, sv)
+        else:
+            tl.store(st_ptrs, sv, mask=c2 < N)
+        sc = sc[:, None, :]
+        qty = qt_ptr.dtype.element_ty
+        qt = _join8(
+            _cast2(f0, sc, FMAX, qty, FMT, SAT), _cast2(f1, sc, FMAX, qty, FMT, SAT),
+            _cast2(f2, sc, FMAX, qty, FMT, SAT), _cast2(f3, sc, FMAX, qty, FMT, SAT),
+            _cast2(f4, sc, FMAX, qty, FMT, SAT), _cast2(f5, sc, FMAX, qty, FMT, SAT),
+            _cast2(f6, sc, FMAX, qty, FMT, SAT), _cast2(f7, sc, FMAX, qty, FMT, SAT),
+        )  # fmt: skip
+        m4 = rows[:, :, :, None] + tl.arange(0, 8)[None, None, None, :]
+        n4 = cols[:, :, :, None]
+        qt_ptrs = qt_ptr + n4.to(tl.int64) * stride_qtn + m4
+        if EVEN:
+            tl.store(qt_ptrs, qt)
+        else:
+            tl.store(qt_ptrs, qt, mask=(m4 < M) & (n4 < N))
+
+
+@triton.jit
+def quant_sliced_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    qt_ptr,
+    st_ptr,
+    M,
+    N,
+    stride_xm,
+    stride_qm,
+    stride_qtn,
+    stride_sm,
+    stride_sn,
+    stride_stm,
+    stride_stn,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    MODE: tl.constexpr,
+    DUAL: tl.constexpr,
+    FMAX: tl.constexpr,
+    EMAX: tl.constexpr = 8,
+    FMT: tl.constexpr = (0, 0, 0, 0),
+    SAT: tl.constexpr = False,
+    EVEN: tl.constexpr = False,
+    RCP: tl.constexpr = False,
+    PERSIST: tl.constexpr = False,
+):
+    """``x`` [M, N] (unit column stride) -> ``q`` [M, N] and, with ``DUAL``, ``qt`` [N, M]
+    (unit column strides). MX (``BM = 32`` with ``DUAL``): ``s`` [M, N/32] / ``st`` [N, M/32]
+    E8M0 by (row, group) / (M group, column) strides; ROWS (1x128 dual, ``BM = BN = 128``):
+    fp32 ``s`` (row, block) / ``st`` (M block, column) by strides. ``PERSIST``: a grid of
+    fewer programs than tiles, each prefetching its next tile (see the module docstring)."""
+    pid = tl.program_id(0)
+    grid_n = tl.cdiv(N, BN)
+    ntiles = tl.cdiv(M, BM) * grid_n
+    if PERSIST:
+        last = ntiles - 1
+        rows, cols = _offsets(pid, grid_n, BM, BN)
+        y0 = _ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN)
+        y1 = _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN)
+        y2 = _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN)
+        y3 = _ld(x_ptr, rows + 3, cols, M, N, stride_xm, EVEN)
+        y4 = _ld(x_ptr, rows + 4, cols, M, N, stride_xm, EVEN)
+        y5 = _ld(x_ptr, rows + 5, cols, M, N, stride_xm, EVEN)
+        y6 = _ld(x_ptr, rows + 6, cols, M, N, stride_xm, EVEN)
+        y7 = _ld(x_ptr, rows + 7, cols, M, N, stride_xm, EVEN)
+        for t in range(pid, ntiles, tl.num_programs(0)):
+            x0, x1, x2, x3, x4, x5, x6, x7 = y0, y1, y2, y3, y4, y5, y6, y7
+            # the next tile (the last one again past the end: a harmless re-read, no mask)
+            rows, cols = _offsets(tl.minimum(t + tl.num_programs(0), last), grid_n, BM, BN)
+            y0 = _ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN)
+            y1 = _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN)
+            y2 = _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN)
+            y3 = _ld(x_ptr, rows + 3, cols, M, N, stride_xm, EVEN)
+            y4 = _ld(x_ptr, rows + 4, cols, M, N, stride_xm, EVEN)
+            y5 = _ld(x_ptr, rows + 5, cols, M, N, stride_xm, EVEN)
+            y6 = _ld(x_ptr, rows + 6, cols, M, N, stride_xm, EVEN)
+            y7 = _ld(x_ptr, rows + 7, cols, M, N, stride_xm, EVEN)
+            _quant_tile(x0, x1, x2, x3, x4, x5, x6, x7, t, grid_n, q_ptr, s_ptr, qt_ptr, st_ptr,
+                        M, N, stride_qm, stride_qtn, stride_sm, stride_sn, stride_stm,
+                        stride_stn, BM, BN, MODE, DUAL, FMAX, EMAX, FMT, SAT, EVEN,
+                        RCP)  # fmt: skip
+    else:
+        rows, cols = _offsets(pid, grid_n, BM, BN)
+        x0 = _ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN)
+        x1 = _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN)
+        x2 = _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN)
+        x3 = _ld(x_ptr, rows + 3, cols, M, N, stride_xm, EVEN)
+        x4 = _ld(x_ptr, rows + 4, cols, M, N, stride_xm, EVEN)
+        x5 = _ld(x_ptr, rows + 5, cols, M, N, stride_xm, EVEN)
+        x6 = _ld(x_ptr, rows + 6, cols, M, N, stride_xm, EVEN)
+        x7 = _ld(x_ptr, rows + 7, cols, M, N, stride_xm, EVEN)
+        _quant_tile(x0, x1, x2, x3, x4, x5, x6, x7, pid, grid_n, q_ptr, s_ptr, qt_ptr, st_ptr,
+                    M, N, stride_qm, stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn,
+                    BM, BN, MODE, DUAL, FMAX, EMAX, FMT, SAT, EVEN, RCP)  # fmt: skip
+
+
+# ---- ahead-of-time check -------------------------------------------------------------------
+
+# (name, mode, BM, BN, dual, warps on NVIDIA) as quant_launch picks them with
+# PRIMUS_TURBO_QUANT_SLICED=1 (AMD: half the warps, wavefront 64: the same lanes per tile)
+SLICED_CONFIGS = {
+    "block_dual": (ROWS, 128, 128, True, 8),
+    "mx_dual": (MX, 32, 256, True, 4),
+    "mx_rows": (MX, 32, 256, False, 4),
+}
+
+
+def sliced_warps(bm: int, bn: int, lanes: int) -> int:
+    """One 16-byte bf16 vector per thread and slice: ``BM * BN / (8 slices * 8 values)``
+    threads."""
+    return max(1, bm * bn // (64 * lanes))
+
+
+def aot_specs(target: str) -> list[AotSpec]:
+    """bf16 input, the target's e4m3 output (FNUZ on gfx942; MX only on gfx950 / sm_90);
+    one-tile and persistent, even (no masks) and masked."""
+    assert target in AOT_TARGETS, target
+    fp8, fmax = ("fp8e4b8", 240.0) if target == "gfx942" else ("fp8e4nv", 448.0)
+    sig = {
+        "x_ptr": "*bf16",
+        "q_ptr": f"*{fp8}",
+        "s_ptr": "*fp32",
+        "qt_ptr": f"*{fp8}",
+        "st_ptr": "*fp32",
+        "M": "i32:16",
+        "N": "i32:16",
+        "stride_xm": "i32:16",
+        "stride_qm": "i32:16",
+        "stride_qtn": "i32:16",
+        "stride_sm": "i32",
+        "stride_sn": "i32",
+        "stride_stm": "i32",
+        "stride_stn": "i32",
+    }
+    specs = []
+    nv = {"maxnreg": MAXNREG} if target == "sm_90" else {}
+    lanes = AOT_TARGETS[target][2]
+    for name, (mode, bm, bn, dual, _) in SLICED_CONFIGS.items():
+        if mode == MX and target == "gfx942":
+            continue
+        ssig = dict(sig, **({"s_ptr": "*u8", "st_ptr": "*u8"} if mode == MX else {}))
+        for persist in (False, True):
+            for even in (True, False):
+                cx = {"BM": bm, "BN": bn, "MODE": mode, "DUAL": dual, "FMAX": fmax, "EMAX": 8,
+                      "FMT": (0, 0, 0, 0), "SAT": target == "sm_90", "EVEN": even,
+                      "RCP": False, "PERSIST": persist}  # fmt: skip
+                tag = ("_persist" if persist else "") + ("_even" if even else "")
+                specs.append(
+                    AotSpec(f"quant_sliced_{name}{tag}_{fp8}", quant_sliced_kernel, ssig, cx,
+                            {"num_warps": sliced_warps(bm, bn, lanes), **nv},
+                            default=even and not persist and name == "mx_dual")
+                )  # fmt: skip
+    return specs

@@ -1,0 +1,94 @@
+"""Launcher of ``quant_sliced_kernel`` (quant_dual.py), selected in quant_launch by env vars.
+
+* ``PRIMUS_TURBO_QUANT_SLICED``: ``1`` routes the 1x128 dual and MX dual recipes (row-contiguous
+  input, v2/v3) to the sliced kernel; ``0`` / unset keeps the existing kernels (default until
+  measured on the H200).
+* ``PRIMUS_TURBO_QUANT_SLICED_MX``: ``1`` also the MX row-only recipe (default ``0``).
+* ``PRIMUS_TURBO_QUANT_SLICED_BN``: MX tile width (64, 128, 256 or 512; default 256); warps
+  follow (one 16-byte vector per thread and slice; the 1x128 tile is always 128 x 128).
+* ``PRIMUS_TURBO_QUANT_SLICED_PERSIST``: ``0`` (default) one tile per program; ``P >= 1``:
+  ``P`` persistent programs per SM/CU, each prefetching its next tile into registers.
+* ``PRIMUS_TURBO_QUANT_WARPS`` / ``_MAXNREG`` / ``_RCP`` / ``_EVEN`` apply as for the split
+  kernel.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from primus_turbo.pytorch.core.platform import num_compute_units, triton_interpret
+from primus_turbo.triton.quantization.quant_dual import (
+    SLICED_CONFIGS,
+    quant_sliced_kernel,
+    sliced_warps,
+)
+
+
+def _flag(var: str) -> bool:
+    raw = os.environ.get(var, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"primus_turbo: {var} expected 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+def sliced_on(name: str) -> bool:
+    """Whether recipe ``name`` (``block_dual``, ``mx_dual``, ``mx_rows``) takes the sliced
+    kernel (v1 never does)."""
+    from primus_turbo.triton.quantization.quant_launch import quant_impl_version
+
+    on = _flag("PRIMUS_TURBO_QUANT_SLICED")
+    if name == "mx_rows":
+        on = _flag("PRIMUS_TURBO_QUANT_SLICED_MX")
+    return on and quant_impl_version() != "v1"
+
+
+def _int_env(var: str, default: int, least: int) -> int:
+    raw = os.environ.get(var, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise ValueError(f"primus_turbo: {var} expected an integer >= {least}, got {raw!r}")
+    return value
+
+
+def launch_sliced(x, q, s, qt, st, name, dtype, s_strides, st_strides):
+    """Quantize ``x`` into ``q``/``s`` (and ``qt``/``st`` for the dual recipes) with
+    ``SLICED_CONFIGS[name]``."""
+    from primus_turbo.triton.quantization import quant_launch as ql
+
+    mode, bm, bn, dual, _ = SLICED_CONFIGS[name]
+    m, n = x.shape
+    if m == 0 or n == 0:
+        return
+    if name != "block_dual":
+        bn = _int_env("PRIMUS_TURBO_QUANT_SLICED_BN", bn, 64)
+        if bn not in (64, 128, 256, 512):
+            raise ValueError(
+                f"primus_turbo: PRIMUS_TURBO_QUANT_SLICED_BN expected 64, 128, 256 or 512, got {bn}"
+            )
+    interp = triton_interpret()
+    gpu = not interp and x.device.type == "cuda"
+    nvidia = gpu and torch.version.hip is None
+    lanes = 64 if gpu and torch.version.hip is not None else 32
+    warps = ql._env_int("PRIMUS_TURBO_QUANT_WARPS", sliced_warps(bm, bn, lanes))
+    extra = {"maxnreg": ql._env_int("PRIMUS_TURBO_QUANT_MAXNREG", ql.MAXNREG)} if nvidia else {}
+    ntiles = ql._cdiv(m, bm) * ql._cdiv(n, bn)
+    per_sm = _int_env("PRIMUS_TURBO_QUANT_SLICED_PERSIST", 0, 0)
+    grid = ntiles
+    if per_sm:
+        grid = min(ntiles, per_sm * num_compute_units(x.device if not interp else None))
+    even = ql._env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0
+    quant_sliced_kernel[(grid,)](
+        x, ql._u8(q), s, ql._u8(qt if dual else q), st if dual else s,
+        m, n, x.stride(0), q.stride(0), qt.stride(0) if dual else 0, *s_strides, *st_strides,
+        BM=bm, BN=bn, MODE=mode, DUAL=dual, FMAX=ql._fmax(dtype), EMAX=ql._EMAX[dtype],
+        FMT=ql._interp_fmt(dtype), SAT=nvidia and ql._hw_satfinite(x.device.index), EVEN=even,
+        RCP=ql._env_flag("PRIMUS_TURBO_QUANT_RCP", False) and nvidia, PERSIST=per_sm > 0,
+        num_warps=warps, **extra,
+    )  # fmt: skip
