@@ -295,6 +295,12 @@ def quant_tensorwise(x: torch.Tensor, dtype: torch.dtype, dual: bool = False):
     ``dual``). Traffic: the input is read twice (the second read partly from L2) and ``q``
     written once -- 5 bytes per bf16 element (6 with ``dual``), vs 4 for a copy."""
     m, n = x.shape
+    if m and n and _v3():  # PRIMUS_TURBO_QUANT_TW: own (default) / fused / v3 (below)
+        from primus_turbo.triton.quantization import quant_tw_launch as tw
+
+        mode = tw.tw_mode()
+        if mode != "v3":
+            return tw.quant_tensorwise_tw(x, dtype, dual, mode)
     q = torch.empty(x.shape, dtype=dtype, device=x.device)
     s = torch.empty((), dtype=torch.float32, device=x.device)
     qt = _empty_like_t(x, dtype) if dual else None

@@ -131,6 +131,7 @@ def test_tensorwise_passes_loop_over_tiles(monkeypatch, dual):
 
     monkeypatch.setattr(quant_launch, "_FLAT_BLOCK", 256)
     monkeypatch.setattr(quant_launch, "_MAX_PARTS", 2)
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_TW", "v3")  # these kernels (see test_quantization_tw)
     x = _x(37, 200)
     x[36, 199] = 40.0  # the amax sits in the last tile, which only program 0 reads
     for inp in (x, x.t()):

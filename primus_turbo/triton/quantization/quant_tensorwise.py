@@ -1,0 +1,239 @@
+"""Tensorwise FP8 quantization with L2 reuse: one kernel, three phases (``PHASE``).
+
+The tensorwise scale needs the amax of the whole tensor before the first value is cast, so the
+input is read twice. The second read is cheap only if it hits L2 (H200: 50 MB, split in two
+halves near their SMs; MI300X: 256 MB Infinity Cache). ``tw_quant_kernel`` walks exactly the
+same tiles in both reads: program ``p`` of ``P`` owns tiles ``p, p + P, p + 2P, ...`` and casts
+them in REVERSE order of its amax walk, so the tiles it read last (still in L2, and in the L2
+half near its SM when the program lands on the same SM) are re-read first.
+
+* ``PHASE=1``: amax of the own tiles -> ``part_ptr[p]`` (every slot written; no atomics).
+* ``PHASE=2``: reduce the ``P`` partial maxima, cast the own tiles in reverse.
+* ``PHASE=0``: both in ONE launch with a grid-wide barrier (an atomic counter, zeroed by the
+  launcher) in between; needs every program resident at once (the launcher caps ``P`` at the
+  programs that fit on the device). The last ``HOLD`` (0/1) tile of a program stays in
+  registers across the barrier (not re-read at all). The spin is bounded: a barrier that does
+  not complete (a grid that is not co-resident) writes a NaN scale instead of hanging.
+
+Tiles: flat ``BLOCK``-wide (``DUAL=False``, any contiguous input) or ``BM x BN`` of the 2-D
+input (``DUAL=True``: also writes ``x.T`` quantized, transposed in registers so both stores
+are row-contiguous). Special values as in quant_kernel.py (NaN/inf excluded from amax, inf
+clamps, NaN stays NaN, all-zero -> amax 1e-12).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
+from primus_turbo.triton.quantization.quant_kernel import _cast, _finite_abs, _scale_of
+
+SPIN_LIMIT = tl.constexpr(1 << 22)  # barrier polls before giving up (far above a normal wait)
+
+
+@triton.jit
+def _tile_ptrs(t, numel, M, N, stride_xm, BLOCK: tl.constexpr, BM: tl.constexpr,
+               BN: tl.constexpr, DUAL: tl.constexpr):  # fmt: skip
+    """(offsets into x and q, mask, rows, cols) of tile ``t``; q is x's contiguous shape."""
+    if DUAL:
+        ntn = tl.cdiv(N, BN)
+        rm = (t // ntn) * BM + tl.arange(0, BM)
+        rn = (t % ntn) * BN + tl.arange(0, BN)
+        rm64 = rm.to(tl.int64)
+        rn64 = rn.to(tl.int64)
+        ox = rm64[:, None] * stride_xm + rn64[None, :]
+        oq = rm64[:, None] * N + rn64[None, :]
+        mask = (rm[:, None] < M) & (rn[None, :] < N)
+    else:
+        ox = tl.cast(t, tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        oq = ox
+        mask = ox < numel
+        rm64 = ox
+        rn64 = ox
+    return ox, oq, mask, rm64, rn64
+
+
+@triton.jit
+def _load(x_ptr, ox, mask, EVEN: tl.constexpr, EVICT: tl.constexpr):
+    if EVEN:
+        return tl.load(x_ptr + ox, eviction_policy=EVICT)
+    return tl.load(x_ptr + ox, mask=mask, other=0.0, eviction_policy=EVICT)
+
+
+@triton.jit
+def _own_amax(x_ptr, numel, M, N, stride_xm, pid, P, kend, BLOCK: tl.constexpr,
+              BM: tl.constexpr, BN: tl.constexpr, DUAL: tl.constexpr, EVEN: tl.constexpr,
+              FINITE: tl.constexpr):  # fmt: skip
+    """amax over the program's tiles ``pid + k * P`` for ``k < kend`` (fp32). The running
+    maximum stays in x's dtype (abs and max are exact): half the registers of fp32 for bf16."""
+    if DUAL:
+        acc = tl.zeros((BM, BN), dtype=x_ptr.dtype.element_ty)
+    else:
+        acc = tl.zeros((BLOCK,), dtype=x_ptr.dtype.element_ty)
+    for k in range(0, kend):
+        ox, oq, mask, rm, rn = _tile_ptrs(pid + k * P, numel, M, N, stride_xm, BLOCK, BM, BN, DUAL)
+        x = _load(x_ptr, ox, mask, EVEN, "evict_last")
+        a = tl.abs(x)
+        if FINITE:  # NaN < inf is False
+            a = tl.where(a < float("inf"), a, tl.zeros_like(a))
+        acc = tl.maximum(acc, a).to(acc.dtype)  # Triton computes bf16 max in fp32: exact
+    return _max_all(acc, DUAL).to(tl.float32)
+
+
+@triton.jit
+def _tile_amax(x, FINITE: tl.constexpr, DUAL: tl.constexpr):
+    if FINITE:
+        a = _finite_abs(x)
+    else:
+        a = tl.abs(x)
+    return _max_all(a, DUAL)
+
+
+@triton.jit
+def _max_all(a, DUAL: tl.constexpr):
+    if DUAL:
+        r = tl.max(tl.max(a, axis=1), axis=0)
+    else:
+        r = tl.max(a, axis=0)
+    return r
+
+
+@triton.jit
+def _store(ptrs, v, mask, EVEN: tl.constexpr, CS: tl.constexpr):
+    if CS:
+        if EVEN:
+            tl.store(ptrs, v, cache_modifier=".cs")
+        else:
+            tl.store(ptrs, v, mask=mask, cache_modifier=".cs")
+    else:
+        if EVEN:
+            tl.store(ptrs, v)
+        else:
+            tl.store(ptrs, v, mask=mask)
+
+
+@triton.jit
+def _cast_store(x, scale, q_ptr, qt_ptr, oq, mask, rm, rn, M, FMAX: tl.constexpr,
+                FMT: tl.constexpr, SAT: tl.constexpr, EVEN: tl.constexpr, DUAL: tl.constexpr,
+                CS: tl.constexpr):  # fmt: skip
+    if SAT:  # NVIDIA cvt.rn.satfinite clamps (inf included) and keeps NaN itself
+        q = (x * scale).to(q_ptr.dtype.element_ty)
+    else:
+        q = _cast(x, scale, FMAX, q_ptr.dtype.element_ty, FMT)
+    _store(q_ptr + oq, q, mask, EVEN, CS)
+    if DUAL:  # x.T tile: rows of qt are columns of x; transposed in registers
+        _store(qt_ptr + (rn[:, None] * M + rm[None, :]), tl.trans(q), tl.trans(mask), EVEN, CS)
+
+
+@triton.jit
+def tw_quant_kernel(
+    x_ptr, q_ptr, qt_ptr, s_ptr, part_ptr, cnt_ptr,
+    numel, M, N, stride_xm, P,
+    PHASE: tl.constexpr, BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    DUAL: tl.constexpr, HOLD: tl.constexpr, NPB: tl.constexpr, FMAX: tl.constexpr,
+    FMT: tl.constexpr = (0, 0, 0, 0), SAT: tl.constexpr = False, EVEN: tl.constexpr = False,
+    FAST: tl.constexpr = True, CS: tl.constexpr = False,
+):  # fmt: skip
+    """See the module docstring. ``P`` programs (the grid), ``NPB`` a power of two >= ``P``;
+    ``EVEN``: every tile of every program is full (no masks, no empty tiles); ``FAST``: plain
+    ``|x|`` in the amax walk, re-walked with the inf/NaN filter only when the program's amax is
+    not finite (same result); ``SAT``: NVIDIA satfinite conversion instead of the clamp;
+    ``CS``: streaming (evict-first) stores of the fp8 outputs (NVIDIA), keeping L2 for x."""
+    pid = tl.program_id(0)
+    if DUAL:
+        ntiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
+    else:
+        ntiles = tl.cdiv(numel, BLOCK)
+    kall = tl.cdiv(ntiles, P)  # tiles past the end (t >= ntiles) are fully masked
+    kwalk = tl.maximum(kall - HOLD, 0)  # tiles read twice (HOLD: 0 unless PHASE == 0)
+    if PHASE != 2:
+        amax = _own_amax(x_ptr, numel, M, N, stride_xm, pid, P, kwalk, BLOCK, BM, BN, DUAL,
+                         EVEN, not FAST)  # fmt: skip
+        if HOLD:
+            th = pid + (kall - 1) * P
+            ohx, ohq, hmask, hrm, hrn = _tile_ptrs(th, numel, M, N, stride_xm, BLOCK, BM, BN,
+                                                   DUAL)  # fmt: skip
+            hmask = hmask & (kall > 0)
+            xh = tl.load(x_ptr + ohx, mask=hmask, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, _tile_amax(xh, not FAST, DUAL))
+        if FAST:
+            if tl.where(amax < float("inf"), 0, 1) != 0:  # an inf or NaN: the filtered walk
+                amax = _own_amax(x_ptr, numel, M, N, stride_xm, pid, P, kwalk, BLOCK, BM, BN,
+                                 DUAL, EVEN, True)  # fmt: skip
+                if HOLD:
+                    amax = tl.maximum(amax, _tile_amax(xh, True, DUAL))
+        tl.store(part_ptr + pid, amax)
+    if PHASE == 1:
+        return
+    if PHASE == 0:  # grid barrier: every partial stored before the counter says so
+        tl.debug_barrier()
+        seen = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") + 1
+        polls = tl.full((), 0, tl.int32)
+        while (seen < P) & (polls < SPIN_LIMIT):
+            seen = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+            polls += 1
+        tl.debug_barrier()
+        pr = tl.arange(0, NPB)
+        parts = tl.load(part_ptr + pr, mask=pr < P, other=0.0, volatile=True)
+        amax = tl.max(parts, axis=0)
+    else:
+        pr = tl.arange(0, NPB)
+        amax = tl.max(tl.load(part_ptr + pr, mask=pr < P, other=0.0), axis=0)
+    scale, sinv = _scale_of(amax, FMAX, False, 0)
+    if PHASE == 0:  # a barrier that never completed: NaN scales and q, not a hang
+        scale = tl.where(seen < P, float("nan"), scale)
+        sinv = tl.where(seen < P, float("nan"), sinv)
+    if pid == 0:
+        tl.store(s_ptr, sinv)
+    if HOLD:
+        _cast_store(xh, scale, q_ptr, qt_ptr, ohq, hmask, hrm, hrn, M, FMAX, FMT, SAT, False,
+                    DUAL, CS)  # fmt: skip
+    for i in range(0, kwalk):  # own tiles, last read first
+        ox, oq, mask, rm, rn = _tile_ptrs(pid + (kwalk - 1 - i) * P, numel, M, N, stride_xm,
+                                          BLOCK, BM, BN, DUAL)  # fmt: skip
+        x = _load(x_ptr, ox, mask, EVEN, "evict_first").to(tl.float32)
+        _cast_store(x, scale, q_ptr, qt_ptr, oq, mask, rm, rn, M, FMAX, FMT, SAT, EVEN, DUAL, CS)
+
+
+# AOT: the default launch configs (flat 8192 x 8 warps; dual 64 x 128 x 8 warps), per phase
+_AOT = [  # (name, PHASE, DUAL, HOLD, BLOCK, BM, BN, warps, maxnreg on sm_90)
+    ("amax", 1, False, 0, 8192, 16, 16, 8, 64),
+    ("cast", 2, False, 0, 8192, 16, 16, 8, 64),
+    ("fused", 0, False, 1, 8192, 16, 16, 8, 128),
+    ("dual_amax", 1, True, 0, 16, 64, 128, 8, 64),
+    ("dual_cast", 2, True, 0, 16, 64, 128, 8, 64),
+    ("dual_fused", 0, True, 1, 16, 64, 128, 8, 128),
+]
+
+
+def aot_specs(target: str) -> list[AotSpec]:
+    """bf16 input, the target's e4m3 output (FNUZ on gfx942); even and masked variants."""
+    assert target in AOT_TARGETS, target
+    fp8, fmax = ("fp8e4b8", 240.0) if target == "gfx942" else ("fp8e4nv", 448.0)
+    sig = {
+        "x_ptr": "*bf16",
+        "q_ptr": f"*{fp8}",
+        "qt_ptr": f"*{fp8}",
+        "s_ptr": "*fp32",
+        "part_ptr": "*fp32",
+        "cnt_ptr": "*i32",
+        "numel": "i32:16",
+        "M": "i32:16",
+        "N": "i32:16",
+        "stride_xm": "i32:16",
+        "P": "i32",
+    }
+    specs = []
+    for name, phase, dual, hold, block, bm, bn, warps, nreg in _AOT:
+        nv = {"maxnreg": nreg} if target == "sm_90" else {}
+        for even in (True, False):
+            cx = {"PHASE": phase, "BLOCK": block, "BM": bm, "BN": bn, "DUAL": dual,
+                  "HOLD": hold, "NPB": 1024, "FMAX": fmax, "FMT": (0, 0, 0, 0),
+                  "SAT": target == "sm_90", "EVEN": even, "FAST": True,
+                  "CS": target == "sm_90"}  # fmt: skip
+            specs.append(
+                AotSpec(f"quant_tw_{name}{'_even' if even else ''}_{fp8}", tw_quant_kernel, sig,
+                        cx, {"num_warps": warps, **nv}, default=name == "cast" and even)
+            )  # fmt: skip
+    return specs

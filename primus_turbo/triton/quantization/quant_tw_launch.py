@@ -1,0 +1,132 @@
+"""Launcher of ``tw_quant_kernel`` (quant_tensorwise.py): tensorwise FP8, plain and dual.
+
+``PRIMUS_TURBO_QUANT_TW`` picks the tensorwise path (with ``PRIMUS_TURBO_QUANT_IMPL=v3``):
+* ``v3``: the session-4 kernels of quant_kernel.py / quant_kernel_v2.py (two launches, the
+  cast pass walks the whole tensor backwards, so a tile is re-read by another program),
+* ``own`` (default): two launches of ``tw_quant_kernel``; each program re-reads its OWN tiles
+  in reverse order (same tiles, same program: the L2 lines it touched last),
+* ``fused``: one launch with a grid barrier and the last tile of each program kept in
+  registers (needs the whole grid resident: the launcher caps it; see the kernel docstring).
+Knobs (all optional): ``PRIMUS_TURBO_QUANT_TW_BLOCK`` (flat tile, a power of two in
+[1024, 32768], default 8192), ``_TW_TILE`` (dual tile ``BMxBN``, powers of two in [16, 256],
+default 64x128), ``_TW_WARPS`` (default 8), ``_TW_PER_SM`` (programs per SM/CU: default 4
+for ``own``, 16 // warps on NVIDIA and 1 on AMD for ``fused``), ``_TW_HOLD`` (0/1, default 1,
+``fused`` only), ``_TW_CS`` (0/1, NVIDIA: streaming stores of the fp8 outputs, default 1).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from primus_turbo.pytorch.core.platform import num_compute_units, triton_interpret
+from primus_turbo.triton.quantization.quant_launch import (
+    _empty_like_t,
+    _env_flag,
+    _env_int,
+    _fmax,
+    _interp_fmt,
+    _nvidia_sat,
+    _u8,
+)
+from primus_turbo.triton.quantization.quant_tensorwise import tw_quant_kernel
+
+TW_MODES = ("v3", "own", "fused")
+_INTERP_PROGRAMS = 3  # interpreter grid of the two-launch path (programs run one by one)
+
+
+def tw_mode() -> str:
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_TW", "").strip().lower() or "own"
+    if raw not in TW_MODES:
+        raise ValueError(
+            f"primus_turbo: PRIMUS_TURBO_QUANT_TW expected one of {TW_MODES}, got {raw!r}"
+        )
+    return raw
+
+
+def _pow2_env(var: str, default: int, lo: int, hi: int) -> int:
+    v = _env_int(var, default)
+    if v < lo or v > hi or v & (v - 1):
+        raise ValueError(f"primus_turbo: {var} expected a power of two in [{lo}, {hi}], got {v}")
+    return v
+
+
+def _tile_env() -> tuple[int, int]:
+    var = "PRIMUS_TURBO_QUANT_TW_TILE"
+    raw = os.environ.get(var, "").strip().lower() or "64x128"
+    try:
+        bm, bn = (int(v) for v in raw.split("x"))
+    except ValueError:
+        bm = bn = 0
+    for v in (bm, bn):
+        if v < 16 or v > 256 or v & (v - 1):
+            raise ValueError(
+                f"primus_turbo: {var} expected BMxBN, powers of two in [16, 256], got {raw!r}"
+            )
+    return bm, bn
+
+
+@functools.cache
+def _programs(ntiles: int, cap: int) -> int:
+    """At most ``cap`` programs; the largest divisor of ``ntiles`` in [3/4 cap, cap] when there
+    is one (every program then walks the same number of full tiles: no masks, no tail)."""
+    if ntiles <= cap:
+        return ntiles
+    for p in range(cap, (3 * cap + 3) // 4 - 1, -1):
+        if ntiles % p == 0:
+            return p
+    return cap
+
+
+def quant_tensorwise_tw(x: torch.Tensor, dtype: torch.dtype, dual: bool, mode: str):
+    """``(q, s)`` or ``(q, s, qt, s)`` through ``tw_quant_kernel``; ``x`` 2-D, non-empty."""
+    m, n = x.shape
+    xc = x if x.is_contiguous() else x.contiguous()
+    q = torch.empty(x.shape, dtype=dtype, device=x.device)
+    s = torch.empty((), dtype=torch.float32, device=x.device)
+    qt = _empty_like_t(x, dtype) if dual else None
+    interp = triton_interpret()
+    nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
+    warps = _env_int("PRIMUS_TURBO_QUANT_TW_WARPS", 8)
+    fused = mode == "fused"
+    resident = (max(1, 16 // warps) if nvidia else 1) if fused else 4
+    per_sm = _env_int("PRIMUS_TURBO_QUANT_TW_PER_SM", resident)
+    if nvidia and per_sm * warps > 64:  # 2048 threads per SM
+        raise ValueError(
+            "primus_turbo: PRIMUS_TURBO_QUANT_TW_PER_SM x PRIMUS_TURBO_QUANT_TW_WARPS expected "
+            f"<= 64, got {per_sm} x {warps}"
+        )
+    block = _pow2_env("PRIMUS_TURBO_QUANT_TW_BLOCK", 8192, 1024, 32768)
+    bm, bn = _tile_env()
+    numel = m * n
+    if dual:
+        ntiles = -(-m // bm) * -(-n // bn)
+        full = m % bm == 0 and n % bn == 0
+    else:
+        ntiles = -(-numel // block)
+        full = numel % block == 0
+    if interp:
+        cap = 1 if fused else _INTERP_PROGRAMS
+    else:
+        cap = per_sm * num_compute_units(x.device)
+    p = _programs(ntiles, cap)
+    npb = max(2, 1 << (p - 1).bit_length())
+    parts = torch.empty(p, dtype=torch.float32, device=x.device)
+    cnt = torch.zeros(1, dtype=torch.int32, device=x.device) if fused else parts
+    hold = 1 if _env_flag("PRIMUS_TURBO_QUANT_TW_HOLD", True) and fused else 0
+    extra = {"maxnreg": min(255, 65536 // (per_sm * warps * 32)) // 8 * 8} if nvidia else {}
+    args = (xc, _u8(q), _u8(qt if dual else q), s, parts, cnt, numel, m, n, xc.stride(0), p)
+    kw = dict(
+        BLOCK=block if not dual else 16, BM=bm if dual else 16, BN=bn if dual else 16, DUAL=dual,
+        NPB=npb, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype), SAT=_nvidia_sat(xc),
+        EVEN=full and ntiles % p == 0, FAST=True,
+        CS=nvidia and _env_flag("PRIMUS_TURBO_QUANT_TW_CS", True), num_warps=warps, **extra,
+    )  # fmt: skip
+    if fused:
+        tw_quant_kernel[(p,)](*args, PHASE=0, HOLD=hold, **kw)
+    else:
+        tw_quant_kernel[(p,)](*args, PHASE=1, HOLD=0, **kw)
+        tw_quant_kernel[(p,)](*args, PHASE=2, HOLD=0, **kw)
+    return (q, s, qt, s) if dual else (q, s)
