@@ -197,6 +197,32 @@ def tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
     return base
 
 
+def ws_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
+    """Configs of the warp-specialised kernel (``grouped_gemm_ws``): ``num_warps=4`` is one
+    consumer warpgroup's worth; Triton launches a producer and two consumers (12 warps), each
+    consumer on half of the rows (64x256 / 128x128 wgmma accumulators, 128 fp32 registers)."""
+    if family == ArchFamily.CPU:
+        return configs_interpreter()[:1]
+    if family not in (ArchFamily.HOPPER, ArchFamily.OTHER_GPU):
+        return ()
+    return (
+        GemmConfig(128, 256, 64, 8, 4, 3),
+        GemmConfig(128, 256, 64, 8, 4, 4),
+        GemmConfig(256, 128, 64, 8, 4, 3),  # two 128x128 consumer halves
+        GemmConfig(256, 128, 64, 8, 4, 4),
+    )
+
+
+# Session-5 variants of the flat TMA kernel (``grouped_gemm_tma.TMA_VARIANTS``): TMA-store
+# epilogue (``tmas``), N-major walk inside a group (``tman``), both (``tmasn``); only for the
+# 3-stage 8-warp tiles (4 stages + the 32 KiB store staging exceed sm_90's shared memory).
+TMA_EXTRA_VARIANTS = ("tmas", "tman", "tmasn")
+
+
+def _tma_extra_ok(cfg: GemmConfig) -> bool:
+    return cfg.num_warps == 8 and cfg.num_stages == 3 and cfg.block_m * cfg.block_n >= 128 * 256
+
+
 # The (kernel, config) plans that won at least one key on the H200 (run 4.2, DeepSeek-V3 and
 # Qwen3-30B-A3B, kernels alone vs torch._grouped_mm): the tuner's default candidates on Hopper,
 # so the first call compiles 3-4 kernels per GEMM instead of ~13.
@@ -204,11 +230,22 @@ def tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
 #   and 1.06 vs 0.92 / 0.98 with TMA; DeepSeek-V3 down forward);
 #   wgrad: tma 256x128 w8 (DeepSeek-V3 gate_up), tma 128x128 w4 (Qwen3), table 128x128 w4
 #   (DeepSeek-V3 down), tma 256x128 w8 s4 (run 4.3: best wgrad on both DeepSeek-V3 shapes).
+# Session 5 adds the new kernels' plans for DeepSeek-V3, not yet measured (the tuner keeps
+# whichever is fastest; ``PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES=s4`` restores the session-4
+# list): warp-specialised 128x256 (``ws`` s3/s4) and the flat TMA kernel with a
+# TMA-store epilogue / N-major walk.
+HOPPER_WINNERS_S4_FWD = (
+    ("tma", "m128n256k64g8w8s3"),
+    ("tma", "m128n256k64g8w8s4"),
+    ("flat", "m128n256k64g8w8s3"),
+)
 HOPPER_WINNERS = {
-    "fwd": (
-        ("tma", "m128n256k64g8w8s3"),
-        ("tma", "m128n256k64g8w8s4"),
-        ("flat", "m128n256k64g8w8s3"),
+    "fwd": HOPPER_WINNERS_S4_FWD
+    + (
+        ("ws", "m128n256k64g8w4s3"),
+        ("ws", "m128n256k64g8w4s4"),
+        ("tmas", "m128n256k64g8w8s3"),
+        ("tman", "m128n256k64g8w8s3"),
     ),
     "vk": (
         ("tma", "m256n128k64g8w8s3"),
@@ -222,8 +259,9 @@ HOPPER_WINNERS = {
 @functools.cache
 def candidate_set() -> str:
     """``PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES``: ``winners`` (default: on Hopper the tuner
-    times only ``HOPPER_WINNERS``) or ``all`` (every plan of the mode, as before)."""
-    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "winners", ("winners", "all"))
+    times only ``HOPPER_WINNERS``), ``s4`` (the session-4 winners: no warp-specialised or
+    TMA-store forward) or ``all`` (every plan of the mode)."""
+    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "winners", ("winners", "s4", "all"))
 
 
 # The winners were measured with 512-2048 rows per group; below this average (host-known
@@ -235,20 +273,29 @@ def _winners(plans: list, family: ArchFamily, gemm: str, avg_rows: int) -> list:
     """``plans`` restricted to the measured winners (Hopper, ``candidate_set() == winners``,
     ``avg_rows >= WINNERS_MIN_AVG_ROWS``); unchanged where none of them is among the plans
     (e.g. NN with K not a multiple of 64)."""
-    if family != ArchFamily.HOPPER or candidate_set() != "winners":
+    if family != ArchFamily.HOPPER or candidate_set() == "all":
         return plans
     if avg_rows < WINNERS_MIN_AVG_ROWS:
         return plans
     keep = HOPPER_WINNERS[gemm]
+    if candidate_set() == "s4" and gemm == "fwd":
+        keep = HOPPER_WINNERS_S4_FWD
     kept = [p for p in plans if (p[0], p[1].name) in keep]
     return kept or plans
 
 
 def forward_plans(
-    family: ArchFamily, mode: str, tma_ok: bool, k: int, trans_b: bool, avg_rows: int = 1 << 30
+    family: ArchFamily,
+    mode: str,
+    tma_ok: bool,
+    k: int,
+    trans_b: bool,
+    avg_rows: int = 1 << 30,
+    n: int | None = None,
 ) -> list[tuple[str, GemmConfig]]:
     """The (kernel, config) candidates the tuner times for the forward/dgrad (``avg_rows``:
-    ``M // G``, see ``WINNERS_MIN_AVG_ROWS``)."""
+    ``M // G``, see ``WINNERS_MIN_AVG_ROWS``; ``n``: output columns, the TMA-store variants
+    need ``n % 8 == 0``, ``None``: not checked)."""
     configs = grouped_gemm_configs(family)
     # tune: the table kernel lost every forward/dgrad key to flat on the H200 (session 3), so
     # with TMA candidates present it is left out (fewer compiles on the first call)
@@ -258,6 +305,11 @@ def forward_plans(
         plans += [("flat", cfg) for cfg in configs if flat_config_ok(cfg)]
     if mode in ("tma", "tune") and tma_ok:
         tma = [("tma", cfg) for cfg in tma_configs(family) if trans_b or k % cfg.block_k == 0]
+        if tma and mode == "tune":
+            store_ok = n is None or n % 8 == 0
+            tma += [(v, cfg) for v in TMA_EXTRA_VARIANTS for _, cfg in list(tma)
+                    if _tma_extra_ok(cfg) and (store_ok or v == "tman")]  # fmt: skip
+            tma += [("ws", cfg) for cfg in ws_configs(family) if trans_b or k % cfg.block_k == 0]
         if tma:
             plans += tma
         elif mode == "tma":  # NN with K not a multiple of any tile's BLOCK_K

@@ -330,10 +330,16 @@ def grouped_gemm_triton(
         bound = (-(-m // cfg.block_m) + g + 1) * -(-n // cfg.block_n)
         programs = _programs(bound, cfg, a.device, family)
         flags["EVEN_K"] = k % cfg.block_k == 0
-        if variant == "tma":
+        if variant.startswith("tma"):  # grouped_gemm_tma.TMA_VARIANTS
             from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import launch_flat_tma
 
-            return launch_flat_tma(a, b, c, group_offs, trans_b, cfg, programs, flatten, upcast)
+            return launch_flat_tma(
+                a, b, c, group_offs, trans_b, cfg, programs, flatten, upcast, variant
+            )
+        if variant == "ws":
+            from primus_turbo.triton.grouped_gemm.grouped_gemm_ws import launch_ws
+
+            return launch_ws(a, b, c, group_offs, trans_b, cfg, programs, upcast, variant)
         if variant == "flat":
             from primus_turbo.triton.grouped_gemm.grouped_gemm_flat import launch_flat
 
@@ -359,7 +365,7 @@ def grouped_gemm_triton(
         plan = ("flat" if mode == "flat" else "table", config)
     else:
         cfg = select_grouped_config(m, n, k, g, family, num_compute_units(a.device))
-        plans = forward_plans(family, mode, tma_ok, k, trans_b, m // g)
+        plans = forward_plans(family, mode, tma_ok, k, trans_b, m // g, n)
         default = ("table", cfg) if mode == "tune" else plans[0]
         if mode != "tune" and any(p[1] == cfg for p in plans):
             default = next(p for p in plans if p[1] == cfg)  # the heuristic's tile, this kernel
@@ -570,8 +576,9 @@ def aot_specs(target: str) -> list[AotSpec]:
     specs += _flat_aot_specs(target, [s for s in specs if s.fn is grouped_gemm_kernel])
     from primus_turbo.triton.grouped_gemm.grouped_gemm_fixup import aot_specs as fixup_specs
     from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import aot_specs as tma_specs
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_ws import aot_specs as ws_specs
 
-    return specs + fixup_specs(target) + tma_specs(target)
+    return specs + fixup_specs(target) + tma_specs(target) + ws_specs(target)
 
 
 def _flat_aot_specs(target: str, forward_specs: list[AotSpec]) -> list[AotSpec]:

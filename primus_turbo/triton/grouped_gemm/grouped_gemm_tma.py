@@ -133,18 +133,39 @@ def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
 
 
 @triton.jit
+def _masked_store(c_ptr, acc, row0, col0, stop, N, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """The tile ``acc`` at ``(row0, col0)`` of ``c``, rows ``>= stop`` and columns ``>= N``
+    dropped."""
+    rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M).to(tl.int64)
+    rn = col0 + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
+    mask = (rows[:, None] < stop) & (rn[None, :] < N)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def grouped_gemm_flat_tma_kernel(
     a_desc, b_desc, c_ptr, offs_ptr, M, N, K, G, stride_cm, stride_cn, num_programs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, TRANS_B: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, c_desc=None, TMA_STORE: tl.constexpr = False,
+    N_MAJOR: tl.constexpr = False,
 ):  # fmt: skip
     """The ``flat`` kernel's tile walk (constant K trip count, one-pass tile lookup, tail rows
     in a second loop) with TMA operand loads: fewer instructions and registers per K step
     than 16-byte ``cp.async`` pointer loads, and the flattened loop issues the next tile's
     first TMA loads during this tile's epilogue. A and B descriptors as for
     ``grouped_gemm_tma_kernel`` (rows of a neighbouring group or expert only feed output rows /
-    columns that the masked store drops; NN needs ``K % BLOCK_K == 0``, see the launcher)."""
+    columns that the masked store drops; NN needs ``K % BLOCK_K == 0``, see the launcher).
+
+    Session-5 knobs (plans ``tmas`` / ``tman`` / ``tmasn`` of the tuner, ``TMA_VARIANTS``):
+    ``TMA_STORE``: a tile whose rows all lie in its group leaves through a TMA store of
+    ``c_desc`` (``[M, N]``, clipped at ``N`` by the hardware); a ragged last tile of a group
+    keeps the masked pointer store (a TMA store would overwrite the next group's rows).
+    ``N_MAJOR``: within a group, walk the tiles N-fastest over the whole N range (every
+    program of a wave shares the same few A row blocks in L2; B of one expert, at most
+    ``N * K`` elements, stays in L2 across the group) instead of ``GROUP_M`` bands."""
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -171,7 +192,11 @@ def grouped_gemm_flat_tma_kernel(
             _add4,
         )
         m_g = stop - start
-        pid_m, pid_n = _tile_coords(t_glob - t0, tl.cdiv(m_g, BLOCK_M), num_pid_n, GROUP_M)
+        if N_MAJOR:
+            pid_m = (t_glob - t0) // num_pid_n
+            pid_n = (t_glob - t0) % num_pid_n
+        else:
+            pid_m, pid_n = _tile_coords(t_glob - t0, tl.cdiv(m_g, BLOCK_M), num_pid_n, GROUP_M)
         row0 = start + pid_m * BLOCK_M
         col0 = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -189,15 +214,17 @@ def grouped_gemm_flat_tma_kernel(
                     a = a.to(tl.float32)
                     b = b.to(tl.float32)
                 acc = tl.dot(a, b, acc)
-        rows = start.to(tl.int64) + pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-        mask_m = rows[:, None] < stop
-        c_rows = c_ptr + rows[:, None] * stride_cm
-        rn = col0 + tl.arange(0, BLOCK_N)
-        tl.store(
-            c_rows + rn.to(tl.int64)[None, :] * stride_cn,
-            acc.to(c_ptr.dtype.element_ty),
-            mask=mask_m & (rn[None, :] < N),
-        )
+        if TMA_STORE:
+            if row0 + BLOCK_M <= stop:  # two [BLOCK_M, BLOCK_N / 2] stores (staging smem)
+                out = acc.to(c_desc.dtype).reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1)
+                lo_half, hi_half = out.split()
+                c_desc.store([row0, col0], lo_half)
+                c_desc.store([row0, col0 + BLOCK_N // 2], hi_half)
+            else:
+                _masked_store(c_ptr, acc, row0, col0, stop, N, stride_cm, stride_cn,
+                              BLOCK_M, BLOCK_N)  # fmt: skip
+        else:
+            _masked_store(c_ptr, acc, row0, col0, stop, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
     # rows past offs[G] (an over-allocated A): zeros
     tail0 = tl.minimum(tl.maximum(tl.load(offs_ptr + G), 0), M).to(tl.int64)
     tail_tiles = tl.cdiv((M - tail0).to(tl.int32), BLOCK_M) * num_pid_n
@@ -298,9 +325,31 @@ def flat_tma_config_ok(cfg: GemmConfig, k: int, trans_b: bool) -> bool:
     return trans_b or k % cfg.block_k == 0
 
 
-def launch_flat_tma(a, b, c, group_offs, trans_b, cfg, programs, flatten, upcast) -> None:
-    """``c = grouped(a, op(b))`` with ``grouped_gemm_flat_tma_kernel``."""
+# Plan names of the flat TMA kernel's variants (the tuner's candidates / config filter
+# ``variant:name``): kernel constexprs on top of the ``tma`` plan.
+TMA_VARIANTS = {
+    "tma": {},
+    "tmas": {"TMA_STORE": True},
+    "tman": {"N_MAJOR": True},
+    "tmasn": {"TMA_STORE": True, "N_MAJOR": True},
+}
+
+
+def tma_store_ok(n: int) -> bool:
+    """A TMA store of ``c [M, N]`` (contiguous, fresh) needs 16-byte rows."""
+    return (n * 2) % 16 == 0
+
+
+def launch_flat_tma(
+    a, b, c, group_offs, trans_b, cfg, programs, flatten, upcast, variant: str = "tma"
+) -> None:
+    """``c = grouped(a, op(b))`` with ``grouped_gemm_flat_tma_kernel`` (``variant``: a key of
+    ``TMA_VARIANTS``)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
+
+    knobs = dict(TMA_VARIANTS[variant])
+    if knobs.get("TMA_STORE"):
+        knobs["c_desc"] = TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2])
 
     m, k = a.shape
     g = b.shape[0]
@@ -314,7 +363,7 @@ def launch_flat_tma(a, b, c, group_offs, trans_b, cfg, programs, flatten, upcast
         a_desc, b_desc, c, group_offs, m, n, k, g, c.stride(0), c.stride(1), programs,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         TRANS_B=trans_b, G_PAD=triton.next_power_of_2(max(g, 2)), FLATTEN=flatten,
-        UPCAST=upcast, **cfg.options,
+        UPCAST=upcast, **knobs, **cfg.options,
     )  # fmt: skip
 
 
@@ -343,7 +392,7 @@ def aot_specs(target: str) -> list:
     and NN (dgrad) and the TMA wgrad, bf16, every TMA config."""
     from primus_turbo.pytorch.core.platform import ArchFamily
     from primus_turbo.triton.aot import AotSpec
-    from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import tma_configs
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import _tma_extra_ok, tma_configs
 
     if target != "sm_90":
         return []
@@ -359,9 +408,19 @@ def aot_specs(target: str) -> list:
             constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
                           "TRANS_B": trans_b, "G_PAD": 256, "FLATTEN": True,
                           "UPCAST": False}  # fmt: skip
-            name = f"grouped_gemm_flat_tma_bf16_{lay}_{cfg.name}"
-            specs.append(AotSpec(name, grouped_gemm_flat_tma_kernel, sig, constexprs,
-                                 cfg.options))  # fmt: skip
+            for variant, knobs in TMA_VARIANTS.items():
+                if variant != "tma" and not _tma_extra_ok(cfg):
+                    continue
+                off = {"TMA_STORE": False, "N_MAJOR": False}
+                sig_v, cx = dict(sig), {**constexprs, **off, **knobs}
+                if knobs.get("TMA_STORE"):
+                    sig_v["c_desc"] = f"tensordesc<bf16[{bm},{bn // 2}]>"
+                else:
+                    cx["c_desc"] = None
+                tag = "" if variant == "tma" else f"{variant}_"
+                name = f"grouped_gemm_flat_tma_bf16_{lay}_{tag}{cfg.name}"
+                specs.append(AotSpec(name, grouped_gemm_flat_tma_kernel, sig_v, cx,
+                                     cfg.options))  # fmt: skip
         sig = {"x_desc": f"tensordesc<bf16[{bk},{bm}]>", "y_desc": f"tensordesc<bf16[{bk},{bn}]>",
                "x_ptr": "*bf16", "y_ptr": "*bf16", "c_ptr": "*bf16", "offs_ptr": "*i64",
                "M": "i32", "P": "i32:16", "Q": "i32:16", "G": "i32", "stride_xm": "i32:16",

@@ -1,0 +1,84 @@
+"""Session-5 forward/dgrad plans of the TRITON grouped GEMM: the warp-specialised kernel
+(``ws``: grouped_gemm_ws) and the flat TMA kernel's TMA-store / N-major variants
+(``tmas``, ``tman``, ``tmasn``), each forced as the only plan, vs the fp32 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from primus_turbo.pytorch.core import BackendType, GlobalBackendManager
+from primus_turbo.pytorch.core.platform import ArchFamily
+from tests.pytorch.ops.test_grouped_gemm import CASES, _check_fwd_bwd
+
+pytestmark = pytest.mark.grouped_gemm
+
+VARIANTS = ("ws", "tmas", "tman", "tmasn")
+
+
+def _force_plan(monkeypatch, device, variant, cfg=None):
+    """Every forward/dgrad of the TRITON backend through ``(variant, cfg)`` (default: the
+    interpreter's first tile on the CPU); the wgrad keeps its default."""
+    from primus_turbo.pytorch.core.platform import cuda_capability
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as gk
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import configs_interpreter
+
+    if device != "cpu" and (cuda_capability() is None or cuda_capability() < (9, 0)):
+        pytest.skip("TMA descriptors / warp specialisation need CUDA sm_90+")
+    cfg = cfg or configs_interpreter()[0]
+    monkeypatch.setattr(gk, "kernel_variant", lambda: "tune")
+    monkeypatch.setattr(gk, "forward_plans", lambda *a: [(variant, cfg)])
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
+
+
+@pytest.mark.parametrize("trans_b", [False, True], ids=["NN", "NT"])
+@pytest.mark.parametrize("lens,k,n", [CASES[0], ([0, 9, 0, 40], 32, 24)], ids=str)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_grouped_gemm_s5_plans(variant, lens, k, n, trans_b, monkeypatch, device):
+    """Ragged groups (full and partial tiles: the TMA store takes only the full ones), empty
+    groups, N not a multiple of the tile (the store is clipped at N)."""
+    _force_plan(monkeypatch, device, variant)
+    _check_fwd_bwd(lens, k, n, trans_b, torch.bfloat16, device)
+
+
+def _gpu_plans():
+    """Every Hopper plan of the new variants (not only the default candidates)."""
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
+
+    plans = [("ws", cfg) for cfg in gc.ws_configs(ArchFamily.HOPPER)]
+    extra = [cfg for cfg in gc.tma_configs(ArchFamily.HOPPER) if gc._tma_extra_ok(cfg)]
+    return plans + [(v, cfg) for v in gc.TMA_EXTRA_VARIANTS for cfg in extra]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("trans_b", [False, True], ids=["NN", "NT"])
+@pytest.mark.parametrize("plan", _gpu_plans(), ids=lambda p: f"{p[0]}:{p[1].name}")
+def test_grouped_gemm_s5_plans_gpu(plan, trans_b, monkeypatch, device):
+    """Every new Hopper plan on a ragged MoE-sized shape (empty, 1-row and 7000-row groups):
+    it compiles, fits shared memory and matches."""
+    _force_plan(monkeypatch, device, plan[0], plan[1])
+    _check_fwd_bwd([0, 3000, 1, 0, 64, 255, 2500, 7000], 2048, 768, trans_b, torch.bfloat16, device)
+
+
+def test_grouped_gemm_s5_candidates(monkeypatch):
+    """The default Hopper candidates hold the new plans; ``..._CANDIDATES=s4`` gives the
+    session-4 forward list; the TMA-store plans drop out when N is not a multiple of 8."""
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
+
+    def names(plans):
+        return {(v, c.name) for v, c in plans}
+
+    gc.candidate_set.cache_clear()
+    try:
+        fwd = names(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True))
+        assert fwd == set(gc.HOPPER_WINNERS["fwd"]) and ("ws", "m128n256k64g8w4s3") in fwd
+        odd = names(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, n=4100))
+        assert not {v for v, _ in odd} & {"tmas", "tmasn"}
+        assert ("tman", "m128n256k64g8w8s3") in odd
+        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "s4")
+        gc.candidate_set.cache_clear()
+        s4 = names(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True))
+        assert s4 == set(gc.HOPPER_WINNERS_S4_FWD)
+    finally:
+        monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", raising=False)
+        gc.candidate_set.cache_clear()
