@@ -62,9 +62,9 @@ def _load(x_ptr, ox, mask, EVEN: tl.constexpr, EVICT: tl.constexpr):
 
 
 @triton.jit
-def _own_amax(x_ptr, numel, M, N, stride_xm, pid, P, kend, BLOCK: tl.constexpr,
+def _own_amax(x_ptr, numel, M, N, stride_xm, pid, P, kend, ktail, BLOCK: tl.constexpr,
               BM: tl.constexpr, BN: tl.constexpr, DUAL: tl.constexpr, EVEN: tl.constexpr,
-              FINITE: tl.constexpr):  # fmt: skip
+              FINITE: tl.constexpr, EVA: tl.constexpr):  # fmt: skip
     """amax over the program's tiles ``pid + k * P`` for ``k < kend`` (fp32). The running
     maximum stays in x's dtype (abs and max are exact): half the registers of fp32 for bf16."""
     if DUAL:
@@ -73,7 +73,15 @@ def _own_amax(x_ptr, numel, M, N, stride_xm, pid, P, kend, BLOCK: tl.constexpr,
         acc = tl.zeros((BLOCK,), dtype=x_ptr.dtype.element_ty)
     for k in range(0, kend):
         ox, oq, mask, rm, rn = _tile_ptrs(pid + k * P, numel, M, N, stride_xm, BLOCK, BM, BN, DUAL)
-        x = _load(x_ptr, ox, mask, EVEN, "evict_last")
+        if EVA == 1:
+            x = _load(x_ptr, ox, mask, EVEN, "evict_last")
+        elif EVA == 2:  # the tiles from ktail on are the ones the cast pass re-reads from L2
+            if k >= ktail:
+                x = _load(x_ptr, ox, mask, EVEN, "evict_last")
+            else:
+                x = _load(x_ptr, ox, mask, EVEN, "evict_first")
+        else:
+            x = _load(x_ptr, ox, mask, EVEN, "")
         a = tl.abs(x)
         if FINITE:  # NaN < inf is False
             a = tl.where(a < float("inf"), a, tl.zeros_like(a))
@@ -129,17 +137,21 @@ def _cast_store(x, scale, q_ptr, qt_ptr, oq, mask, rm, rn, M, FMAX: tl.constexpr
 @triton.jit
 def tw_quant_kernel(
     x_ptr, q_ptr, qt_ptr, s_ptr, part_ptr, cnt_ptr,
-    numel, M, N, stride_xm, P,
+    numel, M, N, stride_xm, P, ktail,
     PHASE: tl.constexpr, BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     DUAL: tl.constexpr, HOLD: tl.constexpr, NPB: tl.constexpr, FMAX: tl.constexpr,
     FMT: tl.constexpr = (0, 0, 0, 0), SAT: tl.constexpr = False, EVEN: tl.constexpr = False,
-    FAST: tl.constexpr = True, CS: tl.constexpr = False,
+    FAST: tl.constexpr = True, CS: tl.constexpr = False, EVA: tl.constexpr = 1,
+    EVC: tl.constexpr = "evict_first",
 ):  # fmt: skip
     """See the module docstring. ``P`` programs (the grid), ``NPB`` a power of two >= ``P``;
     ``EVEN``: every tile of every program is full (no masks, no empty tiles); ``FAST``: plain
     ``|x|`` in the amax walk, re-walked with the inf/NaN filter only when the program's amax is
     not finite (same result); ``SAT``: NVIDIA satfinite conversion instead of the clamp;
-    ``CS``: streaming (evict-first) stores of the fp8 outputs (NVIDIA), keeping L2 for x."""
+    ``CS``: streaming (evict-first) stores of the fp8 outputs (NVIDIA), keeping L2 for x;
+    ``EVA``: L2 priority of the amax walk's loads: 0 normal, 1 ``evict_last``, 2 ``evict_first``
+    before walk step ``ktail`` and ``evict_last`` from there (the tail that fits in L2);
+    ``EVC``: eviction policy of the cast walk's loads (``evict_first`` or ``""``)."""
     pid = tl.program_id(0)
     if DUAL:
         ntiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
@@ -148,8 +160,8 @@ def tw_quant_kernel(
     kall = tl.cdiv(ntiles, P)  # tiles past the end (t >= ntiles) are fully masked
     kwalk = tl.maximum(kall - HOLD, 0)  # tiles read twice (HOLD: 0 unless PHASE == 0)
     if PHASE != 2:
-        amax = _own_amax(x_ptr, numel, M, N, stride_xm, pid, P, kwalk, BLOCK, BM, BN, DUAL,
-                         EVEN, not FAST)  # fmt: skip
+        amax = _own_amax(x_ptr, numel, M, N, stride_xm, pid, P, kwalk, ktail, BLOCK, BM, BN,
+                         DUAL, EVEN, not FAST, EVA)  # fmt: skip
         if HOLD:
             th = pid + (kall - 1) * P
             ohx, ohq, hmask, hrm, hrn = _tile_ptrs(th, numel, M, N, stride_xm, BLOCK, BM, BN,
@@ -159,8 +171,8 @@ def tw_quant_kernel(
             amax = tl.maximum(amax, _tile_amax(xh, not FAST, DUAL))
         if FAST:
             if tl.where(amax < float("inf"), 0, 1) != 0:  # an inf or NaN: the filtered walk
-                amax = _own_amax(x_ptr, numel, M, N, stride_xm, pid, P, kwalk, BLOCK, BM, BN,
-                                 DUAL, EVEN, True)  # fmt: skip
+                amax = _own_amax(x_ptr, numel, M, N, stride_xm, pid, P, kwalk, ktail, BLOCK,
+                                 BM, BN, DUAL, EVEN, True, EVA)  # fmt: skip
                 if HOLD:
                     amax = tl.maximum(amax, _tile_amax(xh, True, DUAL))
         tl.store(part_ptr + pid, amax)
@@ -192,7 +204,7 @@ def tw_quant_kernel(
     for i in range(0, kwalk):  # own tiles, last read first
         ox, oq, mask, rm, rn = _tile_ptrs(pid + (kwalk - 1 - i) * P, numel, M, N, stride_xm,
                                           BLOCK, BM, BN, DUAL)  # fmt: skip
-        x = _load(x_ptr, ox, mask, EVEN, "evict_first").to(tl.float32)
+        x = _load(x_ptr, ox, mask, EVEN, EVC).to(tl.float32)
         _cast_store(x, scale, q_ptr, qt_ptr, oq, mask, rm, rn, M, FMAX, FMT, SAT, EVEN, DUAL, CS)
 
 
@@ -223,6 +235,7 @@ def aot_specs(target: str) -> list[AotSpec]:
         "N": "i32:16",
         "stride_xm": "i32:16",
         "P": "i32",
+        "ktail": "i32",
     }
     specs = []
     for name, phase, dual, hold, block, bm, bn, warps, nreg in _AOT:
@@ -231,9 +244,12 @@ def aot_specs(target: str) -> list[AotSpec]:
             cx = {"PHASE": phase, "BLOCK": block, "BM": bm, "BN": bn, "DUAL": dual,
                   "HOLD": hold, "NPB": 1024, "FMAX": fmax, "FMT": (0, 0, 0, 0),
                   "SAT": target == "sm_90", "EVEN": even, "FAST": True,
-                  "CS": target == "sm_90"}  # fmt: skip
+                  "CS": target == "sm_90", "EVA": 1, "EVC": "evict_first"}  # fmt: skip
             specs.append(
                 AotSpec(f"quant_tw_{name}{'_even' if even else ''}_{fp8}", tw_quant_kernel, sig,
                         cx, {"num_warps": warps, **nv}, default=name == "cast" and even)
             )  # fmt: skip
+    for sp in [sp for sp in specs if sp.name.startswith(("quant_tw_amax_even", "quant_tw_fused_"))]:
+        specs.append(AotSpec(sp.name.replace("quant_tw_", "quant_tw_tail_"), sp.fn, sp.signature,
+                             {**sp.constexprs, "EVA": 2}, sp.options))  # fmt: skip
     return specs

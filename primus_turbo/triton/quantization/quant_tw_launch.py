@@ -11,7 +11,9 @@ Knobs (all optional): ``PRIMUS_TURBO_QUANT_TW_BLOCK`` (flat tile, a power of two
 [1024, 32768], default 8192), ``_TW_TILE`` (dual tile ``BMxBN``, powers of two in [16, 256],
 default 64x128), ``_TW_WARPS`` (default 8), ``_TW_PER_SM`` (programs per SM/CU: default 4
 for ``own``, 16 // warps on NVIDIA and 1 on AMD for ``fused``), ``_TW_HOLD`` (0/1, default 1,
-``fused`` only), ``_TW_CS`` (0/1, NVIDIA: streaming stores of the fp8 outputs, default 1).
+``fused`` only), ``_TW_CS`` (0/1, NVIDIA: streaming stores of the fp8 outputs, default 1),
+``_TW_EVICT`` (``last``/``none``/``tail``, see ``_evict_amax``), ``_TW_L2_MB``,
+``_TW_EVICT_CAST`` (``first``: the cast walk's loads ``evict_first``, default; ``none``).
 """
 
 from __future__ import annotations
@@ -80,6 +82,33 @@ def _programs(ntiles: int, cap: int) -> int:
     return cap
 
 
+def _choice(var: str, choices: tuple[str, ...], default: str) -> str:
+    raw = os.environ.get(var, "").strip().lower() or default
+    if raw not in choices:
+        raise ValueError(f"primus_turbo: {var} expected one of {choices}, got {raw!r}")
+    return raw
+
+
+@functools.cache
+def _l2_bytes(index) -> int:
+    """The device's L2 size (NVIDIA: 50 MB on an H200); 0 where torch does not report it."""
+    return int(getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0) or 0)
+
+
+def _evict_amax(x: torch.Tensor, ntiles: int, p: int, tile_bytes: int) -> tuple[int, int]:
+    """``(EVA, ktail)`` from ``PRIMUS_TURBO_QUANT_TW_EVICT``: ``last`` (default: every amax
+    load ``evict_last``), ``none`` or ``tail`` (``evict_last`` only for the last walk steps
+    whose tiles fit in ``PRIMUS_TURBO_QUANT_TW_L2_MB`` MB, default 3/4 of the device's L2;
+    ``evict_first`` before)."""
+    mode = _choice("PRIMUS_TURBO_QUANT_TW_EVICT", ("last", "none", "tail"), "last")
+    if mode != "tail":
+        return (1 if mode == "last" else 0), 0
+    dev_l2 = _l2_bytes(x.device.index) if x.device.type == "cuda" else 0
+    mb = _env_int("PRIMUS_TURBO_QUANT_TW_L2_MB", max(1, dev_l2 * 3 // 4 >> 20))
+    steps = (mb << 20) // max(1, p * tile_bytes)
+    return 2, max(0, -(-ntiles // p) - steps)
+
+
 def quant_tensorwise_tw(x: torch.Tensor, dtype: torch.dtype, dual: bool, mode: str):
     """``(q, s)`` or ``(q, s, qt, s)`` through ``tw_quant_kernel``; ``x`` 2-D, non-empty."""
     m, n = x.shape
@@ -117,12 +146,16 @@ def quant_tensorwise_tw(x: torch.Tensor, dtype: torch.dtype, dual: bool, mode: s
     cnt = torch.zeros(1, dtype=torch.int32, device=x.device) if fused else parts
     hold = 1 if _env_flag("PRIMUS_TURBO_QUANT_TW_HOLD", True) and fused else 0
     extra = {"maxnreg": min(255, 65536 // (per_sm * warps * 32)) // 8 * 8} if nvidia else {}
-    args = (xc, _u8(q), _u8(qt if dual else q), s, parts, cnt, numel, m, n, xc.stride(0), p)
+    eva, ktail = _evict_amax(x, ntiles, p, (bm * bn if dual else block) * x.element_size())
+    evc = _choice("PRIMUS_TURBO_QUANT_TW_EVICT_CAST", ("first", "none"), "first")
+    args = (xc, _u8(q), _u8(qt if dual else q), s, parts, cnt, numel, m, n, xc.stride(0), p,
+            ktail)  # fmt: skip
     kw = dict(
         BLOCK=block if not dual else 16, BM=bm if dual else 16, BN=bn if dual else 16, DUAL=dual,
         NPB=npb, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype), SAT=_nvidia_sat(xc),
         EVEN=full and ntiles % p == 0, FAST=True,
-        CS=nvidia and _env_flag("PRIMUS_TURBO_QUANT_TW_CS", True), num_warps=warps, **extra,
+        CS=nvidia and _env_flag("PRIMUS_TURBO_QUANT_TW_CS", True), EVA=eva,
+        EVC="evict_first" if evc == "first" else "", num_warps=warps, **extra,
     )  # fmt: skip
     if fused:
         tw_quant_kernel[(p,)](*args, PHASE=0, HOLD=hold, **kw)

@@ -23,7 +23,7 @@ _FNUZ_OK, _FNUZ_WHY = triton_fp8_support(FNUZ, DEV)
 FP8 = [E4M3, E5M2, pytest.param(FNUZ, marks=pytest.mark.skipif(not _FNUZ_OK, reason=_FNUZ_WHY))]
 # interpreter: 1024-wide flat tiles and 16x32 dual tiles, so (37, 200) is 8 / 21 tiles
 SMALL = {"PRIMUS_TURBO_QUANT_TW_BLOCK": "1024", "PRIMUS_TURBO_QUANT_TW_TILE": "16x32"}
-SHAPES = [(37, 200), (64, 128), (1, 1), (3, 1000)]
+SHAPES = [(37, 200), (64, 128), (1, 1), (3, 520)]
 if HAS_GPU:
     SHAPES += [(1000, 1000), (4096, 2048), (8192, 4096), (6144, 4096)]
 
@@ -92,7 +92,7 @@ def test_tw_own_programs_walk_own_tiles(monkeypatch, programs):
 
 
 @pytest.mark.parametrize("mode", ["own", "fused"])
-@pytest.mark.parametrize("case", ["inf_nan", "zeros", "nan_only", "hold_off"])
+@pytest.mark.parametrize("case", ["inf_nan", "zeros", "nan_only", "hold_off", "tail", "none"])
 def test_tw_special_values(monkeypatch, mode, case):
     m, n = (37, 200) if not HAS_GPU else (4096, 2048)
     x = _x(m, n)
@@ -103,6 +103,13 @@ def test_tw_special_values(monkeypatch, mode, case):
         x.zero_()
     elif case == "nan_only":
         x[m - 1, n - 1] = float("nan")
+    elif case == "tail":  # evict_last from the middle of each program's walk on
+        x[0, 0] = float("inf")
+        env["PRIMUS_TURBO_QUANT_TW_EVICT"] = "tail"
+        env["PRIMUS_TURBO_QUANT_TW_L2_MB"] = "1" if not HAS_GPU else "4"
+    elif case == "none":
+        env["PRIMUS_TURBO_QUANT_TW_EVICT"] = "none"
+        env["PRIMUS_TURBO_QUANT_TW_EVICT_CAST"] = "none"
     else:
         env["PRIMUS_TURBO_QUANT_TW_HOLD"] = "0"
         env["PRIMUS_TURBO_QUANT_TW_CS"] = "0"
@@ -149,6 +156,8 @@ def test_tw_programs_divide_tiles():
         ("PRIMUS_TURBO_QUANT_TW_TILE", "64"),
         ("PRIMUS_TURBO_QUANT_TW_HOLD", "2"),
         ("PRIMUS_TURBO_QUANT_TW_WARPS", "0"),
+        ("PRIMUS_TURBO_QUANT_TW_EVICT", "first"),
+        ("PRIMUS_TURBO_QUANT_TW_EVICT_CAST", "last"),
     ],
 )
 def test_tw_env_validated(monkeypatch, var, value):
