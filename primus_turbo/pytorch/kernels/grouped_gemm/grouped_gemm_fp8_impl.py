@@ -68,8 +68,17 @@ class GroupedGemmFp8TritonBackend(KernelBackend):
 
     @staticmethod
     def execute(a, a_scale, b, b_scale, group_offs, group_lens, out_dtype) -> torch.Tensor:
+        """The TMA fp8 kernel (``grouped_gemm_fp8_tma``; sm_90, env
+        ``PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA`` not ``0``) where usable, else the pointer kernels
+        of ``grouped_gemm_triton``."""
+        from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_tma import (
+            fp8_tma_usable,
+            grouped_gemm_fp8_tma,
+        )
         from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import grouped_gemm_triton
 
+        if fp8_tma_usable(a, b, out_dtype):
+            return grouped_gemm_fp8_tma(a, b, group_offs, a_scale, b_scale, out_dtype)
         return grouped_gemm_triton(a, b, group_offs, True, out_dtype, scales=(a_scale, b_scale))
 
     @staticmethod

@@ -1,0 +1,274 @@
+"""FP8 (rowwise / tensorwise) grouped GEMM forward with TMA operand loads (sm_90).
+
+``C[rows of g] = (A[rows of g] * sa[rows]) @ (B[g] * sb[g])^T`` for ``A [M, K]`` fp8 (E4M3),
+``B [G, N, K]`` fp8 (the ``trans_b`` layout every fp8 GEMM of ``grouped_gemm_fp8`` uses: both
+operands K-major, what an fp8 wgmma wants), ``sa [M]`` fp32 per row (a 0-stride expand for
+tensorwise) and ``sb [G, N]`` fp32 per expert and output column, applied in the epilogue.
+
+The tile walk is that of ``grouped_gemm_tma.grouped_gemm_flat_tma_kernel`` (the in-kernel group
+table, one multi-operand reduction per tile, ``tl.range(flatten=...)`` so the next tile's first
+TMA loads are issued during this tile's epilogue, tail rows past ``offs[G]`` zeroed by a second
+loop): the host never reads the group sizes. A is one descriptor over ``[M, K]``, B one over
+``b`` viewed as ``[G * N, K]``; a tile crossing the end of its group (or of ``N``) reads the next
+group's rows (expert's rows), which only feed output rows (columns) the masked store drops; K
+and the end of each tensor are zero-filled by the hardware. The two scale vectors of a tile are
+loaded before its K loop (their latency hides under the MMAs). fp8 tiles: ``BLOCK_K = 128``.
+
+Selected by ``PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA`` (``1`` default: this kernel where usable;
+``0``: the pointer kernels of ``grouped_gemm_kernel``, as before session 5) through
+``grouped_gemm_fp8_triton``; ``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG`` (comma-separated config
+names) restricts the tuner's candidates. CUDA sm_90+ only (no TMA on AMD: the pointer path).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from primus_turbo.pytorch.core.platform import ArchFamily, arch_family
+from primus_turbo.triton.gemm.gemm_configs import GemmConfig
+from primus_turbo.triton.gemm.gemm_kernel import _tile_coords
+
+
+@triton.jit
+def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
+@triton.jit
+def grouped_gemm_fp8_tma_kernel(
+    a_desc, b_desc, c_ptr, offs_ptr, sa_ptr, sb_ptr, M, N, K, G,
+    stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn, num_programs,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    gi = tl.arange(0, G_PAD)
+    real = gi < G
+    lo = tl.load(offs_ptr + tl.minimum(gi, G), mask=real, other=0)
+    hi = tl.load(offs_ptr + tl.minimum(gi + 1, G), mask=real, other=0)
+    lo = tl.minimum(tl.maximum(lo, 0), M).to(tl.int32)
+    hi = tl.minimum(tl.maximum(hi, lo), M).to(tl.int32)
+    tiles = tl.cdiv(hi - lo, BLOCK_M) * num_pid_n
+    ends = tl.cumsum(tiles, axis=0)
+    first = ends - tiles
+    total = tl.sum(tiles, axis=0)
+    rm0 = tl.arange(0, BLOCK_M)
+    rn0 = tl.arange(0, BLOCK_N)
+    for t_glob in tl.range(pid, total, num_programs, flatten=FLATTEN):
+        here = (first <= t_glob) & (t_glob < ends)
+        g, start, stop, t0 = tl.reduce(
+            (
+                tl.where(here, gi, 0),
+                tl.where(here, lo, 0),
+                tl.where(here, hi, 0),
+                tl.where(here, first, 0),
+            ),
+            0,
+            _add4,
+        )
+        pid_m, pid_n = _tile_coords(t_glob - t0, tl.cdiv(stop - start, BLOCK_M), num_pid_n,
+                                    GROUP_M)  # fmt: skip
+        row0 = start + pid_m * BLOCK_M
+        col0 = pid_n * BLOCK_N
+        rows = row0.to(tl.int64) + rm0.to(tl.int64)
+        rn = col0 + rn0
+        mask_m = rows < stop
+        mask_n = rn < N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(0, k_tiles):
+            a = a_desc.load([row0, kt * BLOCK_K])
+            b = b_desc.load([g * N + col0, kt * BLOCK_K])
+            if UPCAST:  # the interpreter: exact fp32 products of the fp8 values
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b.T, acc)
+        sa = tl.load(sa_ptr + rows * stride_sa, mask=mask_m, other=0.0)
+        sb = tl.load(sb_ptr + g.to(tl.int64) * stride_sbg + rn.to(tl.int64) * stride_sbn,
+                     mask=mask_n, other=0.0)  # fmt: skip
+        acc = acc * sa[:, None] * sb[None, :]
+        c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    # rows past offs[G] (an over-allocated A): zeros
+    tail0 = tl.minimum(tl.maximum(tl.load(offs_ptr + G), 0), M).to(tl.int64)
+    tail_tiles = tl.cdiv((M - tail0).to(tl.int32), BLOCK_M) * num_pid_n
+    zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
+    for t in range(pid, tail_tiles, num_programs):
+        rows = tail0 + (t // num_pid_n) * BLOCK_M + rm0.to(tl.int64)
+        rn = (t % num_pid_n) * BLOCK_N + rn0
+        c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
+        tl.store(c_ptrs, zero, mask=(rows[:, None] < M) & (rn[None, :] < N))
+
+
+# ---- configs, env knobs, launcher ------------------------------------------------------------
+
+
+def fp8_tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
+    """Candidate tiles (BLOCK_K = 128: 128 fp8 bytes per row, one 128-byte swizzle line).
+    sm_90: 128x256 (8 warps: 128 fp32 accumulator registers per thread) with 3 / 4 stages
+    (144 / 192 KiB operand ring), 256x128 3 stages, 128x128 one warpgroup 3 stages with two
+    programs per SM (the dense blockwise fp8 TMA kernel's winner, 96 KiB each: one program's
+    epilogue under the other's MMAs), 64x256 one warpgroup 4 stages (160 KiB; half the ragged
+    rows at each group's end, for many small groups). CPU (interpreter): tiny tiles."""
+    if family == ArchFamily.CPU:
+        return (GemmConfig(16, 16, 32, 2, 1, 1), GemmConfig(32, 16, 64, 1, 1, 1))
+    return (
+        GemmConfig(128, 256, 128, 8, 8, 3),
+        GemmConfig(128, 256, 128, 8, 8, 4),
+        GemmConfig(256, 128, 128, 8, 8, 3),
+        GemmConfig(128, 128, 128, 8, 4, 3, programs_per_cu=2),
+        GemmConfig(64, 256, 128, 8, 4, 4),
+    )
+
+
+@functools.cache
+def fp8_tma_enabled() -> bool:
+    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA``: ``1`` (default) this kernel where usable, ``0`` the
+    pointer kernels."""
+    from primus_turbo.pytorch.core.checks import env_flag
+
+    return env_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA", True)
+
+
+@functools.cache
+def fp8_config_filter() -> tuple[str, ...]:
+    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG``: comma-separated names (``m128n256k128g8w8s3``)
+    of the candidates to keep; empty (default): all of ``fp8_tma_configs``."""
+    import os
+
+    raw = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG", "").strip()
+    return tuple(x.strip() for x in raw.split(",") if x.strip())
+
+
+def fp8_tma_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
+    cands = [("f8tma", cfg) for cfg in fp8_tma_configs(family)]
+    names = fp8_config_filter()
+    if not names:
+        return cands
+    kept = [p for p in cands if p[1].name in names]
+    if not kept:
+        have = sorted(p[1].name for p in cands)
+        raise ValueError(
+            f"primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG expected config names in {have}, "
+            f"got {names}"
+        )
+    return kept
+
+
+def _descriptor_ok(t: torch.Tensor) -> bool:
+    """1-byte elements, unit inner stride, 16-byte aligned base and outer strides."""
+    if t.element_size() != 1 or t.stride(-1) != 1 or t.data_ptr() % 16:
+        return False
+    return all(s % 16 == 0 for s in t.stride()[:-1])
+
+
+def fp8_tma_usable(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """CUDA sm_90+ (or the CPU interpreter), env on, fp8 ``a [M, K]`` and contiguous
+    ``b [G, N, K]`` with 16-byte rows (``K % 16 == 0``)."""
+    from primus_turbo.pytorch.core.platform import triton_interpret
+
+    if not fp8_tma_enabled():
+        return False
+    if a.device.type == "cpu":
+        if not triton_interpret():
+            return False
+    elif not a.is_cuda or torch.version.hip is not None:
+        return False
+    elif torch.cuda.get_device_capability(a.device)[0] < 9:
+        return False
+    if not b.is_contiguous() or a.shape[1] < 16:
+        return False
+    return _descriptor_ok(a) and _descriptor_ok(b)
+
+
+def launch_fp8_tma(a, b, c, group_offs, sa, sb, cfg: GemmConfig, programs: int) -> None:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import _interpreting
+
+    m, k = a.shape
+    g, n = b.shape[0], b.shape[1]
+    a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
+    b_desc = TensorDescriptor.from_tensor(b.view(g * n, k), [cfg.block_n, cfg.block_k])
+    interp = _interpreting()
+    grouped_gemm_fp8_tma_kernel[(programs,)](
+        a_desc, b_desc, c, group_offs, sa, sb, m, n, k, g, c.stride(0), c.stride(1),
+        sa.stride(0), sb.stride(0), sb.stride(1), programs,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        G_PAD=triton.next_power_of_2(max(g, 2)), FLATTEN=not interp, UPCAST=interp,
+        **cfg.options,
+    )  # fmt: skip
+
+
+def grouped_gemm_fp8_tma(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group_offs: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """``[M, N]`` of ``out_dtype`` (rows past ``group_offs[G]`` zero); operands as in the module
+    doc (the caller checks ``fp8_tma_usable``). The tile is the config tuner's choice per shape
+    (``grouped_gemm_kernel._choose``: timed on the first call on a GPU unless capturing or
+    ``PRIMUS_TURBO_TRITON_TUNE=0``) or ``config``."""
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as gk
+
+    m, k = a.shape
+    g, n = b.shape[0], b.shape[1]
+    c = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    if m == 0 or n == 0:
+        return c
+    if k == 0 or g == 0:
+        return c.zero_()
+    family = arch_family(a.device)
+    sa = a_scale.reshape(-1)
+    sb = b_scale
+
+    def launch(plan: tuple[str, GemmConfig]) -> None:
+        cfg = plan[1]
+        bound = (-(-m // cfg.block_m) + g + 1) * -(-n // cfg.block_n)
+        launch_fp8_tma(a, b, c, group_offs, sa, sb, cfg, gk._programs(bound, cfg, a.device, family))
+
+    if config is not None:
+        launch(("f8tma", config))
+        return c
+    plans = fp8_tma_plans(family)
+    default = plans[0]
+    if family != ArchFamily.CPU and m // g < 256:  # small groups: the 64-row tile if kept
+        default = next((p for p in plans if p[1].block_m == 64), default)
+    key = ("fp8fwd", gk._bucket(m), n, k, g, a.dtype, out_dtype, a.device, tuple(plans))
+    work = m * n * k
+    plan = plans[0] if len(plans) == 1 else gk._choose(key, default, launch, family, work, plans)
+    launch(plan)
+    return c
+
+
+# ---- ahead-of-time check ---------------------------------------------------------------------
+
+
+def aot_specs(target: str) -> list:
+    """sm_90 only (TMA descriptors are CUDA-only): every fp8 config, E4M3 operands, bf16 out."""
+    from primus_turbo.triton.aot import AotSpec
+
+    if target != "sm_90":
+        return []
+    specs = []
+    for cfg in fp8_tma_configs(ArchFamily.HOPPER):
+        bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+        sig = {"a_desc": f"tensordesc<fp8e4nv[{bm},{bk}]>",
+               "b_desc": f"tensordesc<fp8e4nv[{bn},{bk}]>", "c_ptr": "*bf16", "offs_ptr": "*i64",
+               "sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32", "N": "i32:16", "K": "i32:16",
+               "G": "i32", "stride_cm": "i32:16", "stride_cn": "i32:1", "stride_sa": "i32",
+               "stride_sbg": "i32:16", "stride_sbn": "i32:1", "num_programs": "i32"}  # fmt: skip
+        consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
+                  "G_PAD": 256, "FLATTEN": True, "UPCAST": False}  # fmt: skip
+        specs.append(AotSpec(f"grouped_gemm_fp8_tma_{cfg.name}", grouped_gemm_fp8_tma_kernel,
+                             sig, consts, cfg.options))  # fmt: skip
+    return specs
