@@ -120,7 +120,11 @@ def quant_tensorwise_tw(x: torch.Tensor, dtype: torch.dtype, dual: bool, mode: s
     nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
     warps = _env_int("PRIMUS_TURBO_QUANT_TW_WARPS", 8)
     fused = mode == "fused"
-    resident = (max(1, 16 // warps) if nvidia else 1) if fused else 4
+    bm, bn = _tile_env()
+    resident = 4
+    if fused:  # every program resident: registers (capped below) and the dual's transpose
+        smem = bm * bn * 4 if dual else 0  # scratch (32 KB for 64x128 on sm_90, AOT check)
+        resident = max(1, min(16 // warps, (160 << 10) // smem if smem else 64)) if nvidia else 1
     per_sm = _env_int("PRIMUS_TURBO_QUANT_TW_PER_SM", resident)
     if nvidia and per_sm * warps > 64:  # 2048 threads per SM
         raise ValueError(
@@ -128,7 +132,6 @@ def quant_tensorwise_tw(x: torch.Tensor, dtype: torch.dtype, dual: bool, mode: s
             f"<= 64, got {per_sm} x {warps}"
         )
     block = _pow2_env("PRIMUS_TURBO_QUANT_TW_BLOCK", 8192, 1024, 32768)
-    bm, bn = _tile_env()
     numel = m * n
     if dual:
         ntiles = -(-m // bm) * -(-n // bn)
