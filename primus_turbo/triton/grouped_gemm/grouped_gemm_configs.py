@@ -233,7 +233,7 @@ def _tma_extra_ok(cfg: GemmConfig) -> bool:
 # Session 5 adds the new kernels' plans for DeepSeek-V3, not yet measured (the tuner keeps
 # whichever is fastest; ``PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES=s4`` restores the session-4
 # list): warp-specialised 128x256 (``ws`` s3/s4) and the flat TMA kernel with a
-# TMA-store epilogue / N-major walk.
+# TMA-store epilogue / N-major walk; for the wgrad the warp-specialised ``variable_k_ws_kernel``.
 HOPPER_WINNERS_S4_FWD = (
     ("tma", "m128n256k64g8w8s3"),
     ("tma", "m128n256k64g8w8s4"),
@@ -248,6 +248,8 @@ HOPPER_WINNERS = {
         ("tman", "m128n256k64g8w8s3"),
     ),
     "vk": (
+        ("ws", "m256n128k64g8w4s3"),
+        ("ws", "m128n256k64g8w4s3"),
         ("tma", "m256n128k64g8w8s3"),
         ("tma", "m256n128k64g8w8s4"),
         ("tma", "m128n128k64g8w4s3"),
@@ -259,8 +261,8 @@ HOPPER_WINNERS = {
 @functools.cache
 def candidate_set() -> str:
     """``PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES``: ``winners`` (default: on Hopper the tuner
-    times only ``HOPPER_WINNERS``), ``s4`` (the session-4 winners: no warp-specialised or
-    TMA-store forward) or ``all`` (every plan of the mode)."""
+    times only ``HOPPER_WINNERS``), ``s4`` (the session-4 candidates: none of the
+    warp-specialised or TMA-store plans of session 5) or ``all`` (every plan of the mode)."""
     return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "winners", ("winners", "s4", "all"))
 
 
@@ -273,14 +275,13 @@ def _winners(plans: list, family: ArchFamily, gemm: str, avg_rows: int) -> list:
     """``plans`` restricted to the measured winners (Hopper, ``candidate_set() == winners``,
     ``avg_rows >= WINNERS_MIN_AVG_ROWS``); unchanged where none of them is among the plans
     (e.g. NN with K not a multiple of 64)."""
+    if candidate_set() == "s4":  # no session-5 plan anywhere
+        plans = [p for p in plans if p[0] not in ("ws", *TMA_EXTRA_VARIANTS)]
     if family != ArchFamily.HOPPER or candidate_set() == "all":
         return plans
     if avg_rows < WINNERS_MIN_AVG_ROWS:
         return plans
-    keep = HOPPER_WINNERS[gemm]
-    if candidate_set() == "s4" and gemm == "fwd":
-        keep = HOPPER_WINNERS_S4_FWD
-    kept = [p for p in plans if (p[0], p[1].name) in keep]
+    kept = [p for p in plans if (p[0], p[1].name) in HOPPER_WINNERS[gemm]]
     return kept or plans
 
 
@@ -325,6 +326,8 @@ def variable_k_plans(
     plans = [("table", cfg) for cfg in configs] if mode in ("table", "tune") or not tma_ok else []
     if mode in ("tma", "tune") and tma_ok:
         plans += [("tma", cfg) for cfg in tma_configs(family)]
+    if mode == "tune" and tma_ok:
+        plans += [("ws", cfg) for cfg in ws_configs(family)]
     return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG", family, "vk", avg_rows)
 
 

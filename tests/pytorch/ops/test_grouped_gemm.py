@@ -476,7 +476,7 @@ def test_grouped_gemm_config_filter(var, monkeypatch):
     try:
         every = plans()
         # the default candidates are the measured winners (HOPPER_WINNERS): no fused wgrad
-        want = {"table", "tma"} if "VK" in var else {"flat", "tma", "tmas", "tman", "ws"}
+        want = {"table", "tma", "ws"} if "VK" in var else {"flat", "tma", "tmas", "tman", "ws"}
         assert {v for v, _ in every} == want
         s4 = gc.GemmConfig(128, 256, 64, 8, 8, 4)
         monkeypatch.setenv(var, "m128n256k64g8w8s4")

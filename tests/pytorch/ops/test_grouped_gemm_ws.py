@@ -41,6 +41,34 @@ def test_grouped_gemm_s5_plans(variant, lens, k, n, trans_b, monkeypatch, device
     _check_fwd_bwd(lens, k, n, trans_b, torch.bfloat16, device)
 
 
+def _force_vk_ws(monkeypatch, device, cfg=None):
+    """Every wgrad of the TRITON backend through ``("ws", cfg)``; forward/dgrad keep theirs."""
+    from primus_turbo.pytorch.core.platform import cuda_capability
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as gk
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import configs_interpreter
+
+    if device != "cpu" and (cuda_capability() is None or cuda_capability() < (9, 0)):
+        pytest.skip("in-kernel TMA descriptors / warp specialisation need CUDA sm_90+")
+    cfg = cfg or configs_interpreter()[0]
+    monkeypatch.setattr(gk, "variable_k_variant", lambda: "tune")
+    monkeypatch.setattr(gk, "variable_k_plans", lambda *a: [("ws", cfg)])
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
+
+
+@pytest.mark.parametrize("lens,k,n", [CASES[0], ([0, 9, 0, 40], 32, 24)], ids=str)
+def test_grouped_gemm_vk_ws(lens, k, n, monkeypatch, device):
+    """The warp-specialised wgrad: groups not a multiple of BLOCK_K (the in-kernel
+    descriptor's row bound zero-fills the rows past the group), empty groups."""
+    _force_vk_ws(monkeypatch, device)
+    _check_fwd_bwd(lens, k, n, True, torch.bfloat16, device)
+
+
+def _ws_configs():
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
+
+    return list(gc.ws_configs(ArchFamily.HOPPER))
+
+
 def _gpu_plans():
     """Every Hopper plan of the new variants (not only the default candidates)."""
     from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
@@ -57,7 +85,10 @@ def test_grouped_gemm_s5_plans_gpu(plan, trans_b, monkeypatch, device):
     """Every new Hopper plan on a ragged MoE-sized shape (empty, 1-row and 7000-row groups):
     it compiles, fits shared memory and matches."""
     _force_plan(monkeypatch, device, plan[0], plan[1])
-    _check_fwd_bwd([0, 3000, 1, 0, 64, 255, 2500, 7000], 2048, 768, trans_b, torch.bfloat16, device)
+    # 12832 rows (a multiple of 16, as the benchmark's 65536: same Triton specialisation, so
+    # this run fills the compile cache for the A/B benchmark line)
+    lens = [0, 3000, 1, 0, 64, 255, 2500, 7012]
+    _check_fwd_bwd(lens, 2048, 768, trans_b, torch.bfloat16, device)
 
 
 def test_grouped_gemm_s5_candidates(monkeypatch):
@@ -70,6 +101,8 @@ def test_grouped_gemm_s5_candidates(monkeypatch):
 
     gc.candidate_set.cache_clear()
     try:
+        vk = names(gc.variable_k_plans(ArchFamily.HOPPER, "tune", True))
+        assert vk == set(gc.HOPPER_WINNERS["vk"]) and ("ws", "m256n128k64g8w4s3") in vk
         fwd = names(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True))
         assert fwd == set(gc.HOPPER_WINNERS["fwd"]) and ("ws", "m128n256k64g8w4s3") in fwd
         odd = names(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, n=4100))
@@ -79,6 +112,17 @@ def test_grouped_gemm_s5_candidates(monkeypatch):
         gc.candidate_set.cache_clear()
         s4 = names(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True))
         assert s4 == set(gc.HOPPER_WINNERS_S4_FWD)
+        vk = gc.variable_k_plans(ArchFamily.HOPPER, "tune", True)
+        assert "ws" not in {v for v, _ in vk}
     finally:
         monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", raising=False)
         gc.candidate_set.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", _ws_configs(), ids=lambda c: c.name)
+def test_grouped_gemm_vk_ws_gpu(cfg, monkeypatch, device):
+    """The warp-specialised wgrad with every config on the ragged MoE-sized shape."""
+    _force_vk_ws(monkeypatch, device, cfg)
+    lens = [0, 3000, 1, 0, 64, 255, 2500, 7012]
+    _check_fwd_bwd(lens, 2048, 768, True, torch.bfloat16, device)
