@@ -247,6 +247,10 @@ def run_case(
             )
             if args.kernels_only:
                 return row
+        if args.fp8_kernels:
+            row.update(fp8_kernel_times(a, b, gl, args))
+            if args.kernels_only:
+                return row
         ours = (lambda: op(a, b, gl), (a, b))
         ends = torch.cumsum(gl, 0).to(torch.int32)
         peers = {
@@ -363,6 +367,68 @@ def kernel_times(a, b, gl, grad, ends, args) -> dict[str, float]:
     return out
 
 
+FP8_KERNELS = ("bf16", "quant_a", "quant_b", "vendor", "ptr", "tma")
+
+
+def fp8_kernel_times(a, b, gl, args) -> dict[str, float]:
+    """The pieces of one rowwise fp8 forward alone (``--fp8-kernels``): the bf16 grouped GEMM
+    (``grouped_gemm_triton``, tuned plan), the two quantizations of ``grouped_gemm_fp8``
+    (activation per row, weights per (expert, column)), and the fp8 GEMM alone on those
+    operands through the vendor backend (``torch._scaled_grouped_mm`` + tail fix-up), the
+    Triton pointer kernels (``grouped_gemm_triton(scales=...)``) and the Triton TMA kernel
+    (``grouped_gemm_fp8_tma``, whatever ``PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA`` says). Returns
+    ``{"<piece> ms": ...}`` and ``{"fp8 <gemm> TFLOPS": ...}``; a piece that cannot run here
+    is NaN."""
+    from harness import time_ms
+
+    from primus_turbo.pytorch.core.low_precision import ScalingGranularity
+    from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_fp8_impl import (
+        GroupedGemmFp8HipblasltBackend as Vendor,
+    )
+    from primus_turbo.pytorch.ops.grouped_gemm_fp8 import _quant_experts, _quant_rows
+    from primus_turbo.pytorch.reference import group_offsets
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_tma import grouped_gemm_fp8_tma
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import grouped_gemm_triton
+
+    a, b = a.detach(), b.detach()
+    f8, row = torch.float8_e4m3fn, ScalingGranularity.ROWWISE
+    offs = group_offsets(gl)
+    qa, sa = _quant_rows(a, f8, row)
+    qb, sb = _quant_experts(b, f8, row)
+    bf = torch.bfloat16
+    fns = {
+        "bf16": lambda: grouped_gemm_triton(a, b, offs, True),
+        "quant_a": lambda: _quant_rows(a, f8, row),
+        "quant_b": lambda: _quant_experts(b, f8, row),
+        "vendor": lambda: Vendor.execute(qa, sa, qb, sb, offs, gl, bf),
+        "ptr": lambda: grouped_gemm_triton(qa, qb, offs, True, bf, scales=(sa, sb)),
+        "tma": lambda: grouped_gemm_fp8_tma(qa, qb, offs, sa, sb, bf),
+    }
+    out = {}
+    for name, fn in fns.items():
+        try:
+            fn()  # the config tuner's first call, outside the timing
+            out[f"{name} ms"] = time_ms(fn, args.warmup_ms, args.rep_ms).median_ms
+        except Exception as e:
+            print(f"  fp8 piece {name} unavailable: {type(e).__name__}: {str(e)[:160]}")
+            out[f"{name} ms"] = math.nan
+    flops = 2.0 * a.shape[0] * b.shape[1] * a.shape[1]
+    for name in ("bf16", "vendor", "ptr", "tma"):
+        out[f"fp8 {name} TFLOPS"] = tflops(flops, out[f"{name} ms"])
+    quant = out["quant_a ms"] + out["quant_b ms"]
+    best = min((out[f"{x} ms"] for x in ("ptr", "tma") if out[f"{x} ms"] == out[f"{x} ms"]),
+               default=math.nan)  # fmt: skip
+    out["fp8 fwd ratio bound"] = out["bf16 ms"] / (quant + best)
+    print(
+        "  fp8 pieces (ms): "
+        + " | ".join(f"{x} {out[f'{x} ms']:.3f}" for x in FP8_KERNELS)
+        + " || GEMM TFLOPS: "
+        + " ".join(f"{x} {out[f'fp8 {x} TFLOPS']:.1f}" for x in ("bf16", "vendor", "ptr", "tma"))
+        + f" || bf16 / (quant + best triton fp8) = x{out['fp8 fwd ratio bound']:.3f}"
+    )
+    return out
+
+
 def _triton_plans() -> dict:
     from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel
 
@@ -415,6 +481,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "torch._grouped_mm calls (which kernel loses; bf16 only)",
     )
     p.add_argument(
+        "--fp8-kernels",
+        action="store_true",
+        help="time the pieces of the rowwise fp8 forward alone: bf16 GEMM, both quantizations, "
+        "fp8 GEMM through vendor / Triton pointer / Triton TMA (one process, any --fp8)",
+    )
+    p.add_argument(
         "--kernels-only",
         action="store_true",
         help="with --kernels: skip the op-level fwd/bwd timings (faster A/B of kernel variants)",
@@ -465,6 +537,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     print()
     kcols = [f"{x} kernel ratio" for x in ("fwd", "dgrad", "wgrad")] if args.kernels else []
+    if args.fp8_kernels:
+        kcols += [f"{x} ms" for x in FP8_KERNELS] + ["fp8 fwd ratio bound"]
+        kcols += [f"fp8 {x} TFLOPS" for x in ("bf16", "vendor", "ptr", "tma")]
     print(results.markdown(TABLE_COLUMNS + kcols))
     ok = lambda r: r["Check"] in ("PASS", "SKIPPED")  # noqa: E731
     gm = {c: geomean(results.column(c, ok)) for c in METRIC_COLUMNS + kcols if "atio" in c}

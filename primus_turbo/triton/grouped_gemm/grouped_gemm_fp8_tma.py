@@ -105,6 +105,59 @@ def grouped_gemm_fp8_tma_kernel(
         tl.store(c_ptrs, zero, mask=(rows[:, None] < M) & (rn[None, :] < N))
 
 
+@triton.jit
+def grouped_gemm_fp8_ws_kernel(
+    a_desc, b_desc, c_ptr, offs_ptr, sa_ptr, sb_ptr, M, N, K, G,
+    stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn, num_programs,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    UPCAST: tl.constexpr, WS: tl.constexpr,
+):  # fmt: skip
+    """Plan ``f8ws``: the walk of ``grouped_gemm_ws.grouped_gemm_ws_kernel`` (an outer scalar
+    loop over the groups, Triton's Hopper warp specialisation of the loop over the group's
+    tiles: a TMA producer warpgroup and two wgmma consumer warpgroups, ``num_warps=4`` per
+    consumer) with this module's scaled epilogue. Rows past ``offs[G]`` zeroed after."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    rot = 0
+    for g in range(0, G):
+        start = tl.minimum(tl.maximum(tl.load(offs_ptr + g), 0), M).to(tl.int32)
+        stop = tl.minimum(tl.maximum(tl.load(offs_ptr + g + 1), start), M).to(tl.int32)
+        tiles_g = tl.cdiv(stop - start, BLOCK_M) * num_pid_n
+        first = (pid - rot + num_programs) % num_programs
+        for t in tl.range(first, tiles_g, num_programs, warp_specialize=WS):
+            row0 = start + (t // num_pid_n) * BLOCK_M
+            col0 = (t % num_pid_n) * BLOCK_N
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for kt in range(0, k_tiles):
+                a = a_desc.load([row0, kt * BLOCK_K])
+                b = b_desc.load([g * N + col0, kt * BLOCK_K])
+                if UPCAST:
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                acc = tl.dot(a, b.T, acc)
+            rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M).to(tl.int64)
+            rn = col0 + tl.arange(0, BLOCK_N)
+            mask_m = rows < stop
+            mask_n = rn < N
+            sa = tl.load(sa_ptr + rows * stride_sa, mask=mask_m, other=0.0)
+            sb = tl.load(sb_ptr + tl.cast(g, tl.int64) * stride_sbg + rn.to(tl.int64) * stride_sbn,
+                         mask=mask_n, other=0.0)  # fmt: skip
+            acc = acc * sa[:, None] * sb[None, :]
+            c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
+                     mask=mask_m[:, None] & mask_n[None, :])  # fmt: skip
+        rot = (rot + tiles_g) % num_programs
+    tail0 = tl.minimum(tl.maximum(tl.load(offs_ptr + G), 0), M).to(tl.int64)
+    tail_tiles = tl.cdiv((M - tail0).to(tl.int32), BLOCK_M) * num_pid_n
+    zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
+    for t in range(pid, tail_tiles, num_programs):
+        rows = tail0 + (t // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+        rn = (t % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
+        tl.store(c_ptrs, zero, mask=(rows[:, None] < M) & (rn[None, :] < N))
+
+
 # ---- configs, env knobs, launcher ------------------------------------------------------------
 
 
@@ -123,6 +176,19 @@ def fp8_tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
         GemmConfig(256, 128, 128, 8, 8, 3),
         GemmConfig(128, 128, 128, 8, 4, 3, programs_per_cu=2),
         GemmConfig(64, 256, 128, 8, 4, 4),
+    )
+
+
+def fp8_ws_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
+    """Tiles of the warp-specialised plan ``f8ws`` (``num_warps=4``: per consumer warpgroup,
+    12 warps launched): 128x256 and 256x128 with 3 / 4 stages (144 / 192 KiB ring)."""
+    if family == ArchFamily.CPU:
+        return (GemmConfig(32, 16, 32, 1, 1, 1),)
+    return (
+        GemmConfig(128, 256, 128, 8, 4, 3),
+        GemmConfig(128, 256, 128, 8, 4, 4),
+        GemmConfig(256, 128, 128, 8, 4, 3),
+        GemmConfig(256, 128, 128, 8, 4, 4),
     )
 
 
@@ -147,12 +213,13 @@ def fp8_config_filter() -> tuple[str, ...]:
 
 def fp8_tma_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
     cands = [("f8tma", cfg) for cfg in fp8_tma_configs(family)]
+    cands += [("f8ws", cfg) for cfg in fp8_ws_configs(family)]
     names = fp8_config_filter()
     if not names:
         return cands
-    kept = [p for p in cands if p[1].name in names]
+    kept = [p for p in cands if p[1].name in names or f"{p[0]}:{p[1].name}" in names]
     if not kept:
-        have = sorted(p[1].name for p in cands)
+        have = sorted(f"{p[0]}:{p[1].name}" for p in cands)
         raise ValueError(
             f"primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG expected config names in {have}, "
             f"got {names}"
@@ -186,7 +253,10 @@ def fp8_tma_usable(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> 
     return _descriptor_ok(a) and _descriptor_ok(b)
 
 
-def launch_fp8_tma(a, b, c, group_offs, sa, sb, cfg: GemmConfig, programs: int) -> None:
+def launch_fp8_tma(
+    a, b, c, group_offs, sa, sb, cfg: GemmConfig, programs: int, variant: str = "f8tma"
+) -> None:
+    """One launch of plan ``variant`` (``f8tma`` flat TMA kernel, ``f8ws`` warp-specialised)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import _interpreting
@@ -196,12 +266,18 @@ def launch_fp8_tma(a, b, c, group_offs, sa, sb, cfg: GemmConfig, programs: int) 
     a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
     b_desc = TensorDescriptor.from_tensor(b.view(g * n, k), [cfg.block_n, cfg.block_k])
     interp = _interpreting()
+    args = (a_desc, b_desc, c, group_offs, sa, sb, m, n, k, g, c.stride(0), c.stride(1),
+            sa.stride(0), sb.stride(0), sb.stride(1), programs)  # fmt: skip
+    if variant == "f8ws":
+        grouped_gemm_fp8_ws_kernel[(programs,)](
+            *args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            UPCAST=interp, WS=not interp, **cfg.options,
+        )  # fmt: skip
+        return
     grouped_gemm_fp8_tma_kernel[(programs,)](
-        a_desc, b_desc, c, group_offs, sa, sb, m, n, k, g, c.stride(0), c.stride(1),
-        sa.stride(0), sb.stride(0), sb.stride(1), programs,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        G_PAD=triton.next_power_of_2(max(g, 2)), FLATTEN=not interp, UPCAST=interp,
-        **cfg.options,
+        *args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m, G_PAD=triton.next_power_of_2(max(g, 2)), FLATTEN=not interp,
+        UPCAST=interp, **cfg.options,
     )  # fmt: skip
 
 
@@ -213,11 +289,12 @@ def grouped_gemm_fp8_tma(
     b_scale: torch.Tensor,
     out_dtype: torch.dtype,
     config: GemmConfig | None = None,
+    variant: str = "f8tma",
 ) -> torch.Tensor:
     """``[M, N]`` of ``out_dtype`` (rows past ``group_offs[G]`` zero); operands as in the module
     doc (the caller checks ``fp8_tma_usable``). The tile is the config tuner's choice per shape
     (``grouped_gemm_kernel._choose``: timed on the first call on a GPU unless capturing or
-    ``PRIMUS_TURBO_TRITON_TUNE=0``) or ``config``."""
+    ``PRIMUS_TURBO_TRITON_TUNE=0``) or ``config`` (with ``variant``: ``f8tma`` / ``f8ws``)."""
     from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as gk
 
     m, k = a.shape
@@ -234,10 +311,11 @@ def grouped_gemm_fp8_tma(
     def launch(plan: tuple[str, GemmConfig]) -> None:
         cfg = plan[1]
         bound = (-(-m // cfg.block_m) + g + 1) * -(-n // cfg.block_n)
-        launch_fp8_tma(a, b, c, group_offs, sa, sb, cfg, gk._programs(bound, cfg, a.device, family))
+        programs = gk._programs(bound, cfg, a.device, family)
+        launch_fp8_tma(a, b, c, group_offs, sa, sb, cfg, programs, plan[0])
 
     if config is not None:
-        launch(("f8tma", config))
+        launch((variant, config))
         return c
     plans = fp8_tma_plans(family)
     default = plans[0]
@@ -270,5 +348,13 @@ def aot_specs(target: str) -> list:
         consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
                   "G_PAD": 256, "FLATTEN": True, "UPCAST": False}  # fmt: skip
         specs.append(AotSpec(f"grouped_gemm_fp8_tma_{cfg.name}", grouped_gemm_fp8_tma_kernel,
+                             sig, consts, cfg.options))  # fmt: skip
+    for cfg in fp8_ws_configs(ArchFamily.HOPPER):
+        sig = dict(specs[0].signature)
+        sig["a_desc"] = f"tensordesc<fp8e4nv[{cfg.block_m},{cfg.block_k}]>"
+        sig["b_desc"] = f"tensordesc<fp8e4nv[{cfg.block_n},{cfg.block_k}]>"
+        consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                  "UPCAST": False, "WS": True}  # fmt: skip
+        specs.append(AotSpec(f"grouped_gemm_fp8_ws_{cfg.name}", grouped_gemm_fp8_ws_kernel,
                              sig, consts, cfg.options))  # fmt: skip
     return specs

@@ -194,9 +194,9 @@ def test_grouped_gemm_fp8_tma_kernel_interpreter(tensorwise, device):
         pytest.skip("interpreter tiles; the GPU tiles run in test_grouped_gemm_fp8_tma_gpu")
     a, b, sa, sb, offs, ref = _tma_case([0, 5, 0, 20, 9, 0], 24, 48, device, 3, tensorwise)
     assert mod.fp8_tma_usable(a, b, torch.bfloat16)
-    for cfg in mod.fp8_tma_configs(ArchFamily.CPU):
-        c = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.float32, config=cfg)
-        torch.testing.assert_close(c, ref, rtol=1e-5, atol=1e-4, msg=cfg.name)
+    for variant, cfg in mod.fp8_tma_plans(ArchFamily.CPU):
+        c = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.float32, cfg, variant)
+        torch.testing.assert_close(c, ref, rtol=1e-5, atol=1e-4, msg=f"{variant} {cfg.name}")
 
 
 def test_grouped_gemm_fp8_tma_usable_and_env(monkeypatch):
@@ -222,35 +222,42 @@ def test_grouped_gemm_fp8_tma_usable_and_env(monkeypatch):
         mod.fp8_config_filter.cache_clear()
         with pytest.raises(ValueError, match="PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG"):
             mod.fp8_tma_plans(ArchFamily.HOPPER)
-        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG", "m128n256k128g8w8s4")
+        monkeypatch.setenv(
+            "PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG", "m128n256k128g8w8s4,f8ws:m256n128k128g8w4s3"
+        )
         mod.fp8_config_filter.cache_clear()
-        assert [p[1].name for p in mod.fp8_tma_plans(ArchFamily.HOPPER)] == ["m128n256k128g8w8s4"]
+        got = [f"{v}:{c.name}" for v, c in mod.fp8_tma_plans(ArchFamily.HOPPER)]
+        assert got == ["f8tma:m128n256k128g8w8s4", "f8ws:m256n128k128g8w4s3"]
     finally:
         mod.fp8_tma_enabled.cache_clear()
         mod.fp8_config_filter.cache_clear()
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    "lens,n,k",
-    [([512, 0, 1000, 3, 2048, 129, 0], 768, 1024), ([0, 77, 300, 0], 1000, 1040)],
-    ids=["aligned", "ragged"],
-)
-def test_grouped_gemm_fp8_tma_gpu(lens, n, k, device):
-    """Every sm_90 candidate tile of the TMA fp8 kernel vs the dequantized fp32 product (bf16
-    out: relative error of bf16 rounding), rows past the groups zeroed."""
+def _hopper_plans():
     from primus_turbo.pytorch.core.platform import ArchFamily
     from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
 
+    return mod.fp8_tma_plans(ArchFamily.HOPPER)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plan", _hopper_plans(), ids=lambda p: f"{p[0]}-{p[1].name}")
+def test_grouped_gemm_fp8_tma_gpu(plan, device):
+    """Every sm_90 candidate plan of the TMA fp8 kernels vs the dequantized fp32 product (bf16
+    out: relative error of bf16 rounding), rows past the groups zeroed; aligned sizes and
+    ragged ones (N, K not multiples of the tile)."""
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
+
     _tma_skip(device)
-    a, b, sa, sb, offs, ref = _tma_case(lens, n, k, device, tail=5)
-    assert mod.fp8_tma_usable(a, b, torch.bfloat16)
+    variant, cfg = plan
     bad = []
-    for cfg in mod.fp8_tma_configs(ArchFamily.HOPPER):
-        c = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.bfloat16, config=cfg).float()
+    for lens, n, k in ([512, 0, 1000, 3, 2048, 129, 0], 768, 1024), ([0, 77, 300, 0], 1000, 1040):
+        a, b, sa, sb, offs, ref = _tma_case(lens, n, k, device, tail=5)
+        assert mod.fp8_tma_usable(a, b, torch.bfloat16)
+        c = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.bfloat16, cfg, variant).float()
         err = ((c - ref).norm() / ref.norm()).item()
         if not err < 5e-3 or c[sum(lens) :].any():
-            bad.append(f"{cfg.name}: rel err {err:.2e}")
+            bad.append(f"{lens}, {n}, {k}: rel err {err:.2e}")
     assert not bad, bad
 
 
