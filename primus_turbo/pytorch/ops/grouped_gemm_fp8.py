@@ -12,6 +12,8 @@ reduction:
   rows, on the fp8 variable-K kernel (slow on H200: the step fell to 0.2x the bf16 one).
   ``PRIMUS_TURBO_GROUPED_GEMM_FP8_DGRAD`` = ``fp8`` (default, as above) | ``hp`` (the dgrad on
   the bf16 grouped GEMM: no transposed copy and re-quantization of the weights).
+``PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE=1`` (default off): the forward's weight quantization
+is kept per weight tensor until its version counter changes (see ``_forward_weights``).
 Both operands of a backward GEMM use the gradient fp8 dtype (E5M2 for ``Format.HYBRID``), so
 no kernel multiplies mixed fp8 formats. BLOCKWISE / MX_BLOCKWISE are not implemented here
 (NotImplementedError). Not traceable by torch.compile (graph break), as upstream.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 
 import torch
 
@@ -124,15 +127,52 @@ def _dgrad_high_precision(a, b, g, group_lens, group_offs, trans_b, ctx):
     return grouped_gemm_impl(gh, bh, group_lens, offs, not trans_b, odt, backend).to(a.dtype)
 
 
+@functools.cache
+def _weight_cache_on() -> bool:
+    from primus_turbo.pytorch.core.checks import env_flag
+
+    return env_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE", False)
+
+
+# id(b) -> (weakref to b, signature, (qb, sb)): the last forward quantization of each weight
+_WEIGHT_CACHE: dict[int, tuple] = {}
+
+
+def _forward_weights(b: torch.Tensor, trans_b: bool, dtype: torch.dtype, gran):
+    """The forward's weight operand ``(q [G, N, K], scale [G, N])``. With
+    ``PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE=1`` (default off) the result is kept per weight
+    tensor (weakly referenced) and reused while the tensor object, its storage, layout and
+    version counter are unchanged: the weights are quantized once per optimizer step instead
+    of once per micro-batch (gradient accumulation; recomputation). An in-place update through
+    ``param.data`` (or ``.detach()``) does not bump ``param``'s version counter, so code that
+    updates weights that way must leave the cache off."""
+
+    def quant():
+        b_nk = (b if trans_b else b.transpose(1, 2)).contiguous()  # [G, N, K]
+        return _quant_experts(b_nk, dtype, gran)
+
+    if not _weight_cache_on() or torch.compiler.is_compiling():
+        return quant()
+    sig = (b.data_ptr(), b._version, tuple(b.shape), b.stride(), b.dtype, b.device, trans_b,
+           dtype, gran)  # fmt: skip
+    key = id(b)
+    hit = _WEIGHT_CACHE.get(key)
+    if hit is not None and hit[0]() is b and hit[1] == sig:
+        return hit[2]
+    out = quant()
+    ref = weakref.ref(b, lambda _r, key=key: _WEIGHT_CACHE.pop(key, None))
+    _WEIGHT_CACHE[key] = (ref, sig, out)
+    return out
+
+
 class GroupedGemmFp8Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, config, backend_value):
         gran = config.granularity
         fwd_dtype = fp8_dtype_for_format(config.format, a.device)
         impl = GroupedGemmFp8Dispatcher.backend_class(BackendType(backend_value))
-        b_nk = (b if trans_b else b.transpose(1, 2)).contiguous()  # [G, N, K]
         qa, sa = _quant_rows(a.contiguous(), fwd_dtype, gran)
-        qb, sb = _quant_experts(b_nk, fwd_dtype, gran)
+        qb, sb = _forward_weights(b, trans_b, fwd_dtype, gran)
         ctx.save_for_backward(a, b, group_lens, group_offs)
         ctx.trans_b, ctx.config, ctx.backend_value = trans_b, config, backend_value
         return impl.execute(qa, sa, qb, sb, group_offs, group_lens, out_dtype)

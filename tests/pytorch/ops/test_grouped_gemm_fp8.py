@@ -280,3 +280,41 @@ def test_grouped_gemm_fp8_tma_op(tma, gran, monkeypatch, device):
         _check([300, 0, 1000, 7, 0, 129], 1024, 768, True, gran, Format.E4M3, device)
     finally:
         mod.fp8_tma_enabled.cache_clear()
+
+
+def test_grouped_gemm_fp8_weight_cache(monkeypatch, device):
+    """PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE=1: the weights are quantized once while the
+    tensor is unchanged, again after an in-place update (version counter), the output equals
+    the uncached one, and the entry goes with the weight."""
+    import gc
+    import importlib
+
+    mod = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm_fp8")
+    calls = []
+    real = mod._quant_experts
+    monkeypatch.setattr(mod, "_quant_experts", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE", "1")
+    mod._weight_cache_on.cache_clear()
+    try:
+        gl = torch.tensor([5, 0, 11], device=device)
+        a = rand(16, 32, dtype=torch.bfloat16, device=device)
+        b = rand(3, 24, 32, dtype=torch.bfloat16, device=device, requires_grad=True)
+        cfg = Float8QuantConfig(granularity=ScalingGranularity.ROWWISE)
+        out1 = turbo.ops.grouped_gemm_fp8(a, b, gl, config=cfg)
+        out2 = turbo.ops.grouped_gemm_fp8(a, b, gl, config=cfg)
+        assert len(calls) == 1 and torch.equal(out1, out2)
+        with torch.no_grad():
+            b.mul_(2)
+        out3 = turbo.ops.grouped_gemm_fp8(a, b, gl, config=cfg)
+        assert len(calls) == 2
+        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE", "0")
+        mod._weight_cache_on.cache_clear()
+        assert torch.equal(out3, turbo.ops.grouped_gemm_fp8(a, b, gl, config=cfg))
+        key = id(b)
+        assert key in mod._WEIGHT_CACHE
+        del b, out1, out2, out3  # the outputs' graphs hold b
+        gc.collect()
+        assert key not in mod._WEIGHT_CACHE
+    finally:
+        mod._weight_cache_on.cache_clear()
+        mod._WEIGHT_CACHE.clear()
