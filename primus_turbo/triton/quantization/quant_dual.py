@@ -1,18 +1,21 @@
 """Sliced dual quantization: 1x128 + 128x1 blocks and MXFP8 (1x32 + 32x1), optionally persistent.
 
-``quant_sliced_kernel`` (``PRIMUS_TURBO_QUANT_SLICED=1``, see quant_launch) loads a ``BM x BN``
-tile as 8 row slices, each a 3-D ``[G, R, 32]`` view (``G = BN / 32`` column groups, ``R = BM / 8``
-rows, 32 columns): slice ``k`` holds rows ``8 r + k`` and columns ``32 g + c``. All slices share
-one register layout, so a thread holds an ``8 x 8`` block of the tile (8 slices x one 16-byte
-vector), and the column groups (R) sit on lanes, not warps, for the MX tile (``G=8, R=4``, 4 warps):
-* row amax: per slice, a reduction over ``c`` (MX: 1 x 32 groups; in-thread 8 + 4 lanes) and,
-  for the 1x128 recipe, over ``g`` too;
+``quant_sliced_kernel`` (``PRIMUS_TURBO_QUANT_SLICED=1``, see quant_dual_launch) loads a
+``BM x BN`` tile as 8 row slices, each a 3-D ``[R, G, C]`` view (``R = BM / 8`` rows, ``G = BN / C``
+groups of ``C`` columns; ``C`` is the row block: 32 for MX, ``BN`` = 128 for 1x128): slice ``k``
+holds rows ``8 r + k`` and columns ``C g + c``. All slices share one register layout, so a thread
+holds an ``8 x 8`` block of the tile (8 slices x one 16-byte vector). R is the outer dimension
+so that, for the MX tile (32 x 256, 4 warps), Triton's layout puts it on lanes, not warps
+(sm_90 SASS: the column reduction and the transposed copy need no shared memory; LDS/STS 7/6 per
+thread vs 30/70 for the tile kernel, 18.5 vs 28 instructions per element):
+* row amax: per slice, a reduction over ``c`` (MX: in-thread 8 + 4 lanes);
 * column amax: an element-wise max over the 8 slices (in-thread), then over ``R``;
-* the row output: 8 stores of 8 contiguous bytes per thread;
+* the row output: 8 stores of 8 contiguous bytes per thread; the 8 slices' row scales are
+  joined and stored once per tile (one store per slice cost 2 barriers each);
 * the column (transposed) output: the 8 cast slices joined along a new last axis, so a thread
-  owns 8 consecutive M positions of a transposed row: 8-byte stores along M, no shared-memory
-  transpose of the fp8 tile (the reshapes of the tile kernel's MX path each cost one);
-* E8M0 scales from the fp32 exponent bits (``_e8m0_scale``), 1x128 scales as in ``_scale_of``.
+  owns 8 consecutive M positions of a transposed row: 8-byte stores along M;
+* E8M0 scales from the fp32 exponent bits (``_e8m0_scale``), 1x128 scales as ``_scale_of`` (or
+  ``_scale_rcp`` with ``RCP``).
 ``PERSIST``: programs loop over the tiles ``pid, pid + P, ...`` and load the next tile (bf16,
 in registers) before quantizing the current one, so its DRAM latency overlaps this tile's math
 and stores (the one-tile-per-program kernels wait for every load with nothing else to do; H200
@@ -34,7 +37,7 @@ from primus_turbo.triton.quantization.quant_kernel_v2 import MAXNREG, _cast2, _e
 
 @triton.jit
 def _join8(c0, c1, c2, c3, c4, c5, c6, c7):
-    """``[G, R, 32, 8]`` with ``c_k`` at index ``k`` of the new (register-held) last axis; nested
+    """``[R, G, C, 8]`` with ``c_k`` at index ``k`` of the new (register-held) last axis; nested
     joins index ``[i, j, l]`` -> ``c_{4i + 2j + l}`` after the row-major reshape."""
     lo = tl.join(tl.join(c0, c4), tl.join(c2, c6))
     t = tl.join(lo, tl.join(tl.join(c1, c5), tl.join(c3, c7)))
@@ -42,14 +45,14 @@ def _join8(c0, c1, c2, c3, c4, c5, c6, c7):
 
 
 @triton.jit
-def _offsets(t, grid_n, BM: tl.constexpr, BN: tl.constexpr):
-    """(rows of slice 0 ``[1, R, 1]``, columns ``[G, 1, 32]``) of tile ``t``."""
-    G: tl.constexpr = BN // 32
+def _offsets(t, grid_n, BM: tl.constexpr, BN: tl.constexpr, C: tl.constexpr):
+    """(rows of slice 0 ``[R, 1, 1]``, columns ``[1, G, C]``) of tile ``t``."""
+    G: tl.constexpr = BN // C
     R: tl.constexpr = BM // 8
     pid_m = t // grid_n
     pid_n = t - pid_m * grid_n
-    rows = pid_m * BM + tl.arange(0, R)[None, :, None] * 8
-    cols = pid_n * BN + tl.arange(0, G)[:, None, None] * 32 + tl.arange(0, 32)[None, None, :]
+    rows = pid_m * BM + tl.arange(0, R)[:, None, None] * 8
+    cols = pid_n * BN + tl.arange(0, G)[None, :, None] * C + tl.arange(0, C)[None, None, :]
     return rows, cols
 
 
@@ -66,15 +69,14 @@ def _row_out(x, a, k: tl.constexpr, rows0, cols, q_ptr, M, N, stride_qm, MODE: t
              FMAX: tl.constexpr, EMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr,
              EVEN: tl.constexpr, RCP: tl.constexpr):  # fmt: skip
     """Row-quantize slice ``k`` (fp32 ``x``, its finite ``|x|`` ``a``), store it and return its
-    scales (stored by the caller, all slices at once): MX one E8M0 scale per 32-group
-    ``[G, R]``; ROWS one per row ``[R]`` (1 x BN)."""
+    scales ``[R, G]``, one per row and C-group (stored by the caller, all slices at once): MX
+    E8M0 (C = 32), ROWS fp32 (C = BN = 128, G = 1)."""
     rows = rows0 + k
     if MODE == 4:
-        scale, sinv = _e8m0_scale(tl.max(a, axis=2), EMAX)  # [G, R]
-        q = _cast2(x, scale[:, :, None], FMAX, q_ptr.dtype.element_ty, FMT, SAT)
+        scale, sinv = _e8m0_scale(tl.max(a, axis=2), EMAX)
     else:
-        scale, sinv = _scale_rcp(tl.max(tl.max(a, axis=2), axis=0), FMAX, RCP)  # [R]
-        q = _cast2(x, scale[None, :, None], FMAX, q_ptr.dtype.element_ty, FMT, SAT)
+        scale, sinv = _scale_rcp(tl.max(a, axis=2), FMAX, RCP)
+    q = _cast2(x, scale[:, :, None], FMAX, q_ptr.dtype.element_ty, FMT, SAT)
     ptrs = q_ptr + rows.to(tl.int64) * stride_qm + cols
     if EVEN:
         tl.store(ptrs, q)
@@ -85,34 +87,21 @@ def _row_out(x, a, k: tl.constexpr, rows0, cols, q_ptr, M, N, stride_qm, MODE: t
 
 @triton.jit
 def _store_row_scales(s0, s1, s2, s3, s4, s5, s6, s7, rows0, pid_n, s_ptr, M, N, stride_sm,
-                      stride_sn, MODE: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
+                      stride_sn, C: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
     """The 8 slices' row scales joined along a new last axis (slice ``k`` at index ``k``) and
     stored at once: one layout conversion for the tile instead of one per slice."""
-    R: tl.constexpr = rows0.shape[1]
-    k = tl.arange(0, 8)
-    if MODE == 4:
-        G: tl.constexpr = s0.shape[0]
-        sv = _join8(s0[:, :, None], s1[:, :, None], s2[:, :, None], s3[:, :, None],
-                    s4[:, :, None], s5[:, :, None], s6[:, :, None], s7[:, :, None])  # fmt: skip
-        sv = tl.reshape(sv, (G, R, 8)).to(s_ptr.dtype.element_ty)
-        r = tl.reshape(rows0, (1, R, 1)) + k[None, None, :]
-        g = pid_n * G + tl.arange(0, G)[:, None, None]
-        ptrs = s_ptr + r.to(tl.int64) * stride_sm + g * stride_sn
-        if EVEN:
-            tl.store(ptrs, sv)
-        else:
-            tl.store(ptrs, sv, mask=(r < M) & (g * 32 < N))
+    R: tl.constexpr = rows0.shape[0]
+    G: tl.constexpr = s0.shape[1]
+    sv = _join8(s0[:, :, None], s1[:, :, None], s2[:, :, None], s3[:, :, None],
+                s4[:, :, None], s5[:, :, None], s6[:, :, None], s7[:, :, None])  # fmt: skip
+    sv = tl.reshape(sv, (R, G, 8)).to(s_ptr.dtype.element_ty)
+    r = tl.reshape(rows0, (R, 1, 1)) + tl.arange(0, 8)[None, None, :]
+    g = pid_n * G + tl.arange(0, G)[None, :, None]
+    ptrs = s_ptr + r.to(tl.int64) * stride_sm + g * stride_sn
+    if EVEN:
+        tl.store(ptrs, sv)
     else:
-        sv = _join8(s0[None, :, None], s1[None, :, None], s2[None, :, None], s3[None, :, None],
-                    s4[None, :, None], s5[None, :, None], s6[None, :, None],
-                    s7[None, :, None])  # fmt: skip
-        sv = tl.reshape(sv, (R, 8))
-        r = tl.reshape(rows0, (R, 1)) + k[None, :]
-        ptrs = s_ptr + r.to(tl.int64) * stride_sm + pid_n * stride_sn
-        if EVEN:
-            tl.store(ptrs, sv)
-        else:
-            tl.store(ptrs, sv, mask=r < M)
+        tl.store(ptrs, sv, mask=(r < M) & (g * C < N))
 
 
 @triton.jit
@@ -124,7 +113,8 @@ def _quant_tile(
     RCP: tl.constexpr,
 ):  # fmt: skip
     """Quantize one tile given as its 8 bf16 slices (see the module docstring)."""
-    rows, cols = _offsets(t, grid_n, BM, BN)
+    C: tl.constexpr = 32 if MODE == 4 else BN
+    rows, cols = _offsets(t, grid_n, BM, BN, C)
     pid_m = t // grid_n
     pid_n = t - pid_m * grid_n
     f0, f1, f2, f3 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
@@ -148,23 +138,23 @@ def _quant_tile(
     s7 = _row_out(f7, a7, 7, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
                   SAT, EVEN, RCP)  # fmt: skip
     _store_row_scales(s0, s1, s2, s3, s4, s5, s6, s7, rows, pid_n, s_ptr, M, N, stride_sm,
-                      stride_sn, MODE, EVEN)  # fmt: skip
+                      stride_sn, C, EVEN)  # fmt: skip
     if DUAL:  # BM is the column block (MX: 32; ROWS: 128): one column scale per tile column
         a = tl.maximum(tl.maximum(tl.maximum(a0, a1), tl.maximum(a2, a3)),
                        tl.maximum(tl.maximum(a4, a5), tl.maximum(a6, a7)))  # fmt: skip
-        ac = tl.max(a, axis=1)  # [G, 32]
+        ac = tl.max(a, axis=0)  # [G, C]
         if MODE == 4:
             sc, sinv_c = _e8m0_scale(ac, EMAX)
         else:
             sc, sinv_c = _scale_rcp(ac, FMAX, RCP)
-        c2 = tl.reshape(cols, (cols.shape[0], 32))
+        c2 = tl.reshape(cols, (cols.shape[1], C))
         st_ptrs = st_ptr + pid_m * stride_stm + c2.to(tl.int64) * stride_stn
         sv = sinv_c.to(st_ptr.dtype.element_ty)
         if EVEN:
             tl.store(st_ptrs, sv)
         else:
             tl.store(st_ptrs, sv, mask=c2 < N)
-        sc = sc[:, None, :]
+        sc = sc[None, :, :]
         qty = qt_ptr.dtype.element_ty
         qt = _join8(
             _cast2(f0, sc, FMAX, qty, FMT, SAT), _cast2(f1, sc, FMAX, qty, FMT, SAT),
@@ -214,12 +204,13 @@ def quant_sliced_kernel(
     E8M0 by (row, group) / (M group, column) strides; ROWS (1x128 dual, ``BM = BN = 128``):
     fp32 ``s`` (row, block) / ``st`` (M block, column) by strides. ``PERSIST``: a grid of
     fewer programs than tiles, each prefetching its next tile (see the module docstring)."""
+    C: tl.constexpr = 32 if MODE == 4 else BN  # the row block: MX 32, ROWS the tile width
     pid = tl.program_id(0)
     grid_n = tl.cdiv(N, BN)
     ntiles = tl.cdiv(M, BM) * grid_n
     if PERSIST:
         last = ntiles - 1
-        rows, cols = _offsets(pid, grid_n, BM, BN)
+        rows, cols = _offsets(pid, grid_n, BM, BN, C)
         y0 = _ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN)
         y1 = _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN)
         y2 = _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN)
@@ -231,7 +222,7 @@ def quant_sliced_kernel(
         for t in range(pid, ntiles, tl.num_programs(0)):
             x0, x1, x2, x3, x4, x5, x6, x7 = y0, y1, y2, y3, y4, y5, y6, y7
             # the next tile (the last one again past the end: a harmless re-read, no mask)
-            rows, cols = _offsets(tl.minimum(t + tl.num_programs(0), last), grid_n, BM, BN)
+            rows, cols = _offsets(tl.minimum(t + tl.num_programs(0), last), grid_n, BM, BN, C)
             y0 = _ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN)
             y1 = _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN)
             y2 = _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN)
@@ -245,7 +236,7 @@ def quant_sliced_kernel(
                         stride_stn, BM, BN, MODE, DUAL, FMAX, EMAX, FMT, SAT, EVEN,
                         RCP)  # fmt: skip
     else:
-        rows, cols = _offsets(pid, grid_n, BM, BN)
+        rows, cols = _offsets(pid, grid_n, BM, BN, C)
         x0 = _ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN)
         x1 = _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN)
         x2 = _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN)
@@ -268,12 +259,15 @@ SLICED_CONFIGS = {
     "mx_dual": (MX, 32, 256, True, 4),
     "mx_rows": (MX, 32, 256, False, 4),
 }
+# AOT only: the MX tile widths PRIMUS_TURBO_QUANT_SLICED_BN may pick besides the default
+_AOT_EXTRA = {"mx_dual_bn128": (MX, 32, 128, True, 2), "mx_dual_bn64": (MX, 32, 64, True, 1)}
 
 
-def sliced_warps(bm: int, bn: int, lanes: int) -> int:
+def sliced_warps(bm: int, bn: int, lanes: int, persist: bool = False, mode: int = MX) -> int:
     """One 16-byte bf16 vector per thread and slice: ``BM * BN / (8 slices * 8 values)``
-    threads."""
-    return max(1, bm * bn // (64 * lanes))
+    threads; twice that for the persistent 1x128 tile (8 warps spill ~250 B on sm_90 at the
+    128-register cap with the prefetched tile; 16 warps do not)."""
+    return max(1, bm * bn // (64 * lanes)) * (2 if persist and mode == ROWS else 1)
 
 
 def aot_specs(target: str) -> list[AotSpec]:
@@ -300,7 +294,7 @@ def aot_specs(target: str) -> list[AotSpec]:
     specs = []
     nv = {"maxnreg": MAXNREG} if target == "sm_90" else {}
     lanes = AOT_TARGETS[target][2]
-    for name, (mode, bm, bn, dual, _) in SLICED_CONFIGS.items():
+    for name, (mode, bm, bn, dual, _) in {**SLICED_CONFIGS, **_AOT_EXTRA}.items():
         if mode == MX and target == "gfx942":
             continue
         ssig = dict(sig, **({"s_ptr": "*u8", "st_ptr": "*u8"} if mode == MX else {}))
@@ -312,7 +306,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                 tag = ("_persist" if persist else "") + ("_even" if even else "")
                 specs.append(
                     AotSpec(f"quant_sliced_{name}{tag}_{fp8}", quant_sliced_kernel, ssig, cx,
-                            {"num_warps": sliced_warps(bm, bn, lanes), **nv},
+                            {"num_warps": sliced_warps(bm, bn, lanes, persist, mode), **nv},
                             default=even and not persist and name == "mx_dual")
                 )  # fmt: skip
     return specs

@@ -9,7 +9,9 @@
 * ``PRIMUS_TURBO_QUANT_SLICED_PERSIST``: ``0`` (default) one tile per program; ``P >= 1``:
   ``P`` persistent programs per SM/CU, each prefetching its next tile into registers.
 * ``PRIMUS_TURBO_QUANT_WARPS`` / ``_MAXNREG`` / ``_RCP`` / ``_EVEN`` apply as for the split
-  kernel.
+  kernel. sm_90 AOT at the 128-register cap: the persistent 1x128 tile spills with 8 warps
+  (~250 B), so it takes 16 (none spill; ``MAXNREG=168`` with 8 warps neither); the persistent MX
+  tiles do not spill when even.
 """
 
 from __future__ import annotations
@@ -76,10 +78,11 @@ def launch_sliced(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     gpu = not interp and x.device.type == "cuda"
     nvidia = gpu and torch.version.hip is None
     lanes = 64 if gpu and torch.version.hip is not None else 32
-    warps = ql._env_int("PRIMUS_TURBO_QUANT_WARPS", sliced_warps(bm, bn, lanes))
+    per_sm = _int_env("PRIMUS_TURBO_QUANT_SLICED_PERSIST", 0, 0)
+    warps = sliced_warps(bm, bn, lanes, persist=per_sm > 0, mode=mode)
+    warps = ql._env_int("PRIMUS_TURBO_QUANT_WARPS", warps)
     extra = {"maxnreg": ql._env_int("PRIMUS_TURBO_QUANT_MAXNREG", ql.MAXNREG)} if nvidia else {}
     ntiles = ql._cdiv(m, bm) * ql._cdiv(n, bn)
-    per_sm = _int_env("PRIMUS_TURBO_QUANT_SLICED_PERSIST", 0, 0)
     grid = ntiles
     if per_sm:
         grid = min(ntiles, per_sm * num_compute_units(x.device if not interp else None))

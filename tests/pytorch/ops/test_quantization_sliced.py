@@ -48,14 +48,16 @@ def _quant(recipe, x, dtype):
 # (recipe, SLICED_BN, SLICED_PERSIST); the CPU tier keeps the interpreter cases few
 CASES = [("block1x128", None, "0"), ("block1x128", None, "2"), ("mx_dual", "64", "0"),
          ("mx_dual", "128", "3"), ("mx_rows", "64", "1")]  # fmt: skip
-if HAS_GPU:
-    CASES += [("mx_dual", None, "0"), ("mx_dual", "512", "2"), ("mx_rows", None, "0"),
-              ("mx_rows", "128", "4"), ("block1x128", None, "1")]  # fmt: skip
+if HAS_GPU:  # the default tiles, one tile per program and persistent
+    CASES += [("mx_dual", None, "0"), ("mx_dual", None, "4"), ("mx_rows", None, "0"),
+              ("block1x128", None, "1")]  # fmt: skip
 
 
 @pytest.mark.parametrize("recipe,bn,persist", CASES, ids=["-".join(map(str, c)) for c in CASES])
 @pytest.mark.parametrize("shape", ["even", "odd"])
 def test_sliced_kernel_bitwise(monkeypatch, recipe, bn, persist, shape):
+    if not HAS_GPU and shape == "even" and persist != "0":
+        pytest.skip("CPU time budget: the persistent cases run the masked (odd) shapes only")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v3")
     for var in _ENV:
         monkeypatch.delenv(var, raising=False)
@@ -67,7 +69,8 @@ def test_sliced_kernel_bitwise(monkeypatch, recipe, bn, persist, shape):
         m, n = (m, n) if shape == "even" else ((m // 32 + 1) * 32, (n // 32 - 2) * 32)
     for special in (True, False) if HAS_GPU else (True,):  # CPU time budget
         x = _x(m, n, special)
-        for dtype in (E4M3, E5M2) if HAS_GPU or special else (E4M3,):
+        e5m2 = HAS_GPU and special and bn is None and persist == "0"  # compile time
+        for dtype in (E4M3, E5M2) if e5m2 else (E4M3,):
             for var in _ENV:
                 monkeypatch.delenv(var, raising=False)
             ref = _quant(recipe, x, dtype)
