@@ -31,6 +31,7 @@ import triton.language as tl
 from primus_turbo.pytorch.core.platform import ArchFamily, arch_family
 from primus_turbo.triton.gemm.gemm_configs import GemmConfig
 from primus_turbo.triton.gemm.gemm_kernel import _tile_coords
+from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import _masked_store
 
 
 @triton.jit
@@ -44,7 +45,12 @@ def grouped_gemm_fp8_tma_kernel(
     stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn, num_programs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
+    c_desc=None, TMA_STORE: tl.constexpr = False,
 ):  # fmt: skip
+    """``TMA_STORE`` (plan ``f8tmas``, launched with ``FLATTEN=False``): a tile whose rows all
+    lie in its group leaves through two TMA stores of ``c_desc`` (``[BLOCK_M, BLOCK_N / 2]``
+    halves, clipped at ``N`` by the hardware); a group's ragged last tile keeps the masked
+    pointer store."""
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -92,8 +98,19 @@ def grouped_gemm_fp8_tma_kernel(
         sb = tl.load(sb_ptr + g.to(tl.int64) * stride_sbg + rn.to(tl.int64) * stride_sbn,
                      mask=mask_n, other=0.0)  # fmt: skip
         acc = acc * sa[:, None] * sb[None, :]
-        c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+        if TMA_STORE:
+            if row0 + BLOCK_M <= stop:
+                out = acc.to(c_desc.dtype).reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1)
+                lo_half, hi_half = out.split()
+                c_desc.store([row0, col0], lo_half)
+                c_desc.store([row0, col0 + BLOCK_N // 2], hi_half)
+            else:
+                _masked_store(c_ptr, acc, row0, col0, stop, N, stride_cm, stride_cn,
+                              BLOCK_M, BLOCK_N)  # fmt: skip
+        else:
+            c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
+                     mask=mask_m[:, None] & mask_n[None, :])  # fmt: skip
     # rows past offs[G] (an over-allocated A): zeros
     tail0 = tl.minimum(tl.maximum(tl.load(offs_ptr + G), 0), M).to(tl.int64)
     tail_tiles = tl.cdiv((M - tail0).to(tl.int32), BLOCK_M) * num_pid_n
@@ -179,6 +196,14 @@ def fp8_tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
     )
 
 
+def _tma_store_cfg(cfg: GemmConfig, family: ArchFamily) -> bool:
+    """Tiles of plan ``f8tmas``: the 8-warp 3-stage ones (the 32 KiB store staging on top of a
+    4-stage ring exceeds sm_90's shared memory); the first CPU tile."""
+    if family == ArchFamily.CPU:
+        return cfg == fp8_tma_configs(family)[0]
+    return cfg.num_warps == 8 and cfg.num_stages == 3
+
+
 def fp8_ws_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
     """Tiles of the warp-specialised plan ``f8ws`` (``num_warps=4``: per consumer warpgroup,
     12 warps launched): 128x256 and 256x128 with 3 / 4 stages (144 / 192 KiB ring)."""
@@ -214,6 +239,7 @@ def fp8_config_filter() -> tuple[str, ...]:
 def fp8_tma_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
     cands = [("f8tma", cfg) for cfg in fp8_tma_configs(family)]
     cands += [("f8ws", cfg) for cfg in fp8_ws_configs(family)]
+    cands += [("f8tmas", cfg) for cfg in fp8_tma_configs(family) if _tma_store_cfg(cfg, family)]
     names = fp8_config_filter()
     if not names:
         return cands
@@ -274,10 +300,17 @@ def launch_fp8_tma(
             UPCAST=interp, WS=not interp, **cfg.options,
         )  # fmt: skip
         return
+    store = {}
+    if variant == "f8tmas":
+        c_desc = TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2])
+        store = {"c_desc": c_desc, "TMA_STORE": True}
+    # f8tmas: not flattened (Triton 3.6 fails on the TMA-store branch in a flattened loop with
+    # the scale loads: "'scf.if' op region control flow edge ... source has 1 operands")
     grouped_gemm_fp8_tma_kernel[(programs,)](
         *args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, G_PAD=triton.next_power_of_2(max(g, 2)), FLATTEN=not interp,
-        UPCAST=interp, **cfg.options,
+        GROUP_M=cfg.group_m, G_PAD=triton.next_power_of_2(max(g, 2)),
+        FLATTEN=not interp and not store,
+        UPCAST=interp, **store, **cfg.options,
     )  # fmt: skip
 
 
@@ -318,6 +351,8 @@ def grouped_gemm_fp8_tma(
         launch((variant, config))
         return c
     plans = fp8_tma_plans(family)
+    if c.element_size() != 2 or (n * 2) % 16:  # TMA store: 2-byte out (smem), 16-byte rows
+        plans = [p for p in plans if p[0] != "f8tmas"] or [("f8tma", plans[0][1])]
     default = plans[0]
     if family != ArchFamily.CPU and m // g < 256:  # small groups: the 64-row tile if kept
         default = next((p for p in plans if p[1].block_m == 64), default)
@@ -348,7 +383,14 @@ def aot_specs(target: str) -> list:
         consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
                   "G_PAD": 256, "FLATTEN": True, "UPCAST": False}  # fmt: skip
         specs.append(AotSpec(f"grouped_gemm_fp8_tma_{cfg.name}", grouped_gemm_fp8_tma_kernel,
-                             sig, consts, cfg.options))  # fmt: skip
+                             sig, {**consts, "c_desc": None, "TMA_STORE": False},
+                             cfg.options))  # fmt: skip
+        if _tma_store_cfg(cfg, ArchFamily.HOPPER):
+            sig_s = {**sig, "c_desc": f"tensordesc<bf16[{bm},{bn // 2}]>"}
+            specs.append(AotSpec(f"grouped_gemm_fp8_tmas_{cfg.name}",
+                                 grouped_gemm_fp8_tma_kernel, sig_s,
+                                 {**consts, "TMA_STORE": True, "FLATTEN": False},
+                                 cfg.options))  # fmt: skip
     for cfg in fp8_ws_configs(ArchFamily.HOPPER):
         sig = dict(specs[0].signature)
         sig["a_desc"] = f"tensordesc<fp8e4nv[{cfg.block_m},{cfg.block_k}]>"
