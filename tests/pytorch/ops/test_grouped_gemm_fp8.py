@@ -199,23 +199,26 @@ def test_grouped_gemm_fp8_tma_kernel_interpreter(tensorwise, device):
         torch.testing.assert_close(c, ref, rtol=1e-5, atol=1e-4, msg=f"{variant} {cfg.name}")
 
 
-def test_grouped_gemm_fp8_tma_usable_and_env(monkeypatch):
+def test_grouped_gemm_fp8_tma_usable_and_env(monkeypatch, device):
     """fp8_tma_usable: 1-byte operands with 16-byte rows only; the env var switches it off; a
     config filter naming no candidate raises naming the variable."""
     from primus_turbo.pytorch.core.platform import ArchFamily
     from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
 
+    _tma_skip(device)
     f8 = torch.float8_e4m3fn
-    a, b = torch.zeros(8, 32, dtype=f8), torch.zeros(2, 16, 32, dtype=f8)
+    a = torch.zeros(8, 32, dtype=f8, device=device)
+    b = torch.zeros(2, 16, 32, dtype=f8, device=device)
     try:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
         for value, want in (("1", True), ("0", False)):
             monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA", value)
             mod.fp8_tma_enabled.cache_clear()
             assert mod.fp8_tma_usable(a, b, torch.bfloat16) is want
         mod.fp8_tma_enabled.cache_clear()
         monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA", "1")
-        assert not mod.fp8_tma_usable(a[:, :24], b[..., :24], torch.bfloat16)  # 24-byte rows
+        a24 = torch.zeros(8, 24, dtype=f8, device=device)  # 24-byte rows
+        assert not mod.fp8_tma_usable(a24, torch.zeros(2, 16, 24, dtype=f8, device=device),
+                                      torch.bfloat16)  # fmt: skip
         assert not mod.fp8_tma_usable(a.to(torch.bfloat16), b, torch.bfloat16)
         assert not mod.fp8_tma_usable(a, b.transpose(1, 2), torch.bfloat16)
         monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG", "m1n1k1g1w1s1")
