@@ -259,6 +259,23 @@ TASKS: list[dict[str, Any]] = [
         "output": "grouped_gemm_turbo_bf16_fp8rowwise_HIPBLASLT_{date}_{gpu}.csv",
     },
     {
+        "label": "grouped_gemm_fp8_rowwise_pieces",
+        "group": "grouped_gemm_fp8",
+        "profile": "gpu",
+        "script": "ops/training/bench_grouped_gemm_turbo.py",
+        "args": [
+            "--backend",
+            "TRITON",
+            "--fp8",
+            "rowwise",
+            "--fp8-kernels",
+            "--kernels-only",
+            "--skip-check",
+        ],
+        "env": {},
+        "output": "grouped_gemm_turbo_bf16_fp8rowwise_pieces_{date}_{gpu}.csv",
+    },
+    {
         "label": "cpu_grouped_gemm_bf16_torch",
         "group": "grouped_gemm",
         "profile": "cpu",
