@@ -12,11 +12,14 @@ Grid mapping: forward, one program per ``ROWS`` rows, either the whole row in on
 tile (``tile``: the row is read once into registers) or ``looped`` (Inductor's form of this
 reduction): pass 1 walks the row in ``RBLOCK`` chunks summing squares (loads marked evict-last),
 pass 2 re-reads the chunks (L2 hits, evict-first), scales and stores; few registers per thread,
-so many programs per SM. Which one: :func:`fwd_knobs` (env ``PRIMUS_TURBO_RMSNORM_TRITON_FWD*``,
-re-read after :func:`reload_env`). Backward: a persistent grid of ``G`` programs (the device's
-SMs/CUs times a few) walks row blocks with stride ``G``; each keeps its fp32 dw sums in
-registers and writes one partial row; ``dw_reduce_kernel`` then sums the ``G`` partial rows in a
-fixed order, so dw is bitwise reproducible for a given device.
+so many programs per SM; or ``inductor``: the code shape torch.compile generates (one row per
+program, the width a compile-time constant so the chunk loop unrolls or vanishes, the sum of
+squares kept as a full ``[RBLOCK]`` fp32 vector and reduced after the loop, rstd stored before
+pass 2, 16 warps at RBLOCK 8192). Which one: :func:`fwd_knobs` (env
+``PRIMUS_TURBO_RMSNORM_TRITON_FWD*``, re-read after :func:`reload_env`). Backward: a persistent
+grid of ``G`` programs (the device's SMs/CUs times a few) walks row blocks with stride ``G``;
+each keeps its fp32 dw sums in registers and writes one partial row; ``dw_reduce_kernel`` then
+sums the ``G`` partial rows in a fixed order, so dw is bitwise reproducible for a given device.
 """
 
 from __future__ import annotations
@@ -33,36 +36,40 @@ from primus_turbo.pytorch.core.platform import is_rocm, num_compute_units, trito
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec, triton_dtype_name
 
 MAX_HIDDEN = 65536  # one tile per row (tile forward, backward); the looped forward has no limit
-FWD_MODES = ("auto", "tile", "looped")
+FWD_MODES = ("auto", "tile", "looped", "inductor")
 
 
 @dataclasses.dataclass(frozen=True)
 class FwdKnobs:
     """Forward kernel choice, from the environment (read once; :func:`reload_env` re-reads):
 
-    - ``PRIMUS_TURBO_RMSNORM_TRITON_FWD``: ``auto`` (default: ``looped`` for hidden >=
-      ``..._FWD_LOOPED_MIN_N``, default 8192, else ``tile``), ``tile`` or ``looped``. Rows wider
-      than ``MAX_HIDDEN`` always loop.
+    - ``PRIMUS_TURBO_RMSNORM_TRITON_FWD``: ``auto`` (default: ``looped`` for hidden >= 8192 and
+      for multiples of 2048 from ``..._FWD_LOOPED_MIN_N`` (default 4096), else ``tile``; H200
+      run 5.2: looped 3608 vs tile 3419 GB/s at 4096, tile 3725 vs looped 3687 at 7168, tile at
+      2880), ``tile``, ``looped`` or ``inductor`` (see the module doc; RBLOCK default the row
+      up to 8192, 16 elements per lane, HINTS honoured, ROWS/REVERSE ignored). Rows wider than
+      ``MAX_HIDDEN`` always loop (``looped`` unless ``inductor``).
     - ``..._FWD_PER_THREAD`` (tile; a power of two 4..64, default 32): elements per thread, so
       num_warps = tile elements / (32 * it) (16 was the session-4 default: 16 warps at 8192).
-    - ``..._FWD_RBLOCK`` (looped; a power of two 64..16384, default 2048, capped at the row),
-      ``..._FWD_ROWS`` (rows per program, a power of two 1..16, default 1),
-      ``..._FWD_WARPS`` (power of two 1..32; default 0 = one 16-byte bf16 vector per lane:
-      rows * RBLOCK / (8 * warp size), at most 8; Inductor's 8 warps at RBLOCK 2048 on NVIDIA),
-      ``..._FWD_STAGES`` (num_stages, 1..4, default 1), ``..._FWD_HINTS`` (bits, default 1:
-      Inductor's loads, pass 1 evict-last, pass 2 evict-first, the weight evict-last; 2: y
-      stored evict-first; 0: no cache hints), ``..._FWD_REVERSE`` (1: pass 2 walks the chunks
-      last to first; default 0).
+    - ``..._FWD_RBLOCK`` (looped; a power of two 64..16384, default 0 = 4096 from hidden 8192,
+      else 2048; capped at the row), ``..._FWD_ROWS`` (rows per program, a power of two 1..16,
+      default 1), ``..._FWD_WARPS`` (power of two 1..32; default 0 = one 16-byte bf16 vector
+      per lane: rows * RBLOCK / (8 * warp size), at most 16: 16 warps at RBLOCK 4096 on
+      NVIDIA), ``..._FWD_STAGES`` (num_stages, 1..4, default 1), ``..._FWD_HINTS`` (bits,
+      default 3; 1: Inductor's loads, pass 1 evict-last, pass 2 evict-first, the weight
+      evict-last; 2: y stored evict-first; 0: no cache hints), ``..._FWD_REVERSE`` (1: pass 2
+      walks the chunks last to first; default 0). H200 run 5.2 at 16384x8192 (compile 4157
+      GB/s): RBLOCK 2048/8 warps 3989, RBLOCK 4096+16 warps 4064, HINTS 3 4073.
     """
 
     mode: str = "auto"
-    looped_min_n: int = 8192
+    looped_min_n: int = 4096
     per_thread: int = 32
-    rblock: int = 2048
+    rblock: int = 0
     rows: int = 1
     warps: int = 0
     stages: int = 1
-    hints: int = 1
+    hints: int = 3
     reverse: bool = False
 
 
@@ -210,6 +217,53 @@ def rmsnorm_fwd_looped_kernel(
 
 
 @triton.jit
+def rmsnorm_fwd_inductor_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    rstd_ptr,
+    stride_x,
+    stride_y,
+    eps,
+    N: tl.constexpr,
+    RBLOCK: tl.constexpr,
+    HINTS: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr,
+):
+    """torch.compile's kernel for this reduction, written out (Inductor's XBLOCK 1): one row per
+    program (the grid is exactly M, so no row mask), the width ``N`` a compile-time constant
+    (a row of one chunk runs each loop once), masked chunk loads, the sum of squares as a full
+    ``[1, RBLOCK]`` fp32 vector reduced after the loop, rsqrt, rstd stored after a barrier and
+    before pass 2. HINTS bits as in the looped kernel (1 = Inductor's load hints)."""
+    LOAD1: tl.constexpr = "evict_last" if HINTS % 2 == 1 else ""
+    LOAD2: tl.constexpr = "evict_first" if HINTS % 2 == 1 else ""
+    STORE: tl.constexpr = "evict_first" if HINTS // 2 % 2 == 1 else ""
+    row = tl.program_id(0).to(tl.int64)
+    xrow = x_ptr + row * stride_x
+    yrow = y_ptr + row * stride_y
+    rbase = tl.arange(0, RBLOCK)[None, :]
+    acc = tl.full([1, RBLOCK], 0, tl.float32)
+    for off in tl.range(0, N, RBLOCK):
+        cols = off + rbase
+        cmask = cols < N
+        x = tl.load(xrow + cols, cmask, eviction_policy=LOAD1, other=0.0).to(tl.float32)
+        acc = tl.where(cmask, acc + x * x, acc)
+    ss = tl.sum(acc, 1)[:, None]
+    rstd = tl.rsqrt(ss / N + eps)
+    tl.debug_barrier()
+    tl.store(rstd_ptr + row + tl.zeros([1, 1], dtype=tl.int64), rstd)
+    for off in tl.range(0, N, RBLOCK):
+        cols = off + rbase
+        cmask = cols < N
+        x = tl.load(xrow + cols, cmask, eviction_policy=LOAD2, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, cmask, eviction_policy=LOAD1, other=0.0).to(tl.float32)
+        if ZERO_CENTERED:
+            w = w + 1.0
+        y = x * rstd * w
+        tl.store(yrow + cols, y.to(y_ptr.dtype.element_ty), cmask, eviction_policy=STORE)
+
+
+@triton.jit
 def rmsnorm_bwd_kernel(
     dy_ptr,
     x_ptr,
@@ -309,22 +363,35 @@ class LoopedConfig:
 
 
 def fwd_variant(n: int) -> str:
-    """``tile`` or ``looped``: the forward kernel for hidden size ``n`` under :func:`fwd_knobs`."""
+    """``tile``, ``looped`` or ``inductor``: the forward kernel for hidden size ``n`` under
+    :func:`fwd_knobs`."""
     k = fwd_knobs()
+    if k.mode == "inductor":
+        return "inductor"
     if n > MAX_HIDDEN:
         return "looped"
     if k.mode != "auto":
         return k.mode
-    return "looped" if n >= k.looped_min_n else "tile"
+    return "looped" if n >= 8192 or (n >= k.looped_min_n and n % 2048 == 0) else "tile"
 
 
 def select_looped_config(n: int, warp_size: int = 32) -> LoopedConfig:
-    """Looped forward config for hidden ``n`` (see :class:`FwdKnobs`); the default 8 elements
-    (one 16-byte bf16 vector) per lane at RBLOCK 2048 is Inductor's config for this reduction."""
+    """Looped forward config for hidden ``n`` (see :class:`FwdKnobs`): by default RBLOCK 4096
+    from hidden 8192 (else 2048) and 8 elements (one 16-byte bf16 vector) per lane."""
     k = fwd_knobs()
-    rblock = max(16, min(k.rblock, triton.next_power_of_2(max(n, 1))))
-    warps = k.warps or max(1, min(8, k.rows * rblock // (8 * warp_size)))
+    rblock = k.rblock or (4096 if n >= 8192 else 2048)
+    rblock = max(16, min(rblock, triton.next_power_of_2(max(n, 1))))
+    warps = k.warps or max(1, min(16, k.rows * rblock // (8 * warp_size)))
     return LoopedConfig(rblock, k.rows, warps, k.stages, k.hints, k.reverse)
+
+
+def select_inductor_config(n: int, warp_size: int = 32) -> LoopedConfig:
+    """``inductor`` forward config: RBLOCK the whole row up to 8192 (Inductor's R0_BLOCK at
+    16384x8192), 16 elements per lane (its 16 warps there), one row per program."""
+    k = fwd_knobs()
+    rblock = max(16, min(k.rblock or 8192, triton.next_power_of_2(max(n, 1))))
+    warps = k.warps or max(1, min(16, rblock // (16 * warp_size)))
+    return LoopedConfig(rblock, 1, warps, k.stages, k.hints, False)
 
 
 def _bwd_programs(m: int, rows: int, device: torch.device) -> int:
@@ -343,8 +410,18 @@ def rmsnorm_fwd_triton(
     rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
     if m == 0 or n == 0:
         return y, rstd
-    if fwd_variant(n) == "looped":
-        lc = select_looped_config(n, 64 if is_rocm() and not triton_interpret() else 32)
+    variant = fwd_variant(n)
+    ws = 64 if is_rocm() and not triton_interpret() else 32
+    if variant == "inductor":
+        ic = select_inductor_config(n, ws)
+        rmsnorm_fwd_inductor_kernel[(m,)](
+            x, w, y, rstd, x.stride(0), y.stride(0), eps,
+            N=n, RBLOCK=ic.rblock, HINTS=ic.hints, ZERO_CENTERED=zero_centered,
+            num_warps=ic.num_warps, num_stages=ic.num_stages,
+        )  # fmt: skip
+        return y, rstd
+    if variant == "looped":
+        lc = select_looped_config(n, ws)
         rmsnorm_fwd_looped_kernel[(triton.cdiv(m, lc.rows),)](
             x, w, y, rstd, m, n, x.stride(0), y.stride(0), eps,
             RBLOCK=lc.rblock, ROWS=lc.rows, EVEN_N=n % lc.rblock == 0, EVEN_M=m % lc.rows == 0,
@@ -389,8 +466,8 @@ def rmsnorm_bwd_triton(
 
 
 def aot_specs(target: str) -> list[AotSpec]:
-    """bf16 forward (tile and looped) and backward at the benchmark hidden sizes (2880, 8192),
-    and the reduce."""
+    """bf16 forward (tile, looped, inductor) and backward at the benchmark hidden sizes (2880,
+    8192; looped also 4096), and the reduce."""
     assert target in AOT_TARGETS, target
     specs = []
     t = triton_dtype_name(torch.bfloat16)
@@ -442,11 +519,11 @@ def aot_specs(target: str) -> list[AotSpec]:
     fwd_sig = {"x_ptr": f"*{t}", "w_ptr": f"*{t}", "y_ptr": f"*{t}", "rstd_ptr": "*fp32",
                "M": "i32", "N": "i32:16", "stride_x": "i32:16", "stride_y": "i32:16",
                "eps": "fp32"}  # fmt: skip
-    # looped forward: the default (RBLOCK 2048) at 8192, 2880 (masked tail), a 2-row variant
-    # with the y store hint and the reversed second pass
-    for n, rblock, rows in ((8192, 2048, 1), (2880, 1024, 1), (8192, 4096, 2)):
+    # looped forward: the default (RBLOCK 4096) at 8192, 4096 (RBLOCK 2048), 2880 (masked
+    # tail), a 2-row variant with the reversed second pass
+    for n, rblock, rows in ((8192, 4096, 1), (4096, 2048, 1), (2880, 1024, 1), (8192, 4096, 2)):
         extra = rows > 1
-        warps = max(1, min(8, rows * rblock // (8 * ws)))
+        warps = max(1, min(16, rows * rblock // (8 * ws)))
         specs.append(
             AotSpec(
                 name=f"rmsnorm_fwd_looped_{t}_n{n}_r{rblock}x{rows}",
@@ -457,12 +534,32 @@ def aot_specs(target: str) -> list[AotSpec]:
                     "ROWS": rows,
                     "EVEN_N": n % rblock == 0,
                     "EVEN_M": True,
-                    "HINTS": 3 if extra else 1,
+                    "HINTS": 3,
                     "REVERSE": extra,
                     "ZERO_CENTERED": False,
                 },  # fmt: skip
                 options={"num_warps": warps, "num_stages": 1},
                 default=n == 8192 and not extra,
+            )
+        )
+    # the Inductor-shaped forward at 8192 (one 8192 chunk, 16 warps of 32) and 2880 (masked)
+    for n in (8192, 2880):
+        rblock = min(8192, triton.next_power_of_2(n))
+        specs.append(
+            AotSpec(
+                name=f"rmsnorm_fwd_inductor_{t}_n{n}",
+                fn=rmsnorm_fwd_inductor_kernel,
+                signature={
+                    "x_ptr": f"*{t}",
+                    "w_ptr": f"*{t}",
+                    "y_ptr": f"*{t}",
+                    "rstd_ptr": "*fp32",
+                    "stride_x": "i32:16",
+                    "stride_y": "i32:16",
+                    "eps": "fp32",
+                },  # fmt: skip
+                constexprs={"N": n, "RBLOCK": rblock, "HINTS": 3, "ZERO_CENTERED": False},
+                options={"num_warps": max(1, min(16, rblock // (16 * ws))), "num_stages": 1},
             )
         )
     specs.append(

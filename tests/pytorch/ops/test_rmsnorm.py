@@ -24,6 +24,7 @@ from primus_turbo.triton.normalization.rmsnorm_kernel import (
     fwd_variant,
     rmsnorm_fwd_triton,
     select_config,
+    select_inductor_config,
     select_looped_config,
 )
 from tests.conftest import HAS_GPU
@@ -237,7 +238,8 @@ FWD_ENV = "PRIMUS_TURBO_RMSNORM_TRITON_FWD"
 # uses small RBLOCKs so the interpreter loops over several chunks with a masked tail.
 TRITON_FWD_PLANS = ["tile+PER_THREAD=16", "looped", "looped+RBLOCK=64", "looped+RBLOCK=32+ROWS=2",
                     "looped+RBLOCK=64+HINTS=0+WARPS=2", "looped+RBLOCK=32+HINTS=3+REVERSE=1",
-                    "auto+LOOPED_MIN_N=100"]  # fmt: skip
+                    "auto+LOOPED_MIN_N=100", "inductor", "inductor+RBLOCK=64+HINTS=1",
+                    "inductor+RBLOCK=64+WARPS=2+HINTS=0"]  # fmt: skip
 TRITON_FWD_SHAPES = ([(5, 127), (2, 3, 200), (4, 1), (3, 256)] if not HAS_GPU else
                      [(4096, 127), (3000, 2880), (3000, 8192), (33, 16384), (7, 24576),
                       (5, 70001)])  # fmt: skip
@@ -282,13 +284,16 @@ def test_rmsnorm_triton_fwd_plans(plan, device, monkeypatch):
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="the TURBO backend's Triton forward is GPU-only")
-@pytest.mark.parametrize("fwd", ["cpp", "triton", "triton+RBLOCK=4096+ROWS=2"])
+@pytest.mark.parametrize(
+    "fwd", ["cpp", "triton", "triton+RBLOCK=4096+ROWS=2", "triton:inductor", "triton:auto"]
+)
 def test_rmsnorm_turbo_fwd_switch(fwd, device, monkeypatch):
-    """TURBO with its GPU forward on the C++ kernels or the Triton looped kernel (wide rows), the
-    C++ backward on the forward's rstd."""
+    """TURBO with its GPU forward on the C++ kernels or a Triton forward (looped unless named:
+    ``triton:MODE``), the C++ backward on the forward's rstd."""
     _skip_unsupported(BackendType.TURBO, device)
     kernel, *knobs = fwd.split("+")
-    plan = "+".join(["looped", *knobs])
+    kernel, _, mode = kernel.partition(":")
+    plan = "+".join([mode or "looped", *knobs])
     GlobalBackendManager.set_backend("rmsnorm", BackendType.TURBO)
     with _fwd_plan_env(monkeypatch, plan, PRIMUS_TURBO_RMSNORM_TURBO_FWD=kernel,
                        PRIMUS_TURBO_RMSNORM_TURBO_FWD_MIN_N="4096"):  # fmt: skip
@@ -298,19 +303,32 @@ def test_rmsnorm_turbo_fwd_switch(fwd, device, monkeypatch):
 
 
 def test_rmsnorm_fwd_knobs(monkeypatch):
-    """Defaults: looped from hidden 8192 (and above MAX_HIDDEN whatever the mode), RBLOCK 2048
-    with one 16-byte bf16 vector per lane (8 warps of 32, 4 wavefronts of 64); bad values fall
-    back to the defaults."""
+    """Defaults (H200 run 5.2 winners): looped from hidden 8192 and at multiples of 2048 from
+    4096 (tile at 2880 and 7168; above MAX_HIDDEN whatever the mode), RBLOCK 4096 from 8192
+    (2048 below) with one 16-byte bf16 vector per lane (16 warps of 32, 8 wavefronts of 64),
+    y stored evict-first (HINTS 3); the Inductor-shaped variant takes the row up to 8192 with
+    16 elements per lane; bad values fall back to the defaults."""
     with _fwd_plan_env(monkeypatch, "auto"):
         assert fwd_variant(8192) == "looped" and fwd_variant(2880) == "tile"
-        assert select_looped_config(8192).num_warps == 8
-        assert select_looped_config(8192, 64).num_warps == 4
+        assert fwd_variant(4096) == "looped" and fwd_variant(7168) == "tile"
+        assert fwd_variant(10000) == "looped"
+        lc = select_looped_config(8192)
+        assert (lc.rblock, lc.num_warps, lc.hints, lc.rows) == (4096, 16, 3, 1)
+        assert select_looped_config(8192, 64).num_warps == 8
+        lc = select_looped_config(4096)
+        assert (lc.rblock, lc.num_warps) == (2048, 8)
         assert select_looped_config(100).rblock == 128
-        assert turbo_gpu_fwd() == ("cpp" if is_rocm() else "triton", 8192)
+        ic = select_inductor_config(8192)
+        assert (ic.rblock, ic.num_warps, ic.rows, ic.hints) == (8192, 16, 1, 3)
+        assert select_inductor_config(2880).rblock == 4096
+        assert turbo_gpu_fwd() == ("cpp" if is_rocm() else "triton", 2048)
     with _fwd_plan_env(monkeypatch, "tile+RBLOCK=3000+WARPS=x+PER_THREAD=16"):
         k = fwd_knobs()
-        assert k.mode == "tile" and k.rblock == 2048 and k.warps == 0 and k.per_thread == 16
+        assert k.mode == "tile" and k.rblock == 0 and k.warps == 0 and k.per_thread == 16
         assert fwd_variant(8192) == "tile" and fwd_variant(70000) == "looped"
+    with _fwd_plan_env(monkeypatch, "inductor+HINTS=1"):
+        assert fwd_variant(2880) == "inductor" and fwd_variant(70000) == "inductor"
+        assert select_inductor_config(8192).hints == 1
 
 
 def test_rmsnorm_module(device):

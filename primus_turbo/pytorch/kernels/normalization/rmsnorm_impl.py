@@ -36,16 +36,18 @@ TURBO_GPU_MAX_VEC_HIDDEN = 16384
 @functools.lru_cache(maxsize=1)
 def turbo_gpu_fwd() -> tuple[str, int]:
     """``(kernel, min_hidden)``: the TURBO backend's GPU forward runs ``kernel`` ("triton": the
-    Triton forward, looped at these widths; "cpp": the C++ kernels) for hidden >= ``min_hidden``
-    and the C++ kernels below. Env ``PRIMUS_TURBO_RMSNORM_TURBO_FWD`` (triton | cpp; default
-    triton on CUDA: H200 run 4.4 had Inductor's looped form at 4132 GB/s vs C++ 3961 at
-    16384x8192; cpp on ROCm, unmeasured there) and
-    ``PRIMUS_TURBO_RMSNORM_TURBO_FWD_MIN_N`` (default 8192); re-read after :func:`reload_env`.
+    Triton forward, tile or looped per width; "cpp": the C++ kernels) for hidden >=
+    ``min_hidden`` and the C++ kernels below. Env ``PRIMUS_TURBO_RMSNORM_TURBO_FWD`` (triton |
+    cpp; default triton on CUDA, cpp on ROCm, unmeasured there) and
+    ``PRIMUS_TURBO_RMSNORM_TURBO_FWD_MIN_N`` (default 2048); re-read after :func:`reload_env`.
+    H200 run 5.2, forward GB/s Triton vs C++: 2880 3228/3099, 4096 3608/3384 (looped), 7168
+    3725/3699, 8192 3999/4004 (then 4073 with the round-2 looped defaults); below 2048 C++
+    (unmeasured).
     The backward stays C++ (same fp32 ``rstd [M]``)."""
     kernel = os.environ.get("PRIMUS_TURBO_RMSNORM_TURBO_FWD", "").strip().lower()
     v = os.environ.get("PRIMUS_TURBO_RMSNORM_TURBO_FWD_MIN_N", "").strip()
     default = "cpp" if is_rocm() else "triton"  # measured on the H200 only
-    return (kernel if kernel in ("triton", "cpp") else default, int(v) if v.isdigit() else 8192)
+    return (kernel if kernel in ("triton", "cpp") else default, int(v) if v.isdigit() else 2048)
 
 
 def reload_env() -> None:
@@ -92,7 +94,7 @@ class RMSNormDispatcher(AutoKernelDispatcher):
 @RMSNormDispatcher.register
 class RMSNormTurboBackend(KernelBackend):
     """Our C++ kernels (``torch.ops.primus_turbo_cpp.rmsnorm_fwd/bwd``): CPU, CUDA and HIP; on
-    the GPU the forward of wide rows may run the Triton looped kernel (:func:`turbo_gpu_fwd`)."""
+    the GPU the forward from hidden 2048 runs the Triton forward (:func:`turbo_gpu_fwd`)."""
 
     backend_type = BackendType.TURBO
 
