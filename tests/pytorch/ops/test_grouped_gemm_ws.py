@@ -92,28 +92,40 @@ def test_grouped_gemm_s5_plans_gpu(plan, trans_b, monkeypatch, device):
 
 
 def test_grouped_gemm_s5_candidates(monkeypatch):
-    """The default Hopper candidates hold the new plans; ``..._CANDIDATES=s4`` gives the
-    session-4 forward list; the TMA-store plans drop out when N is not a multiple of 8."""
+    """The default Hopper candidates are the session-4 winners, no session-5 plan (not even
+    for small groups); ``..._CANDIDATES=s5`` adds the new plans; the TMA-store plans drop out
+    when N is not a multiple of 8."""
     from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
 
     def names(plans):
         return {(v, c.name) for v, c in plans}
 
+    def kinds(plans):
+        return {v for v, _ in plans}
+
     gc.candidate_set.cache_clear()
     try:
+        for cands in ("", "s4"):
+            monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", cands)
+            gc.candidate_set.cache_clear()
+            vk = names(gc.variable_k_plans(ArchFamily.HOPPER, "tune", True))
+            assert vk == set(gc.HOPPER_WINNERS["vk"])
+            fwd = names(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True))
+            assert fwd == set(gc.HOPPER_WINNERS_S4_FWD) == set(gc.HOPPER_WINNERS["fwd"])
+            few = gc.WINNERS_MIN_AVG_ROWS - 1
+            small = gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, few)
+            assert not kinds(small) & set(gc.S5_VARIANTS)
+            assert not kinds(gc.variable_k_plans(ArchFamily.HOPPER, "tune", True, few)) & {"ws"}
+        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "s5")
+        gc.candidate_set.cache_clear()
         vk = names(gc.variable_k_plans(ArchFamily.HOPPER, "tune", True))
-        assert vk == set(gc.HOPPER_WINNERS["vk"]) and ("ws", "m256n128k64g8w4s3") in vk
+        assert vk == set(gc.HOPPER_WINNERS["vk"] + gc.HOPPER_S5_PLANS["vk"])
+        assert ("ws", "m256n128k64g8w4s3") in vk
         fwd = names(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True))
-        assert fwd == set(gc.HOPPER_WINNERS["fwd"]) and ("ws", "m128n256k64g8w4s3") in fwd
+        assert fwd == set(gc.HOPPER_WINNERS["fwd"] + gc.HOPPER_S5_PLANS["fwd"])
         odd = names(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, n=4100))
         assert not {v for v, _ in odd} & {"tmas", "tmasn"}
         assert ("tman", "m128n256k64g8w8s3") in odd
-        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "s4")
-        gc.candidate_set.cache_clear()
-        s4 = names(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True))
-        assert s4 == set(gc.HOPPER_WINNERS_S4_FWD)
-        vk = gc.variable_k_plans(ArchFamily.HOPPER, "tune", True)
-        assert "ws" not in {v for v, _ in vk}
     finally:
         monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", raising=False)
         gc.candidate_set.cache_clear()
