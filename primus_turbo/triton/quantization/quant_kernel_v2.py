@@ -324,6 +324,14 @@ V3_NO_EVEN = frozenset({"block_dual", "mx_dual"})
 # STAGES=1 0.867, 3 0.844, 2 (v2's) 0.801 of copy)
 V3_STAGES = {"tile": 1}
 MAXNREG = 128  # NVIDIA: registers/thread cap, so two 8-warp programs fit on an SM
+# v3 per-config caps (NVIDIA): the 128x128 weight tile at 80 registers, three 8-warp programs
+# per SM, no spill on sm_90 (H200 run 5.2, graph time, 3 shapes: 0.884 of copy vs 0.843 at 128;
+# WARPS=16 at 48: 0.852, WARPS=4 at 160: 0.846)
+V3_MAXNREG = {"tile": 80}
+# extra AOT-only specs: the block1x128 dual tile at the register caps the round-2 sweep tries
+# (PRIMUS_TURBO_QUANT_MAXNREG_BLOCK_DUAL / _WARPS_BLOCK_DUAL), to see their spills
+_AOT_SWEEP = (("block_dual", 8, 80), ("block_dual", 16, 64), ("block_dual", 16, 40),
+              ("block_dual", 32, 64), ("block_dual", 32, 32))  # fmt: skip
 
 
 def aot_specs(target: str) -> list[AotSpec]:
@@ -363,11 +371,18 @@ def aot_specs(target: str) -> list[AotSpec]:
               "FMT": (0, 0, 0, 0), "STAGES": stages, "SAT": target == "sm_90",
               "NP": 512 if mode == GIVEN else 1, "EVEN": v3 and name not in V3_NO_EVEN,
               "FAST": v3 and name not in V3_NO_FAST}  # fmt: skip
+        nreg = V3_MAXNREG.get(name, MAXNREG) if v3 else MAXNREG
         if v3 and target == "sm_90":
             cx["STAGES"] = V3_STAGES.get(name, stages)
         specs.append(
             AotSpec(f"quant_v{2 + v3}_{name}_{fp8}", quant_tile_v2_kernel, s, cx,
-                    {"num_warps": warps, **({"maxnreg": MAXNREG} if target == "sm_90" else {})},
+                    {"num_warps": warps, **({"maxnreg": nreg} if target == "sm_90" else {})},
                     default=name == "block_dual" and v3)
         )  # fmt: skip
+    if target == "sm_90":
+        for name, warps, nreg in _AOT_SWEEP:
+            base = next(sp for sp in specs if sp.name == f"quant_v3_{name}_{fp8}")
+            specs.append(AotSpec(f"quant_v3_{name}_w{warps}_r{nreg}_{fp8}", base.fn,
+                                 base.signature, base.constexprs,
+                                 {"num_warps": warps, "maxnreg": nreg}))  # fmt: skip
     return specs

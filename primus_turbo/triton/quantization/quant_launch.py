@@ -36,6 +36,7 @@ from primus_turbo.triton.quantization.quant_kernel_v2 import (
     MX4,
     V2_CONFIGS,
     V3_CONFIGS,
+    V3_MAXNREG,
     V3_NO_EVEN,
     V3_NO_FAST,
     V3_STAGES,
@@ -99,8 +100,10 @@ def quant_impl_version() -> str:
     ``v2`` routes the blockwise 1x128 dual, 128x128 and MX recipes of row-contiguous inputs to
     ``quant_tile_v2_kernel``; ``v1`` keeps every recipe on ``quant_tile_kernel`` (for A/B
     runs). ``PRIMUS_TURBO_QUANT_STAGES``, ``PRIMUS_TURBO_QUANT_WARPS`` and
-    ``PRIMUS_TURBO_QUANT_MAXNREG`` (NVIDIA register cap, default 128) override the v2/v3
-    stages / warps / cap of every config; ``PRIMUS_TURBO_QUANT_FAST`` / ``_EVEN`` (0/1)
+    ``PRIMUS_TURBO_QUANT_MAXNREG`` (NVIDIA register cap, default 128; v3: ``V3_MAXNREG`` per
+    config, 80 for the 128x128 tile) override the v2/v3 stages / warps / cap of every config,
+    ``PRIMUS_TURBO_QUANT_<KNOB>_<CONFIG>`` (e.g. ``_MAXNREG_BLOCK_DUAL``, ``_WARPS_TILE``) of
+    one config (it wins over the global one); ``PRIMUS_TURBO_QUANT_FAST`` / ``_EVEN`` (0/1)
     force the FAST / EVEN flags of the tile kernels (default: v3 per config, see
     ``V3_NO_FAST`` / ``V3_NO_EVEN``; EVEN still needs a shape that is a multiple of the
     tile)."""
@@ -185,6 +188,13 @@ def _config(name: str):
     return mode, bm, bn, dual, warps, stages
 
 
+def _knob(knob: str, name: str, default: int) -> int:
+    """``PRIMUS_TURBO_QUANT_<KNOB>_<NAME>`` (one config, e.g. ``_MAXNREG_BLOCK_DUAL``), else
+    ``PRIMUS_TURBO_QUANT_<KNOB>`` (every config), else ``default``."""
+    return _env_int(f"PRIMUS_TURBO_QUANT_{knob}_{name.upper()}",
+                    _env_int(f"PRIMUS_TURBO_QUANT_{knob}", default))  # fmt: skip
+
+
 def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
     """Launch ``quant_tile_v2_kernel`` with ``V2_CONFIGS[name]`` (see quant_kernel_v2)."""
     mode, bm, bn, dual, warps, stages = _config(name)
@@ -193,11 +203,11 @@ def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
         stages = V3_STAGES.get(name, stages)
     interp = triton_interpret()
     nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
-    stages = _env_int("PRIMUS_TURBO_QUANT_STAGES", stages if nvidia or interp else 1)
+    stages = _knob("STAGES", name, stages if nvidia or interp else 1)
     if mode == MX4:  # one tile per program, always (no persistent loop)
         stages = 1
-    warps = _env_int("PRIMUS_TURBO_QUANT_WARPS", warps)
-    maxnreg = _env_int("PRIMUS_TURBO_QUANT_MAXNREG", MAXNREG)
+    warps = _knob("WARPS", name, warps)
+    maxnreg = _knob("MAXNREG", name, V3_MAXNREG.get(name, MAXNREG) if v3 else MAXNREG)
     m, n = x.shape
     if m == 0 or n == 0:
         return
@@ -295,12 +305,11 @@ def quant_tensorwise(x: torch.Tensor, dtype: torch.dtype, dual: bool = False):
     ``dual``). Traffic: the input is read twice (the second read partly from L2) and ``q``
     written once -- 5 bytes per bf16 element (6 with ``dual``), vs 4 for a copy."""
     m, n = x.shape
-    if m and n and _v3():  # PRIMUS_TURBO_QUANT_TW: own (default) / fused / v3 (below)
+    if m and n and _v3():  # PRIMUS_TURBO_QUANT_TW: own (default) / v3 (below)
         from primus_turbo.triton.quantization import quant_tw_launch as tw
 
-        mode = tw.tw_mode()
-        if mode != "v3":
-            return tw.quant_tensorwise_tw(x, dtype, dual, mode)
+        if tw.tw_mode() != "v3":
+            return tw.quant_tensorwise_tw(x, dtype, dual)
     q = torch.empty(x.shape, dtype=dtype, device=x.device)
     s = torch.empty((), dtype=torch.float32, device=x.device)
     qt = _empty_like_t(x, dtype) if dual else None

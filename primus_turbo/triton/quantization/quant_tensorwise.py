@@ -1,4 +1,4 @@
-"""Tensorwise FP8 quantization with L2 reuse: one kernel, three phases (``PHASE``).
+"""Tensorwise FP8 quantization with L2 reuse: one kernel, two phases (``PHASE``).
 
 The tensorwise scale needs the amax of the whole tensor before the first value is cast, so the
 input is read twice. The second read is cheap only if it hits L2 (H200: 50 MB, split in two
@@ -9,11 +9,9 @@ half near its SM when the program lands on the same SM) are re-read first.
 
 * ``PHASE=1``: amax of the own tiles -> ``part_ptr[p]`` (every slot written; no atomics).
 * ``PHASE=2``: reduce the ``P`` partial maxima, cast the own tiles in reverse.
-* ``PHASE=0``: both in ONE launch with a grid-wide barrier (an atomic counter, zeroed by the
-  launcher) in between; needs every program resident at once (the launcher caps ``P`` at the
-  programs that fit on the device). The last ``HOLD`` (0/1) tile of a program stays in
-  registers across the barrier (not re-read at all). The spin is bounded: a barrier that does
-  not complete (a grid that is not co-resident) writes a NaN scale instead of hanging.
+(Session 5 also had a one-launch ``PHASE=0`` with a grid barrier and the last tile held in
+registers; H200 run 5.2 measured it below the two launches on every shape -- 0.612 / 0.616 vs
+0.647 / 0.671 of copy, plain / dual -- so it was removed.)
 
 Tiles: flat ``BLOCK``-wide (``DUAL=False``, any contiguous input) or ``BM x BN`` of the 2-D
 input (``DUAL=True``: also writes ``x.T`` quantized, transposed in registers so both stores
@@ -27,9 +25,7 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
-from primus_turbo.triton.quantization.quant_kernel import _cast, _finite_abs, _scale_of
-
-SPIN_LIMIT = tl.constexpr(1 << 22)  # barrier polls before giving up (far above a normal wait)
+from primus_turbo.triton.quantization.quant_kernel import _cast, _scale_of
 
 
 @triton.jit
@@ -90,15 +86,6 @@ def _own_amax(x_ptr, numel, M, N, stride_xm, pid, P, kend, ktail, BLOCK: tl.cons
 
 
 @triton.jit
-def _tile_amax(x, FINITE: tl.constexpr, DUAL: tl.constexpr):
-    if FINITE:
-        a = _finite_abs(x)
-    else:
-        a = tl.abs(x)
-    return _max_all(a, DUAL)
-
-
-@triton.jit
 def _max_all(a, DUAL: tl.constexpr):
     if DUAL:
         r = tl.max(tl.max(a, axis=1), axis=0)
@@ -136,10 +123,10 @@ def _cast_store(x, scale, q_ptr, qt_ptr, oq, mask, rm, rn, M, FMAX: tl.constexpr
 
 @triton.jit
 def tw_quant_kernel(
-    x_ptr, q_ptr, qt_ptr, s_ptr, part_ptr, cnt_ptr,
+    x_ptr, q_ptr, qt_ptr, s_ptr, part_ptr,
     numel, M, N, stride_xm, P, ktail,
     PHASE: tl.constexpr, BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    DUAL: tl.constexpr, HOLD: tl.constexpr, NPB: tl.constexpr, FMAX: tl.constexpr,
+    DUAL: tl.constexpr, NPB: tl.constexpr, FMAX: tl.constexpr,
     FMT: tl.constexpr = (0, 0, 0, 0), SAT: tl.constexpr = False, EVEN: tl.constexpr = False,
     FAST: tl.constexpr = True, CS: tl.constexpr = False, EVA: tl.constexpr = 1,
     EVC: tl.constexpr = "evict_first",
@@ -157,50 +144,21 @@ def tw_quant_kernel(
         ntiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     else:
         ntiles = tl.cdiv(numel, BLOCK)
-    kall = tl.cdiv(ntiles, P)  # tiles past the end (t >= ntiles) are fully masked
-    kwalk = tl.maximum(kall - HOLD, 0)  # tiles read twice (HOLD: 0 unless PHASE == 0)
-    if PHASE != 2:
+    kwalk = tl.cdiv(ntiles, P)  # tiles past the end (t >= ntiles) are fully masked
+    if PHASE == 1:
         amax = _own_amax(x_ptr, numel, M, N, stride_xm, pid, P, kwalk, ktail, BLOCK, BM, BN,
                          DUAL, EVEN, not FAST, EVA)  # fmt: skip
-        if HOLD:
-            th = pid + (kall - 1) * P
-            ohx, ohq, hmask, hrm, hrn = _tile_ptrs(th, numel, M, N, stride_xm, BLOCK, BM, BN,
-                                                   DUAL)  # fmt: skip
-            hmask = hmask & (kall > 0)
-            xh = tl.load(x_ptr + ohx, mask=hmask, other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, _tile_amax(xh, not FAST, DUAL))
         if FAST:
             if tl.where(amax < float("inf"), 0, 1) != 0:  # an inf or NaN: the filtered walk
                 amax = _own_amax(x_ptr, numel, M, N, stride_xm, pid, P, kwalk, ktail, BLOCK,
                                  BM, BN, DUAL, EVEN, True, EVA)  # fmt: skip
-                if HOLD:
-                    amax = tl.maximum(amax, _tile_amax(xh, True, DUAL))
         tl.store(part_ptr + pid, amax)
-    if PHASE == 1:
         return
-    if PHASE == 0:  # grid barrier: every partial stored before the counter says so
-        tl.debug_barrier()
-        seen = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") + 1
-        polls = tl.full((), 0, tl.int32)
-        while (seen < P) & (polls < SPIN_LIMIT):
-            seen = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
-            polls += 1
-        tl.debug_barrier()
-        pr = tl.arange(0, NPB)
-        parts = tl.load(part_ptr + pr, mask=pr < P, other=0.0, volatile=True)
-        amax = tl.max(parts, axis=0)
-    else:
-        pr = tl.arange(0, NPB)
-        amax = tl.max(tl.load(part_ptr + pr, mask=pr < P, other=0.0), axis=0)
+    pr = tl.arange(0, NPB)
+    amax = tl.max(tl.load(part_ptr + pr, mask=pr < P, other=0.0), axis=0)
     scale, sinv = _scale_of(amax, FMAX, False, 0)
-    if PHASE == 0:  # a barrier that never completed: NaN scales and q, not a hang
-        scale = tl.where(seen < P, float("nan"), scale)
-        sinv = tl.where(seen < P, float("nan"), sinv)
     if pid == 0:
         tl.store(s_ptr, sinv)
-    if HOLD:
-        _cast_store(xh, scale, q_ptr, qt_ptr, ohq, hmask, hrm, hrn, M, FMAX, FMT, SAT, False,
-                    DUAL, CS)  # fmt: skip
     for i in range(0, kwalk):  # own tiles, last read first
         ox, oq, mask, rm, rn = _tile_ptrs(pid + (kwalk - 1 - i) * P, numel, M, N, stride_xm,
                                           BLOCK, BM, BN, DUAL)  # fmt: skip
@@ -208,14 +166,15 @@ def tw_quant_kernel(
         _cast_store(x, scale, q_ptr, qt_ptr, oq, mask, rm, rn, M, FMAX, FMT, SAT, EVEN, DUAL, CS)
 
 
-# AOT: the default launch configs (flat 8192 x 8 warps; dual 64 x 128 x 8 warps), per phase
-_AOT = [  # (name, PHASE, DUAL, HOLD, BLOCK, BM, BN, warps, maxnreg on sm_90)
-    ("amax", 1, False, 0, 8192, 16, 16, 8, 64),
-    ("cast", 2, False, 0, 8192, 16, 16, 8, 64),
-    ("fused", 0, False, 1, 8192, 16, 16, 8, 128),
-    ("dual_amax", 1, True, 0, 16, 64, 128, 8, 64),
-    ("dual_cast", 2, True, 0, 16, 64, 128, 8, 64),
-    ("dual_fused", 0, True, 1, 16, 64, 128, 8, 128),
+# AOT: the default launch configs (flat 8192 x 8 warps; dual 128 x 128 x 8 warps), per phase,
+# and the previous dual tile (64 x 128)
+_AOT = [  # (name, PHASE, DUAL, BLOCK, BM, BN, warps, maxnreg on sm_90)
+    ("amax", 1, False, 8192, 16, 16, 8, 64),
+    ("cast", 2, False, 8192, 16, 16, 8, 64),
+    ("dual_amax", 1, True, 16, 128, 128, 8, 64),
+    ("dual_cast", 2, True, 16, 128, 128, 8, 64),
+    ("dual64_amax", 1, True, 16, 64, 128, 8, 64),
+    ("dual64_cast", 2, True, 16, 64, 128, 8, 64),
 ]
 
 
@@ -229,7 +188,6 @@ def aot_specs(target: str) -> list[AotSpec]:
         "qt_ptr": f"*{fp8}",
         "s_ptr": "*fp32",
         "part_ptr": "*fp32",
-        "cnt_ptr": "*i32",
         "numel": "i32:16",
         "M": "i32:16",
         "N": "i32:16",
@@ -238,18 +196,18 @@ def aot_specs(target: str) -> list[AotSpec]:
         "ktail": "i32",
     }
     specs = []
-    for name, phase, dual, hold, block, bm, bn, warps, nreg in _AOT:
+    for name, phase, dual, block, bm, bn, warps, nreg in _AOT:
         nv = {"maxnreg": nreg} if target == "sm_90" else {}
         for even in (True, False):
             cx = {"PHASE": phase, "BLOCK": block, "BM": bm, "BN": bn, "DUAL": dual,
-                  "HOLD": hold, "NPB": 1024, "FMAX": fmax, "FMT": (0, 0, 0, 0),
+                  "NPB": 1024, "FMAX": fmax, "FMT": (0, 0, 0, 0),
                   "SAT": target == "sm_90", "EVEN": even, "FAST": True,
                   "CS": target == "sm_90", "EVA": 1, "EVC": "evict_first"}  # fmt: skip
             specs.append(
                 AotSpec(f"quant_tw_{name}{'_even' if even else ''}_{fp8}", tw_quant_kernel, sig,
                         cx, {"num_warps": warps, **nv}, default=name == "cast" and even)
             )  # fmt: skip
-    for sp in [sp for sp in specs if sp.name.startswith(("quant_tw_amax_even", "quant_tw_fused_"))]:
+    for sp in [sp for sp in specs if sp.name.startswith("quant_tw_amax_even")]:
         specs.append(AotSpec(sp.name.replace("quant_tw_", "quant_tw_tail_"), sp.fn, sp.signature,
                              {**sp.constexprs, "EVA": 2}, sp.options))  # fmt: skip
     return specs

@@ -4,14 +4,15 @@
 * ``v3``: the session-4 kernels of quant_kernel.py / quant_kernel_v2.py (two launches, the
   cast pass walks the whole tensor backwards, so a tile is re-read by another program),
 * ``own`` (default): two launches of ``tw_quant_kernel``; each program re-reads its OWN tiles
-  in reverse order (same tiles, same program: the L2 lines it touched last),
-* ``fused``: one launch with a grid barrier and the last tile of each program kept in
-  registers (needs the whole grid resident: the launcher caps it; see the kernel docstring).
+  in reverse order (same tiles, same program: the L2 lines it touched last).
+H200 run 5.2 (graph time, 3 shapes, of copy): ``own`` 0.647 / 0.671 (plain / dual), ``v3``
+0.605 / 0.616; the one-launch grid-barrier variant (``fused``, 0.612 / 0.616) was removed.
 Knobs (all optional): ``PRIMUS_TURBO_QUANT_TW_BLOCK`` (flat tile, a power of two in
-[1024, 32768], default 8192), ``_TW_TILE`` (dual tile ``BMxBN``, powers of two in [16, 256],
-default 64x128), ``_TW_WARPS`` (default 8), ``_TW_PER_SM`` (programs per SM/CU: default 4
-for ``own``, 16 // warps on NVIDIA and 1 on AMD for ``fused``), ``_TW_HOLD`` (0/1, default 1,
-``fused`` only), ``_TW_CS`` (0/1, NVIDIA: streaming stores of the fp8 outputs, default 1),
+[1024, 32768], default 8192; 16384: 0.633), ``_TW_TILE`` (dual tile ``BMxBN``, powers of two
+in [16, 256], default 128x128 on NVIDIA: 0.682 vs 0.671 for 64x128; 64x128 on AMD),
+``_TW_WARPS`` (default 8),
+``_TW_PER_SM`` (programs per SM/CU, default 4),
+``_TW_CS`` (0/1, NVIDIA: streaming stores of the fp8 outputs, default 1),
 ``_TW_EVICT`` (``last``/``none``/``tail``, see ``_evict_amax``), ``_TW_L2_MB``,
 ``_TW_EVICT_CAST`` (``first``: the cast walk's loads ``evict_first``, default; ``none``).
 """
@@ -35,7 +36,7 @@ from primus_turbo.triton.quantization.quant_launch import (
 )
 from primus_turbo.triton.quantization.quant_tensorwise import tw_quant_kernel
 
-TW_MODES = ("v3", "own", "fused")
+TW_MODES = ("v3", "own")
 _INTERP_PROGRAMS = 3  # interpreter grid of the two-launch path (programs run one by one)
 
 
@@ -55,9 +56,11 @@ def _pow2_env(var: str, default: int, lo: int, hi: int) -> int:
     return v
 
 
-def _tile_env() -> tuple[int, int]:
+def _tile_env(nvidia: bool) -> tuple[int, int]:
+    """Dual tile: 128x128 on NVIDIA (H200 run 5.2; 64 registers, a 52 B spill in the amax walk
+    on sm_90, still faster), 64x128 elsewhere (not measured; 128x128 spills SGPRs on gfx950)."""
     var = "PRIMUS_TURBO_QUANT_TW_TILE"
-    raw = os.environ.get(var, "").strip().lower() or "64x128"
+    raw = os.environ.get(var, "").strip().lower() or ("128x128" if nvidia else "64x128")
     try:
         bm, bn = (int(v) for v in raw.split("x"))
     except ValueError:
@@ -109,7 +112,7 @@ def _evict_amax(x: torch.Tensor, ntiles: int, p: int, tile_bytes: int) -> tuple[
     return 2, max(0, -(-ntiles // p) - steps)
 
 
-def quant_tensorwise_tw(x: torch.Tensor, dtype: torch.dtype, dual: bool, mode: str):
+def quant_tensorwise_tw(x: torch.Tensor, dtype: torch.dtype, dual: bool):
     """``(q, s)`` or ``(q, s, qt, s)`` through ``tw_quant_kernel``; ``x`` 2-D, non-empty."""
     m, n = x.shape
     xc = x if x.is_contiguous() else x.contiguous()
@@ -119,13 +122,8 @@ def quant_tensorwise_tw(x: torch.Tensor, dtype: torch.dtype, dual: bool, mode: s
     interp = triton_interpret()
     nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
     warps = _env_int("PRIMUS_TURBO_QUANT_TW_WARPS", 8)
-    fused = mode == "fused"
-    bm, bn = _tile_env()
-    resident = 4
-    if fused:  # every program resident: registers (capped below) and the dual's transpose
-        smem = bm * bn * 4 if dual else 0  # scratch (32 KB for 64x128 on sm_90, AOT check)
-        resident = max(1, min(16 // warps, (160 << 10) // smem if smem else 64)) if nvidia else 1
-    per_sm = _env_int("PRIMUS_TURBO_QUANT_TW_PER_SM", resident)
+    bm, bn = _tile_env(nvidia)
+    per_sm = _env_int("PRIMUS_TURBO_QUANT_TW_PER_SM", 4)
     if nvidia and per_sm * warps > 64:  # 2048 threads per SM
         raise ValueError(
             "primus_turbo: PRIMUS_TURBO_QUANT_TW_PER_SM x PRIMUS_TURBO_QUANT_TW_WARPS expected "
@@ -140,19 +138,16 @@ def quant_tensorwise_tw(x: torch.Tensor, dtype: torch.dtype, dual: bool, mode: s
         ntiles = -(-numel // block)
         full = numel % block == 0
     if interp:
-        cap = 1 if fused else _INTERP_PROGRAMS
+        cap = _INTERP_PROGRAMS
     else:
         cap = per_sm * num_compute_units(x.device)
     p = _programs(ntiles, cap)
     npb = max(2, 1 << (p - 1).bit_length())
     parts = torch.empty(p, dtype=torch.float32, device=x.device)
-    cnt = torch.zeros(1, dtype=torch.int32, device=x.device) if fused else parts
-    hold = 1 if _env_flag("PRIMUS_TURBO_QUANT_TW_HOLD", True) and fused else 0
     extra = {"maxnreg": min(255, 65536 // (per_sm * warps * 32)) // 8 * 8} if nvidia else {}
     eva, ktail = _evict_amax(x, ntiles, p, (bm * bn if dual else block) * x.element_size())
     evc = _choice("PRIMUS_TURBO_QUANT_TW_EVICT_CAST", ("first", "none"), "first")
-    args = (xc, _u8(q), _u8(qt if dual else q), s, parts, cnt, numel, m, n, xc.stride(0), p,
-            ktail)  # fmt: skip
+    args = (xc, _u8(q), _u8(qt if dual else q), s, parts, numel, m, n, xc.stride(0), p, ktail)
     kw = dict(
         BLOCK=block if not dual else 16, BM=bm if dual else 16, BN=bn if dual else 16, DUAL=dual,
         NPB=npb, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype), SAT=_nvidia_sat(xc),
@@ -160,9 +155,6 @@ def quant_tensorwise_tw(x: torch.Tensor, dtype: torch.dtype, dual: bool, mode: s
         CS=nvidia and _env_flag("PRIMUS_TURBO_QUANT_TW_CS", True), EVA=eva,
         EVC="evict_first" if evc == "first" else "", num_warps=warps, **extra,
     )  # fmt: skip
-    if fused:
-        tw_quant_kernel[(p,)](*args, PHASE=0, HOLD=hold, **kw)
-    else:
-        tw_quant_kernel[(p,)](*args, PHASE=1, HOLD=0, **kw)
-        tw_quant_kernel[(p,)](*args, PHASE=2, HOLD=0, **kw)
+    tw_quant_kernel[(p,)](*args, PHASE=1, **kw)
+    tw_quant_kernel[(p,)](*args, PHASE=2, **kw)
     return (q, s, qt, s) if dual else (q, s)

@@ -1,10 +1,12 @@
-"""Tensorwise FP8 through ``tw_quant_kernel`` (PRIMUS_TURBO_QUANT_TW=own/fused): bitwise equal
-to the session-4 kernels (PRIMUS_TURBO_QUANT_TW=v3) and close to the torch reference, plain and
-dual, odd / tiny / zero-size shapes, inf/NaN/all-zero inputs, env validation. CPU runs the
-interpreter with small tiles (many tiles per program); the fused grid barrier runs with one
-program there (the interpreter runs programs one after another) and with the full grid on GPU."""
+"""Tensorwise FP8 through ``tw_quant_kernel`` (PRIMUS_TURBO_QUANT_TW=own): bitwise equal to the
+session-4 kernels (PRIMUS_TURBO_QUANT_TW=v3) and close to the torch reference, plain and dual,
+odd / tiny / zero-size shapes, inf/NaN/all-zero inputs, env validation. CPU runs the
+interpreter with small tiles (many tiles per program). Also the per-config knobs of the v3 tile
+kernel (PRIMUS_TURBO_QUANT_<KNOB>_<CONFIG>): precedence on CPU, bitwise-equal sweeps on GPU."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -64,19 +66,17 @@ def _check(monkeypatch, x, dtype, dual, mode, env=None):
     return new
 
 
-@pytest.mark.parametrize("mode", ["own", "fused"])
 @pytest.mark.parametrize("dual", [False, True])
 @pytest.mark.parametrize("m,n", SHAPES)
-def test_tw_matches_v3_bitwise(monkeypatch, mode, dual, m, n):
+def test_tw_matches_v3_bitwise(monkeypatch, dual, m, n):
     x = _x(m, n)
     x[m - 1, n - 1] = 40.0  # the amax in the last tile
-    _check(monkeypatch, x, E4M3, dual, mode, SMALL if not HAS_GPU else None)
+    _check(monkeypatch, x, E4M3, dual, "own", SMALL if not HAS_GPU else None)
 
 
 @pytest.mark.parametrize("dtype", FP8, ids=str)
-@pytest.mark.parametrize("mode", ["own", "fused"])
-def test_tw_formats(monkeypatch, dtype, mode):
-    _check(monkeypatch, _x(37, 200), dtype, True, mode, SMALL if not HAS_GPU else None)
+def test_tw_formats(monkeypatch, dtype):
+    _check(monkeypatch, _x(37, 200), dtype, True, "own", SMALL if not HAS_GPU else None)
 
 
 @pytest.mark.parametrize("programs", [1, 2, 5])
@@ -91,9 +91,8 @@ def test_tw_own_programs_walk_own_tiles(monkeypatch, programs):
         _check(monkeypatch, x.t(), E4M3, dual, "own", SMALL)  # non-contiguous input
 
 
-@pytest.mark.parametrize("mode", ["own", "fused"])
-@pytest.mark.parametrize("case", ["inf_nan", "zeros", "nan_only", "hold_off", "tail", "none"])
-def test_tw_special_values(monkeypatch, mode, case):
+@pytest.mark.parametrize("case", ["inf_nan", "zeros", "nan_only", "cs_off", "tail", "none"])
+def test_tw_special_values(monkeypatch, case):
     m, n = (37, 200) if not HAS_GPU else (4096, 2048)
     x = _x(m, n)
     env = dict(SMALL) if not HAS_GPU else {}
@@ -111,17 +110,15 @@ def test_tw_special_values(monkeypatch, mode, case):
         env["PRIMUS_TURBO_QUANT_TW_EVICT"] = "none"
         env["PRIMUS_TURBO_QUANT_TW_EVICT_CAST"] = "none"
     else:
-        env["PRIMUS_TURBO_QUANT_TW_HOLD"] = "0"
         env["PRIMUS_TURBO_QUANT_TW_CS"] = "0"
     for dual in (False, True):
-        _check(monkeypatch, x, E4M3, dual, mode, env)
+        _check(monkeypatch, x, E4M3, dual, "own", env)
 
 
-@pytest.mark.parametrize("mode", ["own", "fused"])
-def test_tw_zero_size(monkeypatch, mode):
+def test_tw_zero_size(monkeypatch):
     for shape in ((0, 5), (4, 0)):
         x = torch.empty(shape, dtype=torch.bfloat16, device=DEV)
-        out = _run(monkeypatch, x, E4M3, True, mode)
+        out = _run(monkeypatch, x, E4M3, True, "own")
         assert out[0].shape == shape and out[2].shape == shape[::-1]
         assert torch.isfinite(out[1]).all()
 
@@ -131,15 +128,15 @@ def test_tw_zero_size(monkeypatch, mode):
     "env",
     [
         {"PRIMUS_TURBO_QUANT_TW_BLOCK": "16384"},
+        {"PRIMUS_TURBO_QUANT_TW_TILE": "64x128"},
         {"PRIMUS_TURBO_QUANT_TW_TILE": "128x128", "PRIMUS_TURBO_QUANT_TW_WARPS": "4"},
         {"PRIMUS_TURBO_QUANT_TW_PER_SM": "1"},
         {"PRIMUS_TURBO_QUANT_TW_WARPS": "16", "PRIMUS_TURBO_QUANT_TW_PER_SM": "1"},
     ],
 )
-@pytest.mark.parametrize("mode", ["own", "fused"])
-def test_tw_knobs_gpu(monkeypatch, env, mode):
+def test_tw_knobs_gpu(monkeypatch, env):
     for dual in (False, True):
-        _check(monkeypatch, _x(3000, 4096), E4M3, dual, mode, env)
+        _check(monkeypatch, _x(3000, 4096), E4M3, dual, "own", env)
 
 
 def test_tw_programs_divide_tiles():
@@ -150,11 +147,11 @@ def test_tw_programs_divide_tiles():
 @pytest.mark.parametrize(
     "var,value",
     [
-        ("PRIMUS_TURBO_QUANT_TW", "fast"),
+        ("PRIMUS_TURBO_QUANT_TW", "fused"),  # removed in session 5 round 2
         ("PRIMUS_TURBO_QUANT_TW_BLOCK", "3000"),
         ("PRIMUS_TURBO_QUANT_TW_TILE", "8x512"),
         ("PRIMUS_TURBO_QUANT_TW_TILE", "64"),
-        ("PRIMUS_TURBO_QUANT_TW_HOLD", "2"),
+        ("PRIMUS_TURBO_QUANT_TW_PER_SM", "0"),
         ("PRIMUS_TURBO_QUANT_TW_WARPS", "0"),
         ("PRIMUS_TURBO_QUANT_TW_EVICT", "first"),
         ("PRIMUS_TURBO_QUANT_TW_EVICT_CAST", "last"),
@@ -164,3 +161,55 @@ def test_tw_env_validated(monkeypatch, var, value):
     monkeypatch.setenv(var, value)
     with pytest.raises(ValueError, match=var):
         quant_launch.quant_tensorwise(_x(4, 8), E4M3, True)
+
+
+def test_tile_knob_per_config(monkeypatch):
+    """``PRIMUS_TURBO_QUANT_<KNOB>_<CONFIG>`` wins over ``PRIMUS_TURBO_QUANT_<KNOB>``, which wins
+    over the config's default; the v3 128x128 tile's default cap is 80, the others keep 128."""
+    from primus_turbo.triton.quantization.quant_kernel_v2 import MAXNREG, V3_MAXNREG
+
+    assert V3_MAXNREG == {"tile": 80} and MAXNREG == 128
+    for var in ("PRIMUS_TURBO_QUANT_MAXNREG", "PRIMUS_TURBO_QUANT_MAXNREG_BLOCK_DUAL"):
+        monkeypatch.delenv(var, raising=False)
+    assert quant_launch._knob("MAXNREG", "block_dual", 128) == 128
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_MAXNREG", "96")
+    assert quant_launch._knob("MAXNREG", "block_dual", 128) == 96
+    assert quant_launch._knob("MAXNREG", "tile", 80) == 96
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_MAXNREG_BLOCK_DUAL", "64")
+    assert quant_launch._knob("MAXNREG", "block_dual", 128) == 64
+    assert quant_launch._knob("MAXNREG", "tile", 80) == 96
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_WARPS_BLOCK_DUAL", "0")
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_WARPS_BLOCK_DUAL"):
+        quant_launch._knob("WARPS", "block_dual", 8)
+
+
+# the round-2 sweep of the v3 tile kernel (bench lines s5_r2_qtw): same bits at every setting
+_BLOCK_SWEEP = [
+    {"PRIMUS_TURBO_QUANT_MAXNREG_BLOCK_DUAL": "80"},
+    {"PRIMUS_TURBO_QUANT_WARPS_BLOCK_DUAL": "16", "PRIMUS_TURBO_QUANT_MAXNREG_BLOCK_DUAL": "64"},
+    {"PRIMUS_TURBO_QUANT_WARPS_BLOCK_DUAL": "16", "PRIMUS_TURBO_QUANT_MAXNREG_BLOCK_DUAL": "40"},
+    {"PRIMUS_TURBO_QUANT_WARPS_BLOCK_DUAL": "32", "PRIMUS_TURBO_QUANT_MAXNREG_BLOCK_DUAL": "64"},
+    {"PRIMUS_TURBO_QUANT_WARPS_BLOCK_DUAL": "32", "PRIMUS_TURBO_QUANT_MAXNREG_BLOCK_DUAL": "32"},
+    {"PRIMUS_TURBO_QUANT_MAXNREG_TILE": "128"},
+]
+
+
+def _blockwise(monkeypatch, x, env, axis, dual):
+    for k in [k for k in os.environ if k.startswith("PRIMUS_TURBO_QUANT_")]:
+        monkeypatch.delenv(k)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return quant_launch.quant_blockwise(x, E4M3, 128, axis, dual)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="register caps / warps of the compiled tile kernel")
+@pytest.mark.parametrize("env", _BLOCK_SWEEP, ids=lambda e: "-".join(e.values()))
+@pytest.mark.parametrize("m,n", [(8192, 4096), (1000, 1000)])
+def test_tile_knobs_bitwise_gpu(monkeypatch, env, m, n):
+    x = _x(m, n)
+    x[3, 5], x[m - 1, 7] = float("inf"), float("nan")
+    for axis, dual in ((-1, True), (None, False)):
+        base = _blockwise(monkeypatch, x, {}, axis, dual)
+        new = _blockwise(monkeypatch, x, env, axis, dual)
+        for a, b in zip(new, base, strict=True):
+            assert _same(a, b)
