@@ -43,12 +43,14 @@ FWD_MODES = ("auto", "tile", "looped", "inductor")
 class FwdKnobs:
     """Forward kernel choice, from the environment (read once; :func:`reload_env` re-reads):
 
-    - ``PRIMUS_TURBO_RMSNORM_TRITON_FWD``: ``auto`` (default: ``looped`` for hidden >= 8192 and
-      for multiples of 2048 from ``..._FWD_LOOPED_MIN_N`` (default 4096), else ``tile``; H200
-      run 5.2: looped 3608 vs tile 3419 GB/s at 4096, tile 3725 vs looped 3687 at 7168, tile at
-      2880), ``tile``, ``looped`` or ``inductor`` (see the module doc; RBLOCK default the row
-      up to 8192, 16 elements per lane, HINTS honoured, ROWS/REVERSE ignored). Rows wider than
-      ``MAX_HIDDEN`` always loop (``looped`` unless ``inductor``).
+    - ``PRIMUS_TURBO_RMSNORM_TRITON_FWD``: ``auto`` (default: ``inductor`` at hidden 8192, where
+      its PTX for sm_90 matches the kernel torch.compile ran at 4157 GB/s in H200 run 5.2;
+      ``looped`` above 8192 and at multiples of 2048 from ``..._FWD_LOOPED_MIN_N`` (default
+      4096), else ``tile``; run 5.2: looped 3608 vs tile 3419 GB/s at 4096, tile 3725 vs looped
+      3687 at 7168, tile at 2880), ``tile``, ``looped`` or ``inductor`` (see the module doc;
+      RBLOCK default the row up to 8192, 16 elements per lane, HINTS default 1 = Inductor's,
+      ROWS/REVERSE ignored). Rows wider than ``MAX_HIDDEN`` always loop (``looped`` unless
+      ``inductor``).
     - ``..._FWD_PER_THREAD`` (tile; a power of two 4..64, default 32): elements per thread, so
       num_warps = tile elements / (32 * it) (16 was the session-4 default: 16 warps at 8192).
     - ``..._FWD_RBLOCK`` (looped; a power of two 64..16384, default 0 = 4096 from hidden 8192,
@@ -56,10 +58,11 @@ class FwdKnobs:
       default 1), ``..._FWD_WARPS`` (power of two 1..32; default 0 = one 16-byte bf16 vector
       per lane: rows * RBLOCK / (8 * warp size), at most 16: 16 warps at RBLOCK 4096 on
       NVIDIA), ``..._FWD_STAGES`` (num_stages, 1..4, default 1), ``..._FWD_HINTS`` (bits,
-      default 3; 1: Inductor's loads, pass 1 evict-last, pass 2 evict-first, the weight
-      evict-last; 2: y stored evict-first; 0: no cache hints), ``..._FWD_REVERSE`` (1: pass 2
-      walks the chunks last to first; default 0). H200 run 5.2 at 16384x8192 (compile 4157
-      GB/s): RBLOCK 2048/8 warps 3989, RBLOCK 4096+16 warps 4064, HINTS 3 4073.
+      default -1: 3 looped, 1 inductor; 1: Inductor's loads, pass 1 evict-last, pass 2
+      evict-first, the weight evict-last; 2: y stored evict-first; 0: no cache hints),
+      ``..._FWD_REVERSE`` (1: pass 2 walks the chunks last to first; default 0). H200 run 5.2
+      at 16384x8192 (compile 4157 GB/s): RBLOCK 2048/8 warps 3989, RBLOCK 4096+16 warps 4064,
+      HINTS 3 4073.
     """
 
     mode: str = "auto"
@@ -69,7 +72,7 @@ class FwdKnobs:
     rows: int = 1
     warps: int = 0
     stages: int = 1
-    hints: int = 3
+    hints: int = -1  # per variant: 3 looped, 1 inductor
     reverse: bool = False
 
 
@@ -372,6 +375,8 @@ def fwd_variant(n: int) -> str:
         return "looped"
     if k.mode != "auto":
         return k.mode
+    if n == 8192:
+        return "inductor"
     return "looped" if n >= 8192 or (n >= k.looped_min_n and n % 2048 == 0) else "tile"
 
 
@@ -382,16 +387,18 @@ def select_looped_config(n: int, warp_size: int = 32) -> LoopedConfig:
     rblock = k.rblock or (4096 if n >= 8192 else 2048)
     rblock = max(16, min(rblock, triton.next_power_of_2(max(n, 1))))
     warps = k.warps or max(1, min(16, k.rows * rblock // (8 * warp_size)))
-    return LoopedConfig(rblock, k.rows, warps, k.stages, k.hints, k.reverse)
+    hints = 3 if k.hints < 0 else k.hints
+    return LoopedConfig(rblock, k.rows, warps, k.stages, hints, k.reverse)
 
 
 def select_inductor_config(n: int, warp_size: int = 32) -> LoopedConfig:
     """``inductor`` forward config: RBLOCK the whole row up to 8192 (Inductor's R0_BLOCK at
-    16384x8192), 16 elements per lane (its 16 warps there), one row per program."""
+    16384x8192), 16 elements per lane (its 16 warps there), one row per program, Inductor's
+    cache hints (HINTS 1) unless set."""
     k = fwd_knobs()
     rblock = max(16, min(k.rblock or 8192, triton.next_power_of_2(max(n, 1))))
     warps = k.warps or max(1, min(16, rblock // (16 * warp_size)))
-    return LoopedConfig(rblock, 1, warps, k.stages, k.hints, False)
+    return LoopedConfig(rblock, 1, warps, k.stages, 1 if k.hints < 0 else k.hints, False)
 
 
 def _bwd_programs(m: int, rows: int, device: torch.device) -> int:
@@ -539,10 +546,11 @@ def aot_specs(target: str) -> list[AotSpec]:
                     "ZERO_CENTERED": False,
                 },  # fmt: skip
                 options={"num_warps": warps, "num_stages": 1},
-                default=n == 8192 and not extra,
+                default=False,
             )
         )
-    # the Inductor-shaped forward at 8192 (one 8192 chunk, 16 warps of 32) and 2880 (masked)
+    # the Inductor-shaped forward at 8192 (the default there: one 8192 chunk, 16 warps of 32,
+    # Inductor's hints) and 2880 (masked; y evict-first)
     for n in (8192, 2880):
         rblock = min(8192, triton.next_power_of_2(n))
         specs.append(
@@ -558,8 +566,14 @@ def aot_specs(target: str) -> list[AotSpec]:
                     "stride_y": "i32:16",
                     "eps": "fp32",
                 },  # fmt: skip
-                constexprs={"N": n, "RBLOCK": rblock, "HINTS": 3, "ZERO_CENTERED": False},
+                constexprs={
+                    "N": n,
+                    "RBLOCK": rblock,
+                    "HINTS": 1 if n == 8192 else 3,
+                    "ZERO_CENTERED": False,
+                },  # fmt: skip
                 options={"num_warps": max(1, min(16, rblock // (16 * ws))), "num_stages": 1},
+                default=n == 8192,
             )
         )
     specs.append(

@@ -238,7 +238,7 @@ FWD_ENV = "PRIMUS_TURBO_RMSNORM_TRITON_FWD"
 # uses small RBLOCKs so the interpreter loops over several chunks with a masked tail.
 TRITON_FWD_PLANS = ["tile+PER_THREAD=16", "looped", "looped+RBLOCK=64", "looped+RBLOCK=32+ROWS=2",
                     "looped+RBLOCK=64+HINTS=0+WARPS=2", "looped+RBLOCK=32+HINTS=3+REVERSE=1",
-                    "auto+LOOPED_MIN_N=100", "inductor", "inductor+RBLOCK=64+HINTS=1",
+                    "auto+LOOPED_MIN_N=100", "inductor", "inductor+RBLOCK=64+HINTS=3",
                     "inductor+RBLOCK=64+WARPS=2+HINTS=0"]  # fmt: skip
 TRITON_FWD_SHAPES = ([(5, 127), (2, 3, 200), (4, 1), (3, 256)] if not HAS_GPU else
                      [(4096, 127), (3000, 2880), (3000, 8192), (33, 16384), (7, 24576),
@@ -303,13 +303,13 @@ def test_rmsnorm_turbo_fwd_switch(fwd, device, monkeypatch):
 
 
 def test_rmsnorm_fwd_knobs(monkeypatch):
-    """Defaults (H200 run 5.2 winners): looped from hidden 8192 and at multiples of 2048 from
-    4096 (tile at 2880 and 7168; above MAX_HIDDEN whatever the mode), RBLOCK 4096 from 8192
-    (2048 below) with one 16-byte bf16 vector per lane (16 warps of 32, 8 wavefronts of 64),
-    y stored evict-first (HINTS 3); the Inductor-shaped variant takes the row up to 8192 with
-    16 elements per lane; bad values fall back to the defaults."""
+    """Defaults: the Inductor-shaped forward at hidden 8192 (the row up to 8192 as one chunk, 16
+    elements per lane, Inductor's hints); looped above 8192 and at multiples of 2048 from 4096
+    (tile at 2880 and 7168, H200 run 5.2; above MAX_HIDDEN whatever the mode), RBLOCK 4096 from
+    8192 (2048 below) with one 16-byte bf16 vector per lane (16 warps of 32, 8 wavefronts of
+    64), y stored evict-first (HINTS 3); bad values fall back to the defaults."""
     with _fwd_plan_env(monkeypatch, "auto"):
-        assert fwd_variant(8192) == "looped" and fwd_variant(2880) == "tile"
+        assert fwd_variant(8192) == "inductor" and fwd_variant(2880) == "tile"
         assert fwd_variant(4096) == "looped" and fwd_variant(7168) == "tile"
         assert fwd_variant(10000) == "looped"
         lc = select_looped_config(8192)
@@ -319,16 +319,17 @@ def test_rmsnorm_fwd_knobs(monkeypatch):
         assert (lc.rblock, lc.num_warps) == (2048, 8)
         assert select_looped_config(100).rblock == 128
         ic = select_inductor_config(8192)
-        assert (ic.rblock, ic.num_warps, ic.rows, ic.hints) == (8192, 16, 1, 3)
+        assert (ic.rblock, ic.num_warps, ic.rows, ic.hints) == (8192, 16, 1, 1)
         assert select_inductor_config(2880).rblock == 4096
         assert turbo_gpu_fwd() == ("cpp" if is_rocm() else "triton", 2048)
     with _fwd_plan_env(monkeypatch, "tile+RBLOCK=3000+WARPS=x+PER_THREAD=16"):
         k = fwd_knobs()
         assert k.mode == "tile" and k.rblock == 0 and k.warps == 0 and k.per_thread == 16
+        assert k.hints == -1
         assert fwd_variant(8192) == "tile" and fwd_variant(70000) == "looped"
-    with _fwd_plan_env(monkeypatch, "inductor+HINTS=1"):
+    with _fwd_plan_env(monkeypatch, "inductor+HINTS=3"):
         assert fwd_variant(2880) == "inductor" and fwd_variant(70000) == "inductor"
-        assert select_inductor_config(8192).hints == 1
+        assert select_inductor_config(8192).hints == 3
 
 
 def test_rmsnorm_module(device):
