@@ -20,6 +20,9 @@ thread vs 30/70 for the tile kernel, 18.5 vs 28 instructions per element):
 in registers) before quantizing the current one, so its DRAM latency overlaps this tile's math
 and stores (the one-tile-per-program kernels wait for every load with nothing else to do; H200
 run 4.2: halving the resident programs per SM halved the 1x128 dual's speed).
+Round-2 variants (opt-in, see quant_dual_launch): MX ``BM = 64`` (two 32-row column groups per
+tile, 64-byte transposed row segments), ``IE8`` (E8M0 scales in integer ops, ``_e8m0_int``),
+``I64 = False`` (OFF32: 32-bit element offsets).
 Results are bitwise those of ``quant_tile_v2_kernel`` (same ``_finite_abs`` amaxes, scale
 functions and ``_cast2``).
 """
@@ -45,6 +48,30 @@ def _join8(c0, c1, c2, c3, c4, c5, c6, c7):
 
 
 @triton.jit
+def _e8m0_int(amax, EMAX: tl.constexpr):
+    """``_e8m0_scale`` in integer ops (``IE8``): the biased exponent ``eb = e + 127`` clamped to
+    [0, 254] from the fp32 bits of ``max(amax, 2^-126)`` (``amax`` finite, >= 0), the scale
+    ``2^-e`` as the fp32 whose exponent field is ``254 - eb`` (>= 1: ``eb <= 254 - EMAX``),
+    so no ``exp2``; returns (scale, ``eb`` as int32), bitwise ``_e8m0_scale``'s values."""
+    a = tl.maximum(amax, 1.1754943508222875e-38)
+    eb = (a.to(tl.int32, bitcast=True) >> 23) - EMAX
+    eb = tl.minimum(tl.maximum(eb, 0), 254)
+    return ((254 - eb) << 23).to(tl.float32, bitcast=True), eb
+
+
+@triton.jit
+def _ccast(f, sc, NB: tl.constexpr, FMAX: tl.constexpr, qty, FMT: tl.constexpr,
+               SAT: tl.constexpr):  # fmt: skip
+    """Column-quantize slice ``f`` ``[R, G, C]`` with the column scales ``sc`` ``[NB, G, C]``
+    (``NB`` 32-row groups per tile, rows ``r`` of the slice in group ``r // (R / NB)``)."""
+    if NB == 1:  # sc: [1, G, C]
+        return _cast2(f, sc, FMAX, qty, FMT, SAT)
+    R: tl.constexpr = f.shape[0]
+    f4 = tl.reshape(f, (NB, R // NB, f.shape[1], f.shape[2]))
+    return tl.reshape(_cast2(f4, sc[:, None, :, :], FMAX, qty, FMT, SAT), f.shape)
+
+
+@triton.jit
 def _offsets(t, grid_n, BM: tl.constexpr, BN: tl.constexpr, C: tl.constexpr):
     """(rows of slice 0 ``[R, 1, 1]``, columns ``[1, G, C]``) of tile ``t``."""
     G: tl.constexpr = BN // C
@@ -57,8 +84,11 @@ def _offsets(t, grid_n, BM: tl.constexpr, BN: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _ld(x_ptr, rows, cols, M, N, stride_xm, EVEN: tl.constexpr):
-    ptrs = x_ptr + rows.to(tl.int64) * stride_xm + cols
+def _ld(x_ptr, rows, cols, M, N, stride_xm, EVEN: tl.constexpr, I64: tl.constexpr = True):
+    if I64:
+        ptrs = x_ptr + rows.to(tl.int64) * stride_xm + cols
+    else:  # OFF32: 32-bit offsets (the launcher checked that every offset fits)
+        ptrs = x_ptr + (rows * stride_xm + cols)
     if EVEN:
         return tl.load(ptrs)
     return tl.load(ptrs, mask=(rows < M) & (cols < N), other=0.0)
@@ -67,17 +97,24 @@ def _ld(x_ptr, rows, cols, M, N, stride_xm, EVEN: tl.constexpr):
 @triton.jit
 def _row_out(x, a, k: tl.constexpr, rows0, cols, q_ptr, M, N, stride_qm, MODE: tl.constexpr,
              FMAX: tl.constexpr, EMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr,
-             EVEN: tl.constexpr, RCP: tl.constexpr):  # fmt: skip
+             EVEN: tl.constexpr, RCP: tl.constexpr, IE8: tl.constexpr,
+             I64: tl.constexpr):  # fmt: skip
     """Row-quantize slice ``k`` (fp32 ``x``, its finite ``|x|`` ``a``), store it and return its
     scales ``[R, G]``, one per row and C-group (stored by the caller, all slices at once): MX
     E8M0 (C = 32), ROWS fp32 (C = BN = 128, G = 1)."""
     rows = rows0 + k
     if MODE == 4:
-        scale, sinv = _e8m0_scale(tl.max(a, axis=2), EMAX)
+        if IE8:  # (one return per function: Triton checks the types of every return)
+            scale, sinv = _e8m0_int(tl.max(a, axis=2), EMAX)
+        else:
+            scale, sinv = _e8m0_scale(tl.max(a, axis=2), EMAX)
     else:
         scale, sinv = _scale_rcp(tl.max(a, axis=2), FMAX, RCP)
     q = _cast2(x, scale[:, :, None], FMAX, q_ptr.dtype.element_ty, FMT, SAT)
-    ptrs = q_ptr + rows.to(tl.int64) * stride_qm + cols
+    if I64:
+        ptrs = q_ptr + rows.to(tl.int64) * stride_qm + cols
+    else:
+        ptrs = q_ptr + (rows * stride_qm + cols)
     if EVEN:
         tl.store(ptrs, q)
     else:
@@ -110,7 +147,7 @@ def _quant_tile(
     stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn, BM: tl.constexpr,
     BN: tl.constexpr, MODE: tl.constexpr, DUAL: tl.constexpr, FMAX: tl.constexpr,
     EMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr, EVEN: tl.constexpr,
-    RCP: tl.constexpr,
+    RCP: tl.constexpr, IE8: tl.constexpr, I64: tl.constexpr,
 ):  # fmt: skip
     """Quantize one tile given as its 8 bf16 slices (see the module docstring)."""
     C: tl.constexpr = 32 if MODE == 4 else BN
@@ -122,49 +159,69 @@ def _quant_tile(
     a0, a1, a2, a3 = _finite_abs(f0), _finite_abs(f1), _finite_abs(f2), _finite_abs(f3)
     a4, a5, a6, a7 = _finite_abs(f4), _finite_abs(f5), _finite_abs(f6), _finite_abs(f7)
     s0 = _row_out(f0, a0, 0, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
-                  SAT, EVEN, RCP)  # fmt: skip
+                  SAT, EVEN, RCP, IE8, I64)  # fmt: skip
     s1 = _row_out(f1, a1, 1, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
-                  SAT, EVEN, RCP)  # fmt: skip
+                  SAT, EVEN, RCP, IE8, I64)  # fmt: skip
     s2 = _row_out(f2, a2, 2, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
-                  SAT, EVEN, RCP)  # fmt: skip
+                  SAT, EVEN, RCP, IE8, I64)  # fmt: skip
     s3 = _row_out(f3, a3, 3, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
-                  SAT, EVEN, RCP)  # fmt: skip
+                  SAT, EVEN, RCP, IE8, I64)  # fmt: skip
     s4 = _row_out(f4, a4, 4, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
-                  SAT, EVEN, RCP)  # fmt: skip
+                  SAT, EVEN, RCP, IE8, I64)  # fmt: skip
     s5 = _row_out(f5, a5, 5, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
-                  SAT, EVEN, RCP)  # fmt: skip
+                  SAT, EVEN, RCP, IE8, I64)  # fmt: skip
     s6 = _row_out(f6, a6, 6, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
-                  SAT, EVEN, RCP)  # fmt: skip
+                  SAT, EVEN, RCP, IE8, I64)  # fmt: skip
     s7 = _row_out(f7, a7, 7, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
-                  SAT, EVEN, RCP)  # fmt: skip
+                  SAT, EVEN, RCP, IE8, I64)  # fmt: skip
     _store_row_scales(s0, s1, s2, s3, s4, s5, s6, s7, rows, pid_n, s_ptr, M, N, stride_sm,
                       stride_sn, C, EVEN)  # fmt: skip
-    if DUAL:  # BM is the column block (MX: 32; ROWS: 128): one column scale per tile column
+    if DUAL:  # MX: NB = BM / 32 column groups per tile; ROWS: BM = 128, one: a scale per column
+        NB: tl.constexpr = BM // 32 if MODE == 4 else 1
+        R: tl.constexpr = BM // 8
+        G: tl.constexpr = BN // C
         a = tl.maximum(tl.maximum(tl.maximum(a0, a1), tl.maximum(a2, a3)),
                        tl.maximum(tl.maximum(a4, a5), tl.maximum(a6, a7)))  # fmt: skip
-        ac = tl.max(a, axis=0)  # [G, C]
-        if MODE == 4:
+        if NB == 1:  # the 1-tile-row path exactly as measured in run 5.2
+            ac = tl.max(a, axis=0)  # [G, C]
+        else:
+            ac = tl.max(tl.reshape(a, (NB, R // NB, G, C)), axis=1)  # [NB, G, C]
+        if MODE == 4 and IE8:
+            sc, sinv_c = _e8m0_int(ac, EMAX)
+        elif MODE == 4:
             sc, sinv_c = _e8m0_scale(ac, EMAX)
         else:
             sc, sinv_c = _scale_rcp(ac, FMAX, RCP)
-        c2 = tl.reshape(cols, (cols.shape[1], C))
-        st_ptrs = st_ptr + pid_m * stride_stm + c2.to(tl.int64) * stride_stn
         sv = sinv_c.to(st_ptr.dtype.element_ty)
-        if EVEN:
-            tl.store(st_ptrs, sv)
+        if NB == 1:
+            c2 = tl.reshape(cols, (G, C))
+            st_ptrs = st_ptr + pid_m * stride_stm + c2.to(tl.int64) * stride_stn
+            if EVEN:
+                tl.store(st_ptrs, sv)
+            else:
+                tl.store(st_ptrs, sv, mask=c2 < N)
+            sc = sc[None, :, :]
         else:
-            tl.store(st_ptrs, sv, mask=c2 < N)
-        sc = sc[None, :, :]
+            c3 = tl.reshape(cols, (1, G, C))
+            mb = pid_m * NB + tl.arange(0, NB)[:, None, None]
+            st_ptrs = st_ptr + mb * stride_stm + c3.to(tl.int64) * stride_stn
+            if EVEN:
+                tl.store(st_ptrs, sv)
+            else:
+                tl.store(st_ptrs, sv, mask=(c3 < N) & (mb * 32 < M))
         qty = qt_ptr.dtype.element_ty
         qt = _join8(
-            _cast2(f0, sc, FMAX, qty, FMT, SAT), _cast2(f1, sc, FMAX, qty, FMT, SAT),
-            _cast2(f2, sc, FMAX, qty, FMT, SAT), _cast2(f3, sc, FMAX, qty, FMT, SAT),
-            _cast2(f4, sc, FMAX, qty, FMT, SAT), _cast2(f5, sc, FMAX, qty, FMT, SAT),
-            _cast2(f6, sc, FMAX, qty, FMT, SAT), _cast2(f7, sc, FMAX, qty, FMT, SAT),
+            _ccast(f0, sc, NB, FMAX, qty, FMT, SAT), _ccast(f1, sc, NB, FMAX, qty, FMT, SAT),
+            _ccast(f2, sc, NB, FMAX, qty, FMT, SAT), _ccast(f3, sc, NB, FMAX, qty, FMT, SAT),
+            _ccast(f4, sc, NB, FMAX, qty, FMT, SAT), _ccast(f5, sc, NB, FMAX, qty, FMT, SAT),
+            _ccast(f6, sc, NB, FMAX, qty, FMT, SAT), _ccast(f7, sc, NB, FMAX, qty, FMT, SAT),
         )  # fmt: skip
         m4 = rows[:, :, :, None] + tl.arange(0, 8)[None, None, None, :]
         n4 = cols[:, :, :, None]
-        qt_ptrs = qt_ptr + n4.to(tl.int64) * stride_qtn + m4
+        if I64:
+            qt_ptrs = qt_ptr + n4.to(tl.int64) * stride_qtn + m4
+        else:
+            qt_ptrs = qt_ptr + (n4 * stride_qtn + m4)
         if EVEN:
             tl.store(qt_ptrs, qt)
         else:
@@ -198,6 +255,8 @@ def quant_sliced_kernel(
     EVEN: tl.constexpr = False,
     RCP: tl.constexpr = False,
     PERSIST: tl.constexpr = False,
+    IE8: tl.constexpr = False,
+    I64: tl.constexpr = True,
 ):
     """``x`` [M, N] (unit column stride) -> ``q`` [M, N] and, with ``DUAL``, ``qt`` [N, M]
     (unit column strides). MX (``BM = 32`` with ``DUAL``): ``s`` [M, N/32] / ``st`` [N, M/32]
@@ -211,43 +270,44 @@ def quant_sliced_kernel(
     if PERSIST:
         last = ntiles - 1
         rows, cols = _offsets(pid, grid_n, BM, BN, C)
-        y0 = _ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN)
-        y1 = _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN)
-        y2 = _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN)
-        y3 = _ld(x_ptr, rows + 3, cols, M, N, stride_xm, EVEN)
-        y4 = _ld(x_ptr, rows + 4, cols, M, N, stride_xm, EVEN)
-        y5 = _ld(x_ptr, rows + 5, cols, M, N, stride_xm, EVEN)
-        y6 = _ld(x_ptr, rows + 6, cols, M, N, stride_xm, EVEN)
-        y7 = _ld(x_ptr, rows + 7, cols, M, N, stride_xm, EVEN)
+        y0 = _ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN, I64)
+        y1 = _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN, I64)
+        y2 = _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN, I64)
+        y3 = _ld(x_ptr, rows + 3, cols, M, N, stride_xm, EVEN, I64)
+        y4 = _ld(x_ptr, rows + 4, cols, M, N, stride_xm, EVEN, I64)
+        y5 = _ld(x_ptr, rows + 5, cols, M, N, stride_xm, EVEN, I64)
+        y6 = _ld(x_ptr, rows + 6, cols, M, N, stride_xm, EVEN, I64)
+        y7 = _ld(x_ptr, rows + 7, cols, M, N, stride_xm, EVEN, I64)
         for t in range(pid, ntiles, tl.num_programs(0)):
             x0, x1, x2, x3, x4, x5, x6, x7 = y0, y1, y2, y3, y4, y5, y6, y7
             # the next tile (the last one again past the end: a harmless re-read, no mask)
             rows, cols = _offsets(tl.minimum(t + tl.num_programs(0), last), grid_n, BM, BN, C)
-            y0 = _ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN)
-            y1 = _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN)
-            y2 = _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN)
-            y3 = _ld(x_ptr, rows + 3, cols, M, N, stride_xm, EVEN)
-            y4 = _ld(x_ptr, rows + 4, cols, M, N, stride_xm, EVEN)
-            y5 = _ld(x_ptr, rows + 5, cols, M, N, stride_xm, EVEN)
-            y6 = _ld(x_ptr, rows + 6, cols, M, N, stride_xm, EVEN)
-            y7 = _ld(x_ptr, rows + 7, cols, M, N, stride_xm, EVEN)
+            y0 = _ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN, I64)
+            y1 = _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN, I64)
+            y2 = _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN, I64)
+            y3 = _ld(x_ptr, rows + 3, cols, M, N, stride_xm, EVEN, I64)
+            y4 = _ld(x_ptr, rows + 4, cols, M, N, stride_xm, EVEN, I64)
+            y5 = _ld(x_ptr, rows + 5, cols, M, N, stride_xm, EVEN, I64)
+            y6 = _ld(x_ptr, rows + 6, cols, M, N, stride_xm, EVEN, I64)
+            y7 = _ld(x_ptr, rows + 7, cols, M, N, stride_xm, EVEN, I64)
             _quant_tile(x0, x1, x2, x3, x4, x5, x6, x7, t, grid_n, q_ptr, s_ptr, qt_ptr, st_ptr,
                         M, N, stride_qm, stride_qtn, stride_sm, stride_sn, stride_stm,
                         stride_stn, BM, BN, MODE, DUAL, FMAX, EMAX, FMT, SAT, EVEN,
-                        RCP)  # fmt: skip
+                        RCP, IE8, I64)  # fmt: skip
     else:
         rows, cols = _offsets(pid, grid_n, BM, BN, C)
-        x0 = _ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN)
-        x1 = _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN)
-        x2 = _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN)
-        x3 = _ld(x_ptr, rows + 3, cols, M, N, stride_xm, EVEN)
-        x4 = _ld(x_ptr, rows + 4, cols, M, N, stride_xm, EVEN)
-        x5 = _ld(x_ptr, rows + 5, cols, M, N, stride_xm, EVEN)
-        x6 = _ld(x_ptr, rows + 6, cols, M, N, stride_xm, EVEN)
-        x7 = _ld(x_ptr, rows + 7, cols, M, N, stride_xm, EVEN)
+        x0 = _ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN, I64)
+        x1 = _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN, I64)
+        x2 = _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN, I64)
+        x3 = _ld(x_ptr, rows + 3, cols, M, N, stride_xm, EVEN, I64)
+        x4 = _ld(x_ptr, rows + 4, cols, M, N, stride_xm, EVEN, I64)
+        x5 = _ld(x_ptr, rows + 5, cols, M, N, stride_xm, EVEN, I64)
+        x6 = _ld(x_ptr, rows + 6, cols, M, N, stride_xm, EVEN, I64)
+        x7 = _ld(x_ptr, rows + 7, cols, M, N, stride_xm, EVEN, I64)
         _quant_tile(x0, x1, x2, x3, x4, x5, x6, x7, pid, grid_n, q_ptr, s_ptr, qt_ptr, st_ptr,
                     M, N, stride_qm, stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn,
-                    BM, BN, MODE, DUAL, FMAX, EMAX, FMT, SAT, EVEN, RCP)  # fmt: skip
+                    BM, BN, MODE, DUAL, FMAX, EMAX, FMT, SAT, EVEN, RCP, IE8,
+                    I64)  # fmt: skip
 
 
 # ---- ahead-of-time check -------------------------------------------------------------------
@@ -261,6 +321,23 @@ SLICED_CONFIGS = {
 }
 # AOT only: the MX tile widths PRIMUS_TURBO_QUANT_SLICED_BN may pick besides the default
 _AOT_EXTRA = {"mx_dual_bn128": (MX, 32, 128, True, 2), "mx_dual_bn64": (MX, 32, 64, True, 1)}
+# AOT only, even and one tile per program: the round-2 variants (name: (config, tile height,
+# tile width, IE8 (2: OFF32), sm_90 register cap[, warps])): SLICED_BM=64, BN=512, IE8=1,
+# OFF32=1, MAXNREG 96 (dual; 4 B spill) / 80 / 64 (rows; no spill). sm_90 AOT, also measured
+# here: dual MAXNREG 80 spills 140 B, 8 warps 112 regs (+ layout conversions), BM=64 at 96
+# spills 120 B; OFF32 dual 114 regs (vs 115)
+_AOT_R2 = {
+    "mx_dual_bm64": ("mx_dual", 64, 256, False, MAXNREG),
+    "mx_rows_bm64": ("mx_rows", 64, 256, False, MAXNREG),
+    "mx_dual_bn512": ("mx_dual", 32, 512, False, MAXNREG),
+    "mx_rows_bn512": ("mx_rows", 32, 512, False, MAXNREG),
+    "mx_dual_ie8": ("mx_dual", 32, 256, True, MAXNREG),
+    "mx_dual_r96": ("mx_dual", 32, 256, False, 96),
+    "mx_rows_r80": ("mx_rows", 32, 256, False, 80),
+    "mx_rows_r64": ("mx_rows", 32, 256, False, 64),
+    "mx_dual_off32": ("mx_dual", 32, 256, 2, MAXNREG),
+    "mx_rows_off32": ("mx_rows", 32, 256, 2, MAXNREG),
+}
 
 
 def sliced_warps(bm: int, bn: int, lanes: int, persist: bool = False, mode: int = MX) -> int:
@@ -302,11 +379,26 @@ def aot_specs(target: str) -> list[AotSpec]:
             for even in (True, False):
                 cx = {"BM": bm, "BN": bn, "MODE": mode, "DUAL": dual, "FMAX": fmax, "EMAX": 8,
                       "FMT": (0, 0, 0, 0), "SAT": target == "sm_90", "EVEN": even,
-                      "RCP": False, "PERSIST": persist}  # fmt: skip
+                      "RCP": False, "PERSIST": persist, "IE8": False,
+                      "I64": True}  # fmt: skip
                 tag = ("_persist" if persist else "") + ("_even" if even else "")
                 specs.append(
                     AotSpec(f"quant_sliced_{name}{tag}_{fp8}", quant_sliced_kernel, ssig, cx,
                             {"num_warps": sliced_warps(bm, bn, lanes, persist, mode), **nv},
-                            default=even and not persist and name == "mx_dual")
+                            default=even and not persist and name in ("mx_dual", "mx_rows"))
                 )  # fmt: skip
+    for name, (base, bm, bn, ie8, nreg, *warps) in _AOT_R2.items():
+        mode, _, _, dual, _ = SLICED_CONFIGS[base]
+        if target == "gfx942" or (target != "sm_90" and nreg != MAXNREG):
+            continue
+        ssig = dict(sig, s_ptr="*u8", st_ptr="*u8")
+        cx = {"BM": bm, "BN": bn, "MODE": mode, "DUAL": dual, "FMAX": fmax, "EMAX": 8,
+              "FMT": (0, 0, 0, 0), "SAT": target == "sm_90", "EVEN": True, "RCP": False,
+              "PERSIST": False, "IE8": ie8 == 1,
+              "I64": ie8 != 2}  # fmt: skip
+        opts = {"num_warps": warps[0] if warps else sliced_warps(bm, bn, lanes)}
+        if target == "sm_90":
+            opts["maxnreg"] = nreg
+        tag = f"quant_sliced_{name}_even_{fp8}"
+        specs.append(AotSpec(tag, quant_sliced_kernel, ssig, cx, opts))
     return specs

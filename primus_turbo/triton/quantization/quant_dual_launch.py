@@ -1,15 +1,28 @@
 """Launcher of ``quant_sliced_kernel`` (quant_dual.py), selected in quant_launch by env vars.
 
-* ``PRIMUS_TURBO_QUANT_SLICED``: ``1`` routes the 1x128 dual and MX dual recipes (row-contiguous
-  input, v2/v3) to the sliced kernel; ``0`` / unset keeps the existing kernels (default until
-  measured on the H200).
-* ``PRIMUS_TURBO_QUANT_SLICED_MX``: ``1`` also the MX row-only recipe (default ``0``).
+Defaults are the H200 winners of run 5.2 (graph device time, 3 shapes, x of copy bandwidth):
+MX dual 0.721 sliced vs 0.496 v3, MX rows 0.817 vs 0.783; the 1x128 dual 0.645 vs 0.696 for v3
+(stays on the tile kernel); persistent 0.67 / 0.80 (MX), 0.39-0.60 (1x128): opt-in only.
+
+* ``PRIMUS_TURBO_QUANT_SLICED``: unset or ``mx`` (default): the MX dual recipe takes the sliced
+  kernel, the 1x128 dual does not (unset and ``PRIMUS_TURBO_QUANT_SPLIT=1``: the split kernel);
+  ``1``: both (row-contiguous input, v2/v3); ``0``: neither.
+* ``PRIMUS_TURBO_QUANT_SLICED_MX``: the MX row-only recipe; unset / ``1`` (default) sliced,
+  ``0`` the v3 4-D kernel.
 * ``PRIMUS_TURBO_QUANT_SLICED_BN``: MX tile width (64, 128, 256 or 512; default 256); warps
   follow (one 16-byte vector per thread and slice; the 1x128 tile is always 128 x 128).
+* ``PRIMUS_TURBO_QUANT_SLICED_BM``: MX tile height, 32 (default) or 64 (two 32-row column
+  groups per tile in the dual recipe: 64-byte transposed row segments instead of 32).
+* ``PRIMUS_TURBO_QUANT_SLICED_IE8``: ``1``: E8M0 scales with integer ops only (the scale's
+  fp32 bits built from the biased exponent, no ``exp2``; bitwise the same); default ``0``.
+* ``PRIMUS_TURBO_QUANT_SLICED_OFF32``: ``1``: 32-bit element offsets for the input and both
+  fp8 outputs where they fit (sm_90 AOT: MX rows 93 vs 100 registers); default ``0``.
 * ``PRIMUS_TURBO_QUANT_SLICED_PERSIST``: ``0`` (default) one tile per program; ``P >= 1``:
-  ``P`` persistent programs per SM/CU, each prefetching its next tile into registers.
-* ``PRIMUS_TURBO_QUANT_WARPS`` / ``_MAXNREG`` / ``_RCP`` / ``_EVEN`` apply as for the split
-  kernel. sm_90 AOT at the 128-register cap: the persistent 1x128 tile spills with 8 warps
+  ``P`` persistent programs per SM/CU, each prefetching its next tile into registers (measured
+  slower on the H200; kept opt-in).
+* ``PRIMUS_TURBO_QUANT_WARPS`` / ``_MAXNREG`` (or one recipe's ``_WARPS_SLICED_MX_DUAL``,
+  ``_MAXNREG_SLICED_MX_ROWS``, ``.._SLICED_BLOCK_DUAL``) / ``_RCP`` / ``_EVEN`` apply as for the
+  split kernel. sm_90 AOT at the 128-register cap: the persistent 1x128 tile spills with 8 warps
   (~250 B), so it takes 16 (none spill; ``MAXNREG=168`` with 8 warps neither); the persistent MX
   tiles do not spill when even.
 """
@@ -40,9 +53,18 @@ def sliced_on(name: str) -> bool:
     kernel (v1 never does)."""
     from primus_turbo.triton.quantization.quant_launch import quant_impl_version
 
-    on = _flag("PRIMUS_TURBO_QUANT_SLICED")
     if name == "mx_rows":
-        on = _flag("PRIMUS_TURBO_QUANT_SLICED_MX")
+        raw = os.environ.get("PRIMUS_TURBO_QUANT_SLICED_MX", "").strip()
+        on = _flag("PRIMUS_TURBO_QUANT_SLICED_MX") or raw == ""
+    else:
+        raw = os.environ.get("PRIMUS_TURBO_QUANT_SLICED", "").strip().lower()
+        if raw not in ("", "mx", "0", "1"):
+            raise ValueError(
+                f"primus_turbo: PRIMUS_TURBO_QUANT_SLICED expected 0, 1 or mx, got {raw!r}"
+            )
+        # an explicit PRIMUS_TURBO_QUANT_SPLIT=1 (the older split kernel) wins over the default
+        split = os.environ.get("PRIMUS_TURBO_QUANT_SPLIT", "").strip() == "1"
+        on = raw == "1" or (raw == "mx" or (raw == "" and not split)) and name == "mx_dual"
     return on and quant_impl_version() != "v1"
 
 
@@ -74,24 +96,33 @@ def launch_sliced(x, q, s, qt, st, name, dtype, s_strides, st_strides):
             raise ValueError(
                 f"primus_turbo: PRIMUS_TURBO_QUANT_SLICED_BN expected 64, 128, 256 or 512, got {bn}"
             )
+        bm = _int_env("PRIMUS_TURBO_QUANT_SLICED_BM", bm, 32)
+        if bm not in (32, 64):
+            raise ValueError(
+                f"primus_turbo: PRIMUS_TURBO_QUANT_SLICED_BM expected 32 or 64, got {bm}"
+            )
     interp = triton_interpret()
     gpu = not interp and x.device.type == "cuda"
     nvidia = gpu and torch.version.hip is None
     lanes = 64 if gpu and torch.version.hip is not None else 32
     per_sm = _int_env("PRIMUS_TURBO_QUANT_SLICED_PERSIST", 0, 0)
     warps = sliced_warps(bm, bn, lanes, persist=per_sm > 0, mode=mode)
-    warps = ql._env_int("PRIMUS_TURBO_QUANT_WARPS", warps)
-    extra = {"maxnreg": ql._env_int("PRIMUS_TURBO_QUANT_MAXNREG", ql.MAXNREG)} if nvidia else {}
+    warps = ql._knob("WARPS", f"sliced_{name}", warps)
+    extra = {"maxnreg": ql._knob("MAXNREG", f"sliced_{name}", ql.MAXNREG)} if nvidia else {}
     ntiles = ql._cdiv(m, bm) * ql._cdiv(n, bn)
     grid = ntiles
     if per_sm:
         grid = min(ntiles, per_sm * num_compute_units(x.device if not interp else None))
     even = ql._env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0
+    # OFF32: int32 element offsets for x / q / qt when every one (edge tiles included) fits
+    reach = max(x.stride(0), q.stride(0)) * (m + bm) + (qt.stride(0) * (n + bn) if dual else 0)
+    off32 = _flag("PRIMUS_TURBO_QUANT_SLICED_OFF32") and reach + m + n + bm + bn < 2**31
     quant_sliced_kernel[(grid,)](
         x, ql._u8(q), s, ql._u8(qt if dual else q), st if dual else s,
         m, n, x.stride(0), q.stride(0), qt.stride(0) if dual else 0, *s_strides, *st_strides,
         BM=bm, BN=bn, MODE=mode, DUAL=dual, FMAX=ql._fmax(dtype), EMAX=ql._EMAX[dtype],
         FMT=ql._interp_fmt(dtype), SAT=nvidia and ql._hw_satfinite(x.device.index), EVEN=even,
         RCP=ql._env_flag("PRIMUS_TURBO_QUANT_RCP", False) and nvidia, PERSIST=per_sm > 0,
+        IE8=_flag("PRIMUS_TURBO_QUANT_SLICED_IE8"), I64=not off32,
         num_warps=warps, **extra,
     )  # fmt: skip

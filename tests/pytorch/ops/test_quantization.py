@@ -509,6 +509,8 @@ def test_quant_v3_mx_kernels_match_reference(monkeypatch, mx4d, dual, tile):
     edge tiles both ways, inf/NaN and an all-zero block, and a tile override."""
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v3")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_MX4D", mx4d)
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "0")  # MX defaults to the sliced kernel
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_MX", "0")
     for name in ("MX_DUAL", "MX_ROWS", "MX4_DUAL", "MX4_ROWS"):
         if tile:
             monkeypatch.setenv(f"PRIMUS_TURBO_QUANT_TILE_{name}", tile)

@@ -17,7 +17,9 @@ DEV = "cuda" if HAS_GPU else "cpu"
 G = ScalingGranularity
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 _ENV = ("PRIMUS_TURBO_QUANT_SLICED", "PRIMUS_TURBO_QUANT_SLICED_MX",
-        "PRIMUS_TURBO_QUANT_SLICED_BN", "PRIMUS_TURBO_QUANT_SLICED_PERSIST")  # fmt: skip
+        "PRIMUS_TURBO_QUANT_SLICED_BN", "PRIMUS_TURBO_QUANT_SLICED_PERSIST",
+        "PRIMUS_TURBO_QUANT_SLICED_BM", "PRIMUS_TURBO_QUANT_SLICED_IE8",
+        "PRIMUS_TURBO_QUANT_SLICED_OFF32")  # fmt: skip
 
 
 def _same_bits(a, b):
@@ -45,19 +47,26 @@ def _quant(recipe, x, dtype):
     return quantize_fp8(x, dtype, G.MX_BLOCKWISE, block_size=32)
 
 
-# (recipe, SLICED_BN, SLICED_PERSIST); the CPU tier keeps the interpreter cases few
-CASES = [("block1x128", None, "0"), ("block1x128", None, "2"), ("mx_dual", "64", "0"),
-         ("mx_dual", "128", "3"), ("mx_rows", "64", "1")]  # fmt: skip
-if HAS_GPU:  # the default tiles, one tile per program and persistent
+# (recipe, extra PRIMUS_TURBO_QUANT_SLICED_* "KEY=VALUE" or None, SLICED_PERSIST); the CPU tier
+# keeps the interpreter cases few
+CASES = [("block1x128", None, "0"), ("block1x128", None, "2"), ("mx_dual", "BN=64", "0"),
+         ("mx_dual", "BN=128", "3"), ("mx_rows", "BN=64", "1"), ("mx_dual", "BM=64", "0"),
+         ("mx_dual", "IE8=1", "0"), ("mx_dual", "OFF32=1", "0")]  # fmt: skip
+if HAS_GPU:  # the default tiles, one tile per program and persistent; the round-2 variants
     CASES += [("mx_dual", None, "0"), ("mx_dual", None, "4"), ("mx_rows", None, "0"),
-              ("block1x128", None, "1")]  # fmt: skip
+              ("block1x128", None, "1"), ("mx_dual", "BN=512", "0"), ("mx_rows", "BN=512", "0"),
+              ("mx_rows", "BM=64", "0"), ("mx_rows", "OFF32=1", "0")]  # fmt: skip
 
 
-@pytest.mark.parametrize("recipe,bn,persist", CASES, ids=["-".join(map(str, c)) for c in CASES])
+@pytest.mark.parametrize("recipe,extra,persist", CASES, ids=["-".join(map(str, c)) for c in CASES])
 @pytest.mark.parametrize("shape", ["even", "odd"])
-def test_sliced_kernel_bitwise(monkeypatch, recipe, bn, persist, shape):
-    if not HAS_GPU and shape == "even" and persist != "0":
-        pytest.skip("CPU time budget: the persistent cases run the masked (odd) shapes only")
+def test_sliced_kernel_bitwise(monkeypatch, recipe, extra, persist, shape):
+    if not HAS_GPU and shape == "even" and (persist != "0" or extra == "BM=64"):
+        pytest.skip("CPU time budget: these cases run the masked (odd) shapes only")
+    if not HAS_GPU and shape == "odd" and extra == "IE8=1":
+        pytest.skip("CPU time budget: IE8 runs the even shape only")
+    if not HAS_GPU and shape == "even" and extra == "OFF32=1":
+        pytest.skip("CPU time budget: OFF32 runs the masked (odd) shape only")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v3")
     for var in _ENV:
         monkeypatch.delenv(var, raising=False)
@@ -65,20 +74,24 @@ def test_sliced_kernel_bitwise(monkeypatch, recipe, bn, persist, shape):
         m, n = (4096, 2048) if shape == "even" else (4096 + 72, 2048 + 40)
     else:
         m, n = (128, 256) if shape == "even" else (136, 264)
-    if recipe != "block1x128":  # MX: multiples of 32 (odd: edge tiles along N)
+    if recipe != "block1x128":  # MX: multiples of 32 (odd: edge tiles along N, and along M
+        # for 64-row tiles)
         m, n = (m, n) if shape == "even" else ((m // 32 + 1) * 32, (n // 32 - 2) * 32)
     for special in (True, False) if HAS_GPU else (True,):  # CPU time budget
         x = _x(m, n, special)
-        e5m2 = HAS_GPU and special and bn is None and persist == "0"  # compile time
+        e5m2 = HAS_GPU and special and extra is None and persist == "0"  # compile time
         for dtype in (E4M3, E5M2) if e5m2 else (E4M3,):
             for var in _ENV:
                 monkeypatch.delenv(var, raising=False)
+            monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "0")  # the v3 kernels
+            monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_MX", "0")
             ref = _quant(recipe, x, dtype)
             monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "1")
             monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_MX", "1")
             monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_PERSIST", persist)
-            if bn:
-                monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_BN", bn)
+            for item in (extra or "").split():
+                key, value = item.split("=")
+                monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_" + key, value)
             out = _quant(recipe, x, dtype)
             assert len(out) == len(ref)
             for a, b in zip(out, ref, strict=True):
@@ -98,25 +111,45 @@ def test_sliced_kernel_zero_size(monkeypatch, recipe, shape):
 
 
 def test_sliced_kernel_is_routed(monkeypatch):
+    """Defaults (H200 run 5.2 winners): MX dual and MX rows sliced, the 1x128 dual not."""
     from primus_turbo.triton.quantization import quant_launch as ql
 
     called = []
     monkeypatch.setattr(ql, "launch_sliced", lambda *a, **k: called.append(a[5]))
-    x = _x(64, 256, False)
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "0")
-    quantize_fp8_with_trans(x, E4M3, G.MX_BLOCKWISE, block_size=32)
-    assert not called
+    for var in _ENV:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("PRIMUS_TURBO_QUANT_IMPL", raising=False)
+    x = _x(128, 256, False)
+
+    def run():
+        called.clear()
+        quantize_fp8_with_trans(x, E4M3, G.MX_BLOCKWISE, block_size=32)
+        quantize_fp8(x, E4M3, G.MX_BLOCKWISE, block_size=32)
+        quantize_fp8_with_trans(x, E4M3, G.BLOCKWISE, block_size=128)
+        return list(called)
+
+    assert run() == ["mx_dual", "mx_rows"]
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "mx")
+    assert run() == ["mx_dual", "mx_rows"]
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "1")
-    quantize_fp8_with_trans(x, E4M3, G.MX_BLOCKWISE, block_size=32)
-    quantize_fp8(x, E4M3, G.MX_BLOCKWISE, block_size=32)  # SLICED_MX unset: not routed
-    assert called == ["mx_dual"]
+    assert run() == ["mx_dual", "mx_rows", "block_dual"]
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "0")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_MX", "0")
+    assert run() == []
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v1")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "1")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_MX", "1")
+    assert run() == []
 
 
 @pytest.mark.parametrize("var,value", [("PRIMUS_TURBO_QUANT_SLICED", "2"),
                                        ("PRIMUS_TURBO_QUANT_SLICED_BN", "96"),
+                                       ("PRIMUS_TURBO_QUANT_SLICED_BM", "48"),
+                                       ("PRIMUS_TURBO_QUANT_SLICED_MX", "2"),
+                                       ("PRIMUS_TURBO_QUANT_SLICED_IE8", "yes"),
                                        ("PRIMUS_TURBO_QUANT_SLICED_PERSIST", "-1")])  # fmt: skip
 def test_sliced_env_validated(monkeypatch, var, value):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "1")
     monkeypatch.setenv(var, value)
     with pytest.raises(ValueError, match=var):
-        _quant("mx_dual", _x(64, 256, False), E4M3)
+        _quant("mx_rows" if var.endswith("_MX") else "mx_dual", _x(64, 256, False), E4M3)
