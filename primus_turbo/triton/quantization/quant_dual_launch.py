@@ -16,7 +16,8 @@ MX dual 0.721 sliced vs 0.496 v3, MX rows 0.817 vs 0.783; the 1x128 dual 0.645 v
 * ``PRIMUS_TURBO_QUANT_SLICED_IE8``: ``1``: E8M0 scales with integer ops only (the scale's
   fp32 bits built from the biased exponent, no ``exp2``; bitwise the same); default ``0``.
 * ``PRIMUS_TURBO_QUANT_SLICED_OFF32``: ``1``: 32-bit element offsets for the input and both
-  fp8 outputs where they fit (sm_90 AOT: MX rows 93 vs 100 registers); default ``0``.
+  fp8 outputs where they fit (sm_90 AOT: MX rows 93 vs 100 registers; MX dual 114 vs 115,
+  and with ``MAXNREG=96`` 94 without spilling, 5 programs/SM instead of 4); default ``0``.
 * ``PRIMUS_TURBO_QUANT_SLICED_PERSIST``: ``0`` (default) one tile per program; ``P >= 1``:
   ``P`` persistent programs per SM/CU, each prefetching its next tile into registers (measured
   slower on the H200; kept opt-in).
