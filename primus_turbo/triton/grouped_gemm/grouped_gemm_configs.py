@@ -260,10 +260,11 @@ HOPPER_S5_PLANS = {
     "vk": (
         ("ws", "m256n128k64g8w4s3"),
         ("ws", "m128n256k64g8w4s3"),
+        ("wsm", "m256n128k64g8w4s3"),
     ),
 }
 # plan kinds of session 5 (opt-in, see HOPPER_S5_PLANS)
-S5_VARIANTS = ("ws", *TMA_EXTRA_VARIANTS)
+S5_VARIANTS = ("ws", "wsm", *TMA_EXTRA_VARIANTS)
 
 
 @functools.cache
@@ -342,7 +343,7 @@ def variable_k_plans(
     if mode in ("tma", "tune") and tma_ok:
         plans += [("tma", cfg) for cfg in tma_configs(family)]
     if mode == "tune" and tma_ok:
-        plans += [("ws", cfg) for cfg in ws_configs(family)]
+        plans += [(v, cfg) for v in ("ws", "wsm") for cfg in ws_configs(family)]
     return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG", family, "vk", avg_rows)
 
 

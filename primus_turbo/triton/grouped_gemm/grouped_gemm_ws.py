@@ -87,12 +87,19 @@ def variable_k_ws_kernel(
     stride_cg, stride_cp, stride_cq, num_programs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr, WS: tl.constexpr,
+    x_hdesc=None, y_hdesc=None, HOST_DESC: tl.constexpr = False,
 ):  # fmt: skip
     """``C[g] = X_g^T @ Y_g`` (the wgrad, plan ``ws``), warp-specialised like the forward. The
     operand descriptors are built in-kernel once per group with ``stop = offs[g + 1]`` rows, so
     the hardware zero-fills the rows past the group in its last K step (no masked pointer
     step, which the specialisation pass rejects). ``X [M, P]``, ``Y [M, Q]`` with unit column
-    strides; the X tile arrives as ``[BLOCK_K, BLOCK_M]`` and enters the MMA transposed."""
+    strides; the X tile arrives as ``[BLOCK_K, BLOCK_M]`` and enters the MMA transposed.
+
+    ``HOST_DESC`` (plan ``wsm``): host descriptors over the whole ``X`` / ``Y`` instead, and
+    the X rows past the group are zeroed in registers every K step (``Y`` rows there only
+    meet those zeros). No descriptor is rewritten while the previous group's TMA loads may
+    still be in flight, which the in-kernel variant does (its single scratch slot per
+    descriptor is re-created per group by the producer warps: a suspected race)."""
     pid = tl.program_id(0)
     num_pid_q = tl.cdiv(Q, BLOCK_N)
     per_group = tl.cdiv(P, BLOCK_M) * num_pid_q
@@ -100,13 +107,17 @@ def variable_k_ws_kernel(
     for g in range(0, G):
         start = tl.minimum(tl.maximum(tl.load(offs_ptr + g), 0), M).to(tl.int32)
         stop = tl.minimum(tl.maximum(tl.load(offs_ptr + g + 1), start), M).to(tl.int32)
-        rows = tl.maximum(stop, 1)  # a descriptor needs one row; an empty group loads nothing
-        x_desc = tl.make_tensor_descriptor(
-            x_ptr, shape=[rows, P], strides=[stride_xm, 1], block_shape=[BLOCK_K, BLOCK_M]
-        )
-        y_desc = tl.make_tensor_descriptor(
-            y_ptr, shape=[rows, Q], strides=[stride_ym, 1], block_shape=[BLOCK_K, BLOCK_N]
-        )
+        if HOST_DESC:
+            x_desc = x_hdesc
+            y_desc = y_hdesc
+        else:
+            rows = tl.maximum(stop, 1)  # a descriptor needs one row; an empty group loads none
+            x_desc = tl.make_tensor_descriptor(
+                x_ptr, shape=[rows, P], strides=[stride_xm, 1], block_shape=[BLOCK_K, BLOCK_M]
+            )
+            y_desc = tl.make_tensor_descriptor(
+                y_ptr, shape=[rows, Q], strides=[stride_ym, 1], block_shape=[BLOCK_K, BLOCK_N]
+            )
         k_tiles = tl.cdiv(stop - start, BLOCK_K)
         first = (pid - rot + num_programs) % num_programs
         for t in tl.range(first, per_group, num_programs, warp_specialize=WS):
@@ -116,6 +127,9 @@ def variable_k_ws_kernel(
             for kt in range(0, k_tiles):
                 x = x_desc.load([start + kt * BLOCK_K, p0])
                 y = y_desc.load([start + kt * BLOCK_K, q0])
+                if HOST_DESC:
+                    rk = start + kt * BLOCK_K + tl.arange(0, BLOCK_K)
+                    x = tl.where(rk[:, None] < stop, x, tl.zeros_like(x))
                 if UPCAST:
                     x = x.to(tl.float32)
                     y = y.to(tl.float32)
@@ -147,18 +161,30 @@ def _ensure_allocator() -> None:
         triton.set_allocator(_scratch)
 
 
-def launch_variable_k_ws(x, y, c, group_offs, num_groups, cfg, programs, upcast) -> None:
+def launch_variable_k_ws(
+    x, y, c, group_offs, num_groups, cfg, programs, upcast, host_desc: bool = False
+) -> None:
     """``c[g] = x_g^T @ y_g`` with ``variable_k_ws_kernel`` (``x``, ``y``: unit column
-    strides, 16-byte aligned rows; see ``grouped_gemm_tma.variable_k_tma_usable``)."""
-    if x.is_cuda:
-        _ensure_allocator()
+    strides, 16-byte aligned rows; see ``grouped_gemm_tma.variable_k_tma_usable``;
+    ``host_desc``: plan ``wsm``, no in-kernel descriptors)."""
     m, p = x.shape
     q = y.shape[1]
+    descs = {}
+    if host_desc:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        descs = dict(
+            x_hdesc=TensorDescriptor.from_tensor(x, [cfg.block_k, cfg.block_m]),
+            y_hdesc=TensorDescriptor.from_tensor(y, [cfg.block_k, cfg.block_n]),
+            HOST_DESC=True,
+        )
+    elif x.is_cuda:
+        _ensure_allocator()
     variable_k_ws_kernel[(programs,)](
         x, y, c, group_offs, m, p, q, num_groups, x.stride(0), y.stride(0),
         c.stride(0), c.stride(1), c.stride(2), programs,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, UPCAST=upcast,
-        WS=x.is_cuda, **cfg.options,
+        WS=x.is_cuda, **descs, **cfg.options,
     )  # fmt: skip
 
 
@@ -222,6 +248,11 @@ def aot_specs(target: str) -> list:
                "stride_ym": "i32:16", "stride_cg": "i32:16", "stride_cp": "i32:16",
                "stride_cq": "i32:1", "num_programs": "i32"}  # fmt: skip
         cx = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "UPCAST": False, "WS": True}
-        specs.append(AotSpec(f"grouped_gemm_variable_k_ws_bf16_{cfg.name}",
-                             variable_k_ws_kernel, sig, cx, cfg.options))  # fmt: skip
+        specs.append(AotSpec(f"grouped_gemm_variable_k_ws_bf16_{cfg.name}", variable_k_ws_kernel,
+                             sig, {**cx, "x_hdesc": None, "y_hdesc": None, "HOST_DESC": False},
+                             cfg.options))  # fmt: skip
+        sig_m = {**sig, "x_hdesc": f"tensordesc<bf16[{bk},{bm}]>",
+                 "y_hdesc": f"tensordesc<bf16[{bk},{bn}]>"}  # fmt: skip
+        specs.append(AotSpec(f"grouped_gemm_variable_k_wsm_bf16_{cfg.name}", variable_k_ws_kernel,
+                             sig_m, {**cx, "HOST_DESC": True}, cfg.options))  # fmt: skip
     return specs

@@ -48,8 +48,10 @@ def test_grouped_gemm_s5_plans(variant, lens, k, n, trans_b, monkeypatch, device
     _check_fwd_bwd(lens, k, n, trans_b, torch.bfloat16, device)
 
 
-def _force_vk_ws(monkeypatch, device, cfg=None):
-    """Every wgrad of the TRITON backend through ``("ws", cfg)``; forward/dgrad keep theirs."""
+def _force_vk_ws(monkeypatch, device, cfg=None, variant="ws"):
+    """Every wgrad of the TRITON backend through ``(variant, cfg)`` (``ws``: in-kernel
+    descriptors, ``wsm``: host descriptors + rows masked in registers); forward/dgrad keep
+    theirs."""
     from primus_turbo.pytorch.core.platform import cuda_capability
     from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as gk
     from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import configs_interpreter
@@ -60,15 +62,16 @@ def _force_vk_ws(monkeypatch, device, cfg=None):
         pytest.skip(_GPU_SMALL)
     cfg = cfg or configs_interpreter()[0]
     monkeypatch.setattr(gk, "variable_k_variant", lambda: "tune")
-    monkeypatch.setattr(gk, "variable_k_plans", lambda *a: [("ws", cfg)])
+    monkeypatch.setattr(gk, "variable_k_plans", lambda *a: [(variant, cfg)])
     GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
 
 
+@pytest.mark.parametrize("variant", ["ws", "wsm"])
 @pytest.mark.parametrize("lens,k,n", [CASES[0], ([0, 9, 0, 40], 32, 24)], ids=str)
-def test_grouped_gemm_vk_ws(lens, k, n, monkeypatch, device):
+def test_grouped_gemm_vk_ws(lens, k, n, variant, monkeypatch, device):
     """The warp-specialised wgrad: groups not a multiple of BLOCK_K (the in-kernel
-    descriptor's row bound zero-fills the rows past the group), empty groups."""
-    _force_vk_ws(monkeypatch, device)
+    descriptor's row bound / the register mask zero the rows past the group), empty groups."""
+    _force_vk_ws(monkeypatch, device, variant=variant)
     _check_fwd_bwd(lens, k, n, True, torch.bfloat16, device)
 
 
@@ -142,9 +145,10 @@ def test_grouped_gemm_s5_candidates(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["ws", "wsm"])
 @pytest.mark.parametrize("cfg", _ws_configs(), ids=lambda c: c.name)
-def test_grouped_gemm_vk_ws_gpu(cfg, monkeypatch, device):
+def test_grouped_gemm_vk_ws_gpu(cfg, variant, monkeypatch, device):
     """The warp-specialised wgrad with every config on the ragged MoE-sized shape."""
-    _force_vk_ws(monkeypatch, device, cfg)
+    _force_vk_ws(monkeypatch, device, cfg, variant)
     lens = [0, 3000, 1, 0, 64, 255, 2500, 7012]
     _check_fwd_bwd(lens, 2048, 768, True, torch.bfloat16, device)
