@@ -43,11 +43,11 @@ FWD_MODES = ("auto", "tile", "looped", "inductor")
 class FwdKnobs:
     """Forward kernel choice, from the environment (read once; :func:`reload_env` re-reads):
 
-    - ``PRIMUS_TURBO_RMSNORM_TRITON_FWD``: ``auto`` (default: ``inductor`` at hidden 8192, where
-      its PTX for sm_90 matches the kernel torch.compile ran at 4157 GB/s in H200 run 5.2;
+    - ``PRIMUS_TURBO_RMSNORM_TRITON_FWD``: ``auto`` (default: ``inductor`` at hidden 2048-8192,
+      the fastest forward at every width measured in H200 run 5.3: 8192 4165 GB/s (compile
+      4144), 7168 3866 (tile 3765), 4096 3629 (looped 3592), 2880 3334 (tile 3239);
       ``looped`` above 8192 and at multiples of 2048 from ``..._FWD_LOOPED_MIN_N`` (default
-      4096), else ``tile``; run 5.2: looped 3608 vs tile 3419 GB/s at 4096, tile 3725 vs looped
-      3687 at 7168, tile at 2880), ``tile``, ``looped`` or ``inductor`` (see the module doc;
+      4096), else ``tile``), ``tile``, ``looped`` or ``inductor`` (see the module doc;
       RBLOCK default the row up to 8192, 16 elements per lane, HINTS default 1 = Inductor's,
       ROWS/REVERSE ignored). Rows wider than ``MAX_HIDDEN`` always loop (``looped`` unless
       ``inductor``).
@@ -375,9 +375,9 @@ def fwd_variant(n: int) -> str:
         return "looped"
     if k.mode != "auto":
         return k.mode
-    if n == 8192:
+    if 2048 <= n <= 8192:  # H200 run 5.3: best forward at 2880, 4096, 7168 and 8192
         return "inductor"
-    return "looped" if n >= 8192 or (n >= k.looped_min_n and n % 2048 == 0) else "tile"
+    return "looped" if n > 8192 or (n >= k.looped_min_n and n % 2048 == 0) else "tile"
 
 
 def select_looped_config(n: int, warp_size: int = 32) -> LoopedConfig:
