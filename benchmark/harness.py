@@ -280,23 +280,16 @@ def _graph_times(
     """do_bench samples of replaying ``fn`` captured once in a CUDA graph, warmed up and captured
     on :func:`bench_stream` (not the legacy default stream, as capture requires). Raises whatever
     capture raises."""
-    stream = bench_stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            _reset_grads(grad_to_none)
-            fn()
+    graph = None
+    try:
+        graph = _capture(fn, grad_to_none)
+        with torch.cuda.stream(bench_stream()):
+            return _replay_times(graph, warmup, rep, bench_stream())
+    finally:
+        del graph
         _reset_grads(grad_to_none)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph, stream=stream):
-                fn()
-            return _replay_times(graph, warmup, rep, stream)
-        finally:
-            del graph
-            _reset_grads(grad_to_none)
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()  # the graph's private pool; failed captures leaked 130 GB
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the graph's private pool; failed captures leaked 130 GB
 
 
 # GPU cycles of the idle kernel queued between the L2 flush and each timed replay (~0.1 ms at
