@@ -237,12 +237,16 @@ def fp8_config_filter() -> tuple[str, ...]:
 
 
 def fp8_tma_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
+    """The tuner's candidates: ``f8tma`` and ``f8tmas`` plans by default; the warp-specialised
+    ``f8ws`` plans only when named in ``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG`` (their GPU tests
+    did not finish in H200 run 5.3, while the other plans passed, so the default never times
+    them)."""
     cands = [("f8tma", cfg) for cfg in fp8_tma_configs(family)]
     cands += [("f8ws", cfg) for cfg in fp8_ws_configs(family)]
     cands += [("f8tmas", cfg) for cfg in fp8_tma_configs(family) if _tma_store_cfg(cfg, family)]
     names = fp8_config_filter()
     if not names:
-        return cands
+        return [p for p in cands if p[0] != "f8ws"]
     kept = [p for p in cands if p[1].name in names or f"{p[0]}:{p[1].name}" in names]
     if not kept:
         have = sorted(f"{p[0]}:{p[1].name}" for p in cands)
