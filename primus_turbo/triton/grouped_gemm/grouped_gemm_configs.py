@@ -231,11 +231,11 @@ def _tma_extra_ok(cfg: GemmConfig) -> bool:
 #   wgrad: tma 256x128 w8 (DeepSeek-V3 gate_up), tma 128x128 w4 (Qwen3), table 128x128 w4
 #   (DeepSeek-V3 down), tma 256x128 w8 s4 (run 4.3: best wgrad on both DeepSeek-V3 shapes).
 # Session 5 adds new kernels' plans for DeepSeek-V3: warp-specialised 128x256 (``ws`` s3/s4),
-# the flat TMA kernel with a TMA-store epilogue / N-major walk, and the warp-specialised
-# ``variable_k_ws_kernel`` for the wgrad. H200 run 5.2 showed four failures among their GPU
-# tests (which ones was not printed), so they are NOT default candidates (the tuner would keep
-# a wrong-but-fast kernel): ``PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES=s5`` adds them to the
-# timed winners until they are verified and measured.
+# and the flat TMA kernel with a TMA-store epilogue / N-major walk. They are NOT default
+# candidates (the tuner would keep a wrong-but-fast kernel):
+# ``PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES=s5`` adds them to the timed winners until they are
+# verified and measured. Session 5's warp-specialised wgrad plans (``ws`` / ``wsm``) were
+# removed: their GPU tests gave wrong results on the H200 (run 5.3); no wgrad plan is added.
 HOPPER_WINNERS_S4_FWD = (
     ("tma", "m128n256k64g8w8s3"),
     ("tma", "m128n256k64g8w8s4"),
@@ -257,14 +257,10 @@ HOPPER_S5_PLANS = {
         ("tmas", "m128n256k64g8w8s3"),
         ("tman", "m128n256k64g8w8s3"),
     ),
-    "vk": (
-        ("ws", "m256n128k64g8w4s3"),
-        ("ws", "m128n256k64g8w4s3"),
-        ("wsm", "m256n128k64g8w4s3"),
-    ),
+    "vk": (),
 }
 # plan kinds of session 5 (opt-in, see HOPPER_S5_PLANS)
-S5_VARIANTS = ("ws", "wsm", *TMA_EXTRA_VARIANTS)
+S5_VARIANTS = ("ws", *TMA_EXTRA_VARIANTS)
 
 
 @functools.cache
@@ -342,8 +338,6 @@ def variable_k_plans(
     plans = [("table", cfg) for cfg in configs] if mode in ("table", "tune") or not tma_ok else []
     if mode in ("tma", "tune") and tma_ok:
         plans += [("tma", cfg) for cfg in tma_configs(family)]
-    if mode == "tune" and tma_ok:
-        plans += [(v, cfg) for v in ("ws", "wsm") for cfg in ws_configs(family)]
     return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG", family, "vk", avg_rows)
 
 

@@ -412,12 +412,6 @@ def variable_k_triton(
         variant, cfg = plan
         tiles = num_groups * -(-p // cfg.block_m) * -(-q // cfg.block_n)
         programs = _programs(tiles, cfg, x.device, family)
-        if variant in ("ws", "wsm"):  # wsm: host descriptors, rows masked in registers
-            from primus_turbo.triton.grouped_gemm.grouped_gemm_ws import launch_variable_k_ws
-
-            return launch_variable_k_ws(
-                x, y, c, group_offs, num_groups, cfg, programs, upcast, variant == "wsm"
-            )
         if variant == "tma":
             from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import launch_variable_k_tma
 

@@ -14,6 +14,9 @@ expert only feed output rows / columns that the masked store drops; NN needs
 ``K % BLOCK_K == 0``). ``TMA_STORE`` (no plan uses it, see ``WS_VARIANTS``): full tiles
 leave through a TMA store (two ``[BLOCK_M, BLOCK_N / 2]`` halves), ragged ones masked.
 CUDA sm_90+ only (the interpreter runs it too, without the specialisation).
+
+The warp-specialised wgrad (plans ``ws`` / ``wsm`` of the variable-K GEMM, session 5) was
+removed: its GPU tests failed (wrong results) on the H200 in run 5.3.
 """
 
 from __future__ import annotations
@@ -81,113 +84,6 @@ def grouped_gemm_ws_kernel(
         tl.store(c_ptrs, zero, mask=(rows[:, None] < M) & (rn[None, :] < N))
 
 
-@triton.jit
-def variable_k_ws_kernel(
-    x_ptr, y_ptr, c_ptr, offs_ptr, M, P, Q, G, stride_xm, stride_ym,
-    stride_cg, stride_cp, stride_cq, num_programs,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    UPCAST: tl.constexpr, WS: tl.constexpr,
-    x_hdesc=None, y_hdesc=None, HOST_DESC: tl.constexpr = False,
-):  # fmt: skip
-    """``C[g] = X_g^T @ Y_g`` (the wgrad, plan ``ws``), warp-specialised like the forward. The
-    operand descriptors are built in-kernel once per group with ``stop = offs[g + 1]`` rows, so
-    the hardware zero-fills the rows past the group in its last K step (no masked pointer
-    step, which the specialisation pass rejects). ``X [M, P]``, ``Y [M, Q]`` with unit column
-    strides; the X tile arrives as ``[BLOCK_K, BLOCK_M]`` and enters the MMA transposed.
-
-    ``HOST_DESC`` (plan ``wsm``): host descriptors over the whole ``X`` / ``Y`` instead, and
-    the X rows past the group are zeroed in registers every K step (``Y`` rows there only
-    meet those zeros). No descriptor is rewritten while the previous group's TMA loads may
-    still be in flight, which the in-kernel variant does (its single scratch slot per
-    descriptor is re-created per group by the producer warps: a suspected race)."""
-    pid = tl.program_id(0)
-    num_pid_q = tl.cdiv(Q, BLOCK_N)
-    per_group = tl.cdiv(P, BLOCK_M) * num_pid_q
-    rot = 0
-    for g in range(0, G):
-        start = tl.minimum(tl.maximum(tl.load(offs_ptr + g), 0), M).to(tl.int32)
-        stop = tl.minimum(tl.maximum(tl.load(offs_ptr + g + 1), start), M).to(tl.int32)
-        if HOST_DESC:
-            x_desc = x_hdesc
-            y_desc = y_hdesc
-        else:
-            rows = tl.maximum(stop, 1)  # a descriptor needs one row; an empty group loads none
-            x_desc = tl.make_tensor_descriptor(
-                x_ptr, shape=[rows, P], strides=[stride_xm, 1], block_shape=[BLOCK_K, BLOCK_M]
-            )
-            y_desc = tl.make_tensor_descriptor(
-                y_ptr, shape=[rows, Q], strides=[stride_ym, 1], block_shape=[BLOCK_K, BLOCK_N]
-            )
-        k_tiles = tl.cdiv(stop - start, BLOCK_K)
-        first = (pid - rot + num_programs) % num_programs
-        for t in tl.range(first, per_group, num_programs, warp_specialize=WS):
-            p0 = (t // num_pid_q) * BLOCK_M
-            q0 = (t % num_pid_q) * BLOCK_N
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kt in range(0, k_tiles):
-                x = x_desc.load([start + kt * BLOCK_K, p0])
-                y = y_desc.load([start + kt * BLOCK_K, q0])
-                if HOST_DESC:
-                    rk = start + kt * BLOCK_K + tl.arange(0, BLOCK_K)
-                    x = tl.where(rk[:, None] < stop, x, tl.zeros_like(x))
-                if UPCAST:
-                    x = x.to(tl.float32)
-                    y = y.to(tl.float32)
-                acc = tl.dot(x.T, y, acc)
-            rp = p0 + tl.arange(0, BLOCK_M)
-            rq = q0 + tl.arange(0, BLOCK_N)
-            c_ptrs = c_ptr + tl.cast(g, tl.int64) * stride_cg + rp.to(tl.int64)[:, None] * stride_cp
-            c_ptrs += rq.to(tl.int64)[None, :] * stride_cq
-            tl.store(
-                c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rp[:, None] < P) & (rq[None, :] < Q)
-            )
-        rot = (rot + per_group) % num_programs
-
-
-def _scratch(size: int, alignment: int, stream):
-    import torch
-
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _ensure_allocator() -> None:
-    """In-kernel descriptors live in a global scratch buffer that Triton's launcher asks
-    ``triton.set_allocator``'s allocator for. The setting is a context variable (autograd's
-    backward threads do not see the main thread's), so it is made in the launching thread,
-    and only where none is set (an allocator of the application's is kept)."""
-    from triton.runtime import _allocation
-
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_scratch)
-
-
-def launch_variable_k_ws(
-    x, y, c, group_offs, num_groups, cfg, programs, upcast, host_desc: bool = False
-) -> None:
-    """``c[g] = x_g^T @ y_g`` with ``variable_k_ws_kernel`` (``x``, ``y``: unit column
-    strides, 16-byte aligned rows; see ``grouped_gemm_tma.variable_k_tma_usable``;
-    ``host_desc``: plan ``wsm``, no in-kernel descriptors)."""
-    m, p = x.shape
-    q = y.shape[1]
-    descs = {}
-    if host_desc:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        descs = dict(
-            x_hdesc=TensorDescriptor.from_tensor(x, [cfg.block_k, cfg.block_m]),
-            y_hdesc=TensorDescriptor.from_tensor(y, [cfg.block_k, cfg.block_n]),
-            HOST_DESC=True,
-        )
-    elif x.is_cuda:
-        _ensure_allocator()
-    variable_k_ws_kernel[(programs,)](
-        x, y, c, group_offs, m, p, q, num_groups, x.stride(0), y.stride(0),
-        c.stride(0), c.stride(1), c.stride(2), programs,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, UPCAST=upcast,
-        WS=x.is_cuda, **descs, **cfg.options,
-    )  # fmt: skip
-
-
 # plan name -> TMA_STORE. ("wss", True) is left out: with the TMA store in the loop body
 # Triton 3.6 silently skips the specialisation (one 4-warp group, 128x256 fp32 accumulator:
 # 2.3 KB of spills on sm_90).
@@ -217,7 +113,7 @@ def launch_ws(a, b, c, group_offs, trans_b, cfg, programs, upcast, variant: str)
 
 
 def aot_specs(target: str) -> list:
-    """sm_90 only: the forward in NT and NN and the wgrad, every warp-specialised config."""
+    """sm_90 only: the forward in NT and NN, every warp-specialised config."""
     from primus_turbo.pytorch.core.platform import ArchFamily
     from primus_turbo.triton.aot import AotSpec
     from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import ws_configs
@@ -243,16 +139,4 @@ def aot_specs(target: str) -> list:
                     cx["c_desc"] = None
                 name = f"grouped_gemm_{variant}_bf16_{lay}_{cfg.name}"
                 specs.append(AotSpec(name, grouped_gemm_ws_kernel, sig, cx, cfg.options))
-        sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "c_ptr": "*bf16", "offs_ptr": "*i64",
-               "M": "i32", "P": "i32:16", "Q": "i32:16", "G": "i32", "stride_xm": "i32:16",
-               "stride_ym": "i32:16", "stride_cg": "i32:16", "stride_cp": "i32:16",
-               "stride_cq": "i32:1", "num_programs": "i32"}  # fmt: skip
-        cx = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "UPCAST": False, "WS": True}
-        specs.append(AotSpec(f"grouped_gemm_variable_k_ws_bf16_{cfg.name}", variable_k_ws_kernel,
-                             sig, {**cx, "x_hdesc": None, "y_hdesc": None, "HOST_DESC": False},
-                             cfg.options))  # fmt: skip
-        sig_m = {**sig, "x_hdesc": f"tensordesc<bf16[{bk},{bm}]>",
-                 "y_hdesc": f"tensordesc<bf16[{bk},{bn}]>"}  # fmt: skip
-        specs.append(AotSpec(f"grouped_gemm_variable_k_wsm_bf16_{cfg.name}", variable_k_ws_kernel,
-                             sig_m, {**cx, "HOST_DESC": True}, cfg.options))  # fmt: skip
     return specs

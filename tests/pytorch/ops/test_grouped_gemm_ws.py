@@ -48,39 +48,6 @@ def test_grouped_gemm_s5_plans(variant, lens, k, n, trans_b, monkeypatch, device
     _check_fwd_bwd(lens, k, n, trans_b, torch.bfloat16, device)
 
 
-def _force_vk_ws(monkeypatch, device, cfg=None, variant="ws"):
-    """Every wgrad of the TRITON backend through ``(variant, cfg)`` (``ws``: in-kernel
-    descriptors, ``wsm``: host descriptors + rows masked in registers); forward/dgrad keep
-    theirs."""
-    from primus_turbo.pytorch.core.platform import cuda_capability
-    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as gk
-    from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import configs_interpreter
-
-    if device != "cpu" and (cuda_capability() is None or cuda_capability() < (9, 0)):
-        pytest.skip("in-kernel TMA descriptors / warp specialisation need CUDA sm_90+")
-    if cfg is None and device != "cpu":
-        pytest.skip(_GPU_SMALL)
-    cfg = cfg or configs_interpreter()[0]
-    monkeypatch.setattr(gk, "variable_k_variant", lambda: "tune")
-    monkeypatch.setattr(gk, "variable_k_plans", lambda *a: [(variant, cfg)])
-    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
-
-
-@pytest.mark.parametrize("variant", ["ws", "wsm"])
-@pytest.mark.parametrize("lens,k,n", [CASES[0], ([0, 9, 0, 40], 32, 24)], ids=str)
-def test_grouped_gemm_vk_ws(lens, k, n, variant, monkeypatch, device):
-    """The warp-specialised wgrad: groups not a multiple of BLOCK_K (the in-kernel
-    descriptor's row bound / the register mask zero the rows past the group), empty groups."""
-    _force_vk_ws(monkeypatch, device, variant=variant)
-    _check_fwd_bwd(lens, k, n, True, torch.bfloat16, device)
-
-
-def _ws_configs():
-    from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
-
-    return list(gc.ws_configs(ArchFamily.HOPPER))
-
-
 def _gpu_plans():
     """Every Hopper plan of the new variants (not only the default candidates)."""
     from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
@@ -106,7 +73,8 @@ def test_grouped_gemm_s5_plans_gpu(plan, monkeypatch, device):
 
 def test_grouped_gemm_s5_candidates(monkeypatch):
     """The default Hopper candidates are the session-4 winners, no session-5 plan (not even
-    for small groups); ``..._CANDIDATES=s5`` adds the new plans; the TMA-store plans drop out
+    for small groups); ``..._CANDIDATES=s5`` adds the new forward/dgrad plans (no wgrad
+    plan: the warp-specialised wgrad was removed); the TMA-store plans drop out
     when N is not a multiple of 8."""
     from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
 
@@ -129,11 +97,13 @@ def test_grouped_gemm_s5_candidates(monkeypatch):
             small = gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, few)
             assert not kinds(small) & set(gc.S5_VARIANTS)
             assert not kinds(gc.variable_k_plans(ArchFamily.HOPPER, "tune", True, few)) & {"ws"}
+            assert not kinds(gc.variable_k_plans(ArchFamily.HOPPER, "tune", True)) & {"ws", "wsm"}
         monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "s5")
         gc.candidate_set.cache_clear()
         vk = names(gc.variable_k_plans(ArchFamily.HOPPER, "tune", True))
-        assert vk == set(gc.HOPPER_WINNERS["vk"] + gc.HOPPER_S5_PLANS["vk"])
-        assert ("ws", "m256n128k64g8w4s3") in vk
+        # no session-5 wgrad plan (the warp-specialised wgrad was removed after run 5.3)
+        assert vk == set(gc.HOPPER_WINNERS["vk"])
+        assert not kinds(gc.variable_k_plans(ArchFamily.HOPPER, "tune", True)) & {"ws", "wsm"}
         fwd = names(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True))
         assert fwd == set(gc.HOPPER_WINNERS["fwd"] + gc.HOPPER_S5_PLANS["fwd"])
         odd = names(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, n=4100))
@@ -142,13 +112,3 @@ def test_grouped_gemm_s5_candidates(monkeypatch):
     finally:
         monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", raising=False)
         gc.candidate_set.cache_clear()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["ws", "wsm"])
-@pytest.mark.parametrize("cfg", _ws_configs(), ids=lambda c: c.name)
-def test_grouped_gemm_vk_ws_gpu(cfg, variant, monkeypatch, device):
-    """The warp-specialised wgrad with every config on the ragged MoE-sized shape."""
-    _force_vk_ws(monkeypatch, device, cfg, variant)
-    lens = [0, 3000, 1, 0, 64, 255, 2500, 7012]
-    _check_fwd_bwd(lens, 2048, 768, True, torch.bfloat16, device)
