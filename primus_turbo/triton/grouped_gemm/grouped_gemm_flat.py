@@ -20,11 +20,7 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton.gemm.gemm_kernel import _tile_coords, _tile_mma
-
-
-@triton.jit
-def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
-    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import find_tile, group_table, zero_tail
 
 
 @triton.jit
@@ -39,31 +35,11 @@ def grouped_gemm_flat_kernel(
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    # the group table (int32 rows: M < 2**31), groups past G are empty
-    gi = tl.arange(0, G_PAD)
-    real = gi < G
-    lo = tl.load(offs_ptr + tl.minimum(gi, G), mask=real, other=0)
-    hi = tl.load(offs_ptr + tl.minimum(gi + 1, G), mask=real, other=0)
-    lo = tl.minimum(tl.maximum(lo, 0), M).to(tl.int32)
-    hi = tl.minimum(tl.maximum(hi, lo), M).to(tl.int32)
-    tiles = tl.cdiv(hi - lo, BLOCK_M) * num_pid_n
-    ends = tl.cumsum(tiles, axis=0)
-    first = ends - tiles
-    total = tl.sum(tiles, axis=0)
+    gi, lo, hi, first, ends, total = group_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD)
     rm0 = tl.arange(0, BLOCK_M)
     rn0 = tl.arange(0, BLOCK_N)
     for t_glob in tl.range(pid, total, num_programs, flatten=FLATTEN):
-        here = (first <= t_glob) & (t_glob < ends)
-        g, start, stop, t0 = tl.reduce(
-            (
-                tl.where(here, gi, 0),
-                tl.where(here, lo, 0),
-                tl.where(here, hi, 0),
-                tl.where(here, first, 0),
-            ),
-            0,
-            _add4,
-        )
+        g, start, stop, t0 = find_tile(t_glob, gi, lo, hi, first, ends)
         m_g = stop - start
         num_pid_m = tl.cdiv(m_g, BLOCK_M)
         pid_m, pid_n = _tile_coords(t_glob - t0, num_pid_m, num_pid_n, GROUP_M)
@@ -85,15 +61,7 @@ def grouped_gemm_flat_kernel(
             acc = acc * sa[:, None] * sb[None, :]
         c_ptrs = c_ptr + rows[:, None] * stride_cm + rn64[None, :] * stride_cn
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
-    # rows past offs[G] (an over-allocated A): zeros
-    tail0 = tl.minimum(tl.maximum(tl.load(offs_ptr + G), 0), M).to(tl.int64)
-    tail_tiles = tl.cdiv((M - tail0).to(tl.int32), BLOCK_M) * num_pid_n
-    zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
-    for t in range(pid, tail_tiles, num_programs):
-        rows = tail0 + (t // num_pid_n) * BLOCK_M + rm0.to(tl.int64)
-        rn = (t % num_pid_n) * BLOCK_N + rn0
-        c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
-        tl.store(c_ptrs, zero, mask=(rows[:, None] < M) & (rn[None, :] < N))
+    zero_tail(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
 def launch_flat(a, b, c, group_offs, m, n, k, g, strides, scales, cfg, programs, flags):

@@ -5,7 +5,10 @@
 operands K-major, what an fp8 wgmma wants), ``sa [M]`` fp32 per row (a 0-stride expand for
 tensorwise) and ``sb [G, N]`` fp32 per expert and output column, applied in the epilogue.
 
-The tile walk is that of ``grouped_gemm_tma.grouped_gemm_flat_tma_kernel`` (the in-kernel group
+The kernels are the bf16 ones launched with ``SCALED=True`` (the scaled epilogue of
+``grouped_gemm_walk.scale_tile``): plans ``f8tma`` / ``f8tmas`` run
+``grouped_gemm_tma.grouped_gemm_flat_tma_kernel``, plan ``f8ws``
+``grouped_gemm_ws.grouped_gemm_ws_kernel``. The flat walk (the in-kernel group
 table, one multi-operand reduction per tile, ``tl.range(flatten=...)`` so the next tile's first
 TMA loads are issued during this tile's epilogue, tail rows past ``offs[G]`` zeroed by a second
 loop): the host never reads the group sizes. A is one descriptor over ``[M, K]``, B one over
@@ -26,154 +29,12 @@ import functools
 
 import torch
 import triton
-import triton.language as tl
 
 from primus_turbo.pytorch.core.platform import ArchFamily, arch_family
 from primus_turbo.triton.gemm.gemm_configs import GemmConfig
-from primus_turbo.triton.gemm.gemm_kernel import _tile_coords
-from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import _masked_store
-
-
-@triton.jit
-def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
-    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
-
-
-@triton.jit
-def grouped_gemm_fp8_tma_kernel(
-    a_desc, b_desc, c_ptr, offs_ptr, sa_ptr, sb_ptr, M, N, K, G,
-    stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn, num_programs,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
-    c_desc=None, TMA_STORE: tl.constexpr = False,
-):  # fmt: skip
-    """``TMA_STORE`` (plan ``f8tmas``, launched with ``FLATTEN=False``): a tile whose rows all
-    lie in its group leaves through two TMA stores of ``c_desc`` (``[BLOCK_M, BLOCK_N / 2]``
-    halves, clipped at ``N`` by the hardware); a group's ragged last tile keeps the masked
-    pointer store."""
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    gi = tl.arange(0, G_PAD)
-    real = gi < G
-    lo = tl.load(offs_ptr + tl.minimum(gi, G), mask=real, other=0)
-    hi = tl.load(offs_ptr + tl.minimum(gi + 1, G), mask=real, other=0)
-    lo = tl.minimum(tl.maximum(lo, 0), M).to(tl.int32)
-    hi = tl.minimum(tl.maximum(hi, lo), M).to(tl.int32)
-    tiles = tl.cdiv(hi - lo, BLOCK_M) * num_pid_n
-    ends = tl.cumsum(tiles, axis=0)
-    first = ends - tiles
-    total = tl.sum(tiles, axis=0)
-    rm0 = tl.arange(0, BLOCK_M)
-    rn0 = tl.arange(0, BLOCK_N)
-    for t_glob in tl.range(pid, total, num_programs, flatten=FLATTEN):
-        here = (first <= t_glob) & (t_glob < ends)
-        g, start, stop, t0 = tl.reduce(
-            (
-                tl.where(here, gi, 0),
-                tl.where(here, lo, 0),
-                tl.where(here, hi, 0),
-                tl.where(here, first, 0),
-            ),
-            0,
-            _add4,
-        )
-        pid_m, pid_n = _tile_coords(t_glob - t0, tl.cdiv(stop - start, BLOCK_M), num_pid_n,
-                                    GROUP_M)  # fmt: skip
-        row0 = start + pid_m * BLOCK_M
-        col0 = pid_n * BLOCK_N
-        rows = row0.to(tl.int64) + rm0.to(tl.int64)
-        rn = col0 + rn0
-        mask_m = rows < stop
-        mask_n = rn < N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(0, k_tiles):
-            a = a_desc.load([row0, kt * BLOCK_K])
-            b = b_desc.load([g * N + col0, kt * BLOCK_K])
-            if UPCAST:  # the interpreter: exact fp32 products of the fp8 values
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b.T, acc)
-        sa = tl.load(sa_ptr + rows * stride_sa, mask=mask_m, other=0.0)
-        sb = tl.load(sb_ptr + g.to(tl.int64) * stride_sbg + rn.to(tl.int64) * stride_sbn,
-                     mask=mask_n, other=0.0)  # fmt: skip
-        acc = acc * sa[:, None] * sb[None, :]
-        if TMA_STORE:
-            if row0 + BLOCK_M <= stop:
-                out = acc.to(c_desc.dtype).reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1)
-                lo_half, hi_half = out.split()
-                c_desc.store([row0, col0], lo_half)
-                c_desc.store([row0, col0 + BLOCK_N // 2], hi_half)
-            else:
-                _masked_store(c_ptr, acc, row0, col0, stop, N, stride_cm, stride_cn,
-                              BLOCK_M, BLOCK_N)  # fmt: skip
-        else:
-            c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
-            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
-                     mask=mask_m[:, None] & mask_n[None, :])  # fmt: skip
-    # rows past offs[G] (an over-allocated A): zeros
-    tail0 = tl.minimum(tl.maximum(tl.load(offs_ptr + G), 0), M).to(tl.int64)
-    tail_tiles = tl.cdiv((M - tail0).to(tl.int32), BLOCK_M) * num_pid_n
-    zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
-    for t in range(pid, tail_tiles, num_programs):
-        rows = tail0 + (t // num_pid_n) * BLOCK_M + rm0.to(tl.int64)
-        rn = (t % num_pid_n) * BLOCK_N + rn0
-        c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
-        tl.store(c_ptrs, zero, mask=(rows[:, None] < M) & (rn[None, :] < N))
-
-
-@triton.jit
-def grouped_gemm_fp8_ws_kernel(
-    a_desc, b_desc, c_ptr, offs_ptr, sa_ptr, sb_ptr, M, N, K, G,
-    stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn, num_programs,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    UPCAST: tl.constexpr, WS: tl.constexpr,
-):  # fmt: skip
-    """Plan ``f8ws``: the walk of ``grouped_gemm_ws.grouped_gemm_ws_kernel`` (an outer scalar
-    loop over the groups, Triton's Hopper warp specialisation of the loop over the group's
-    tiles: a TMA producer warpgroup and two wgmma consumer warpgroups, ``num_warps=4`` per
-    consumer) with this module's scaled epilogue. Rows past ``offs[G]`` zeroed after."""
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    rot = 0
-    for g in range(0, G):
-        start = tl.minimum(tl.maximum(tl.load(offs_ptr + g), 0), M).to(tl.int32)
-        stop = tl.minimum(tl.maximum(tl.load(offs_ptr + g + 1), start), M).to(tl.int32)
-        tiles_g = tl.cdiv(stop - start, BLOCK_M) * num_pid_n
-        first = (pid - rot + num_programs) % num_programs
-        for t in tl.range(first, tiles_g, num_programs, warp_specialize=WS):
-            row0 = start + (t // num_pid_n) * BLOCK_M
-            col0 = (t % num_pid_n) * BLOCK_N
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kt in range(0, k_tiles):
-                a = a_desc.load([row0, kt * BLOCK_K])
-                b = b_desc.load([g * N + col0, kt * BLOCK_K])
-                if UPCAST:
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                acc = tl.dot(a, b.T, acc)
-            rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M).to(tl.int64)
-            rn = col0 + tl.arange(0, BLOCK_N)
-            mask_m = rows < stop
-            mask_n = rn < N
-            sa = tl.load(sa_ptr + rows * stride_sa, mask=mask_m, other=0.0)
-            sb = tl.load(sb_ptr + tl.cast(g, tl.int64) * stride_sbg + rn.to(tl.int64) * stride_sbn,
-                         mask=mask_n, other=0.0)  # fmt: skip
-            acc = acc * sa[:, None] * sb[None, :]
-            c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
-            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
-                     mask=mask_m[:, None] & mask_n[None, :])  # fmt: skip
-        rot = (rot + tiles_g) % num_programs
-    tail0 = tl.minimum(tl.maximum(tl.load(offs_ptr + G), 0), M).to(tl.int64)
-    tail_tiles = tl.cdiv((M - tail0).to(tl.int32), BLOCK_M) * num_pid_n
-    zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
-    for t in range(pid, tail_tiles, num_programs):
-        rows = tail0 + (t // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-        rn = (t % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-        c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
-        tl.store(c_ptrs, zero, mask=(rows[:, None] < M) & (rn[None, :] < N))
-
+from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import grouped_gemm_flat_tma_kernel
+from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import operand_descs
+from primus_turbo.triton.grouped_gemm.grouped_gemm_ws import grouped_gemm_ws_kernel
 
 # ---- configs, env knobs, launcher ------------------------------------------------------------
 
@@ -291,17 +152,16 @@ def launch_fp8_tma(
 
     from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import _interpreting
 
-    m, k = a.shape
-    g, n = b.shape[0], b.shape[1]
-    a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
-    b_desc = TensorDescriptor.from_tensor(b.view(g * n, k), [cfg.block_n, cfg.block_k])
+    a_desc, b_desc, m, n, k, g = operand_descs(a, b, True, cfg)
     interp = _interpreting()
-    args = (a_desc, b_desc, c, group_offs, sa, sb, m, n, k, g, c.stride(0), c.stride(1),
-            sa.stride(0), sb.stride(0), sb.stride(1), programs)  # fmt: skip
+    args = (a_desc, b_desc, c, group_offs, m, n, k, g, c.stride(0), c.stride(1), programs)
+    scales = {"sa_ptr": sa, "sb_ptr": sb, "stride_sa": sa.stride(0), "stride_sbg": sb.stride(0),
+              "stride_sbn": sb.stride(1), "SCALED": True}  # fmt: skip
     if variant == "f8ws":
-        grouped_gemm_fp8_ws_kernel[(programs,)](
-            *args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            UPCAST=interp, WS=not interp, **cfg.options,
+        grouped_gemm_ws_kernel[(programs,)](
+            *args, None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            TRANS_B=True, UPCAST=interp, TMA_STORE=False, WS=not interp, **scales,
+            **cfg.options,
         )  # fmt: skip
         return
     store = {}
@@ -310,11 +170,11 @@ def launch_fp8_tma(
         store = {"c_desc": c_desc, "TMA_STORE": True}
     # f8tmas: not flattened (Triton 3.6 fails on the TMA-store branch in a flattened loop with
     # the scale loads: "'scf.if' op region control flow edge ... source has 1 operands")
-    grouped_gemm_fp8_tma_kernel[(programs,)](
+    grouped_gemm_flat_tma_kernel[(programs,)](
         *args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, G_PAD=triton.next_power_of_2(max(g, 2)),
+        GROUP_M=cfg.group_m, TRANS_B=True, G_PAD=triton.next_power_of_2(max(g, 2)),
         FLATTEN=not interp and not store,
-        UPCAST=interp, **store, **cfg.options,
+        UPCAST=interp, **store, **scales, **cfg.options,
     )  # fmt: skip
 
 
@@ -385,14 +245,15 @@ def aot_specs(target: str) -> list:
                "G": "i32", "stride_cm": "i32:16", "stride_cn": "i32:1", "stride_sa": "i32",
                "stride_sbg": "i32:16", "stride_sbn": "i32:1", "num_programs": "i32"}  # fmt: skip
         consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
-                  "G_PAD": 256, "FLATTEN": True, "UPCAST": False}  # fmt: skip
-        specs.append(AotSpec(f"grouped_gemm_fp8_tma_{cfg.name}", grouped_gemm_fp8_tma_kernel,
+                  "TRANS_B": True, "G_PAD": 256, "FLATTEN": True, "UPCAST": False,
+                  "N_MAJOR": False, "SCALED": True}  # fmt: skip
+        specs.append(AotSpec(f"grouped_gemm_fp8_tma_{cfg.name}", grouped_gemm_flat_tma_kernel,
                              sig, {**consts, "c_desc": None, "TMA_STORE": False},
                              cfg.options))  # fmt: skip
         if _tma_store_cfg(cfg, ArchFamily.HOPPER):
             sig_s = {**sig, "c_desc": f"tensordesc<bf16[{bm},{bn // 2}]>"}
             specs.append(AotSpec(f"grouped_gemm_fp8_tmas_{cfg.name}",
-                                 grouped_gemm_fp8_tma_kernel, sig_s,
+                                 grouped_gemm_flat_tma_kernel, sig_s,
                                  {**consts, "TMA_STORE": True, "FLATTEN": False},
                                  cfg.options))  # fmt: skip
     for cfg in fp8_ws_configs(ArchFamily.HOPPER):
@@ -400,7 +261,8 @@ def aot_specs(target: str) -> list:
         sig["a_desc"] = f"tensordesc<fp8e4nv[{cfg.block_m},{cfg.block_k}]>"
         sig["b_desc"] = f"tensordesc<fp8e4nv[{cfg.block_n},{cfg.block_k}]>"
         consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                  "UPCAST": False, "WS": True}  # fmt: skip
-        specs.append(AotSpec(f"grouped_gemm_fp8_ws_{cfg.name}", grouped_gemm_fp8_ws_kernel,
+                  "TRANS_B": True, "UPCAST": False, "TMA_STORE": False, "WS": True,
+                  "c_desc": None, "SCALED": True}  # fmt: skip
+        specs.append(AotSpec(f"grouped_gemm_fp8_ws_{cfg.name}", grouped_gemm_ws_kernel,
                              sig, consts, cfg.options))  # fmt: skip
     return specs

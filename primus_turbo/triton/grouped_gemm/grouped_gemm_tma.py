@@ -24,6 +24,17 @@ from primus_turbo.pytorch.core.checks import env_flag
 from primus_turbo.triton.gemm.gemm_configs import GemmConfig
 from primus_turbo.triton.gemm.gemm_kernel import _tile_coords
 from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import _group_rows
+from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import (
+    UNSCALED,
+    desc_tile_mma,
+    find_tile,
+    group_table,
+    operand_descs,
+    scale_tile,
+    store_rows,
+    store_tile,
+    zero_tail,
+)
 
 
 @functools.cache
@@ -96,16 +107,7 @@ def grouped_gemm_tma_kernel(
 
 def launch_tma(a, b, c, group_offs, trans_b: bool, cfg: GemmConfig, programs: int) -> None:
     """Launch the TMA kernel for ``c = grouped(a, op(b))`` (shapes as in grouped_gemm_triton)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    m, k = a.shape
-    g = b.shape[0]
-    n = b.shape[1] if trans_b else b.shape[2]
-    a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
-    if trans_b:
-        b_desc = TensorDescriptor.from_tensor(b.view(g * n, k), [cfg.block_n, cfg.block_k])
-    else:
-        b_desc = TensorDescriptor.from_tensor(b.view(g * k, n), [cfg.block_k, cfg.block_n])
+    a_desc, b_desc, m, n, k, g = operand_descs(a, b, trans_b, cfg)
     grouped_gemm_tma_kernel[(programs,)](
         a_desc,
         b_desc,
@@ -128,29 +130,14 @@ def launch_tma(a, b, c, group_offs, trans_b: bool, cfg: GemmConfig, programs: in
 
 
 @triton.jit
-def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
-    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
-
-
-@triton.jit
-def _masked_store(c_ptr, acc, row0, col0, stop, N, stride_cm, stride_cn,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """The tile ``acc`` at ``(row0, col0)`` of ``c``, rows ``>= stop`` and columns ``>= N``
-    dropped."""
-    rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M).to(tl.int64)
-    rn = col0 + tl.arange(0, BLOCK_N)
-    c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
-    mask = (rows[:, None] < stop) & (rn[None, :] < N)
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def grouped_gemm_flat_tma_kernel(
     a_desc, b_desc, c_ptr, offs_ptr, M, N, K, G, stride_cm, stride_cn, num_programs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, TRANS_B: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr,
     UPCAST: tl.constexpr, c_desc=None, TMA_STORE: tl.constexpr = False,
     N_MAJOR: tl.constexpr = False,
+    sa_ptr=None, sb_ptr=None, stride_sa=None, stride_sbg=None, stride_sbn=None,
+    SCALED: tl.constexpr = False,
 ):  # fmt: skip
     """The ``flat`` kernel's tile walk (constant K trip count, one-pass tile lookup, tail rows
     in a second loop) with TMA operand loads: fewer instructions and registers per K step
@@ -165,32 +152,17 @@ def grouped_gemm_flat_tma_kernel(
     keeps the masked pointer store (a TMA store would overwrite the next group's rows).
     ``N_MAJOR``: within a group, walk the tiles N-fastest over the whole N range (every
     program of a wave shares the same few A row blocks in L2; B of one expert, at most
-    ``N * K`` elements, stays in L2 across the group) instead of ``GROUP_M`` bands."""
+    ``N * K`` elements, stays in L2 across the group) instead of ``GROUP_M`` bands.
+
+    ``SCALED`` (plans ``f8tma`` / ``f8tmas`` of ``grouped_gemm_fp8_tma``: fp8 E4M3 operands,
+    ``TRANS_B``): the tile times ``sa [M]`` per row and ``sb [G, N]`` per (group, column)
+    before its store (the masked pointer store, or ``TMA_STORE`` as above)."""
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    gi = tl.arange(0, G_PAD)
-    real = gi < G
-    lo = tl.load(offs_ptr + tl.minimum(gi, G), mask=real, other=0)
-    hi = tl.load(offs_ptr + tl.minimum(gi + 1, G), mask=real, other=0)
-    lo = tl.minimum(tl.maximum(lo, 0), M).to(tl.int32)
-    hi = tl.minimum(tl.maximum(hi, lo), M).to(tl.int32)
-    tiles = tl.cdiv(hi - lo, BLOCK_M) * num_pid_n
-    ends = tl.cumsum(tiles, axis=0)
-    first = ends - tiles
-    total = tl.sum(tiles, axis=0)
+    gi, lo, hi, first, ends, total = group_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD)
     for t_glob in tl.range(pid, total, num_programs, flatten=FLATTEN):
-        here = (first <= t_glob) & (t_glob < ends)
-        g, start, stop, t0 = tl.reduce(
-            (
-                tl.where(here, gi, 0),
-                tl.where(here, lo, 0),
-                tl.where(here, hi, 0),
-                tl.where(here, first, 0),
-            ),
-            0,
-            _add4,
-        )
+        g, start, stop, t0 = find_tile(t_glob, gi, lo, hi, first, ends)
         m_g = stop - start
         if N_MAJOR:
             pid_m = (t_glob - t0) // num_pid_n
@@ -199,41 +171,25 @@ def grouped_gemm_flat_tma_kernel(
             pid_m, pid_n = _tile_coords(t_glob - t0, tl.cdiv(m_g, BLOCK_M), num_pid_n, GROUP_M)
         row0 = start + pid_m * BLOCK_M
         col0 = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(0, k_tiles):
-            a = a_desc.load([row0, kt * BLOCK_K])
-            if TRANS_B:
-                b = b_desc.load([g * N + col0, kt * BLOCK_K])
-                if UPCAST:
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                acc = tl.dot(a, b.T, acc)
+        if SCALED:  # the scales' rows / columns, computed before the K loop
+            rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M).to(tl.int64)
+            rn = col0 + tl.arange(0, BLOCK_N)
+            mask_m = rows < stop
+            mask_n = rn < N
+        acc = desc_tile_mma(a_desc, b_desc, g, row0, col0, N, K, k_tiles,
+                            BLOCK_M, BLOCK_N, BLOCK_K, TRANS_B, UPCAST)  # fmt: skip
+        if SCALED:
+            acc = scale_tile(acc, sa_ptr, sb_ptr, g, rows, rn, mask_m, mask_n,
+                             stride_sa, stride_sbg, stride_sbn)  # fmt: skip
+            if TMA_STORE:
+                store_tile(c_ptr, c_desc, acc, row0, col0, stop, N, stride_cm, stride_cn,
+                           BLOCK_M, BLOCK_N, True)  # fmt: skip
             else:
-                b = b_desc.load([g * K + kt * BLOCK_K, col0])
-                if UPCAST:
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                acc = tl.dot(a, b, acc)
-        if TMA_STORE:
-            if row0 + BLOCK_M <= stop:  # two [BLOCK_M, BLOCK_N / 2] stores (staging smem)
-                out = acc.to(c_desc.dtype).reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1)
-                lo_half, hi_half = out.split()
-                c_desc.store([row0, col0], lo_half)
-                c_desc.store([row0, col0 + BLOCK_N // 2], hi_half)
-            else:
-                _masked_store(c_ptr, acc, row0, col0, stop, N, stride_cm, stride_cn,
-                              BLOCK_M, BLOCK_N)  # fmt: skip
+                store_rows(c_ptr, acc, rows, rn, mask_m, mask_n, stride_cm, stride_cn)
         else:
-            _masked_store(c_ptr, acc, row0, col0, stop, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
-    # rows past offs[G] (an over-allocated A): zeros
-    tail0 = tl.minimum(tl.maximum(tl.load(offs_ptr + G), 0), M).to(tl.int64)
-    tail_tiles = tl.cdiv((M - tail0).to(tl.int32), BLOCK_M) * num_pid_n
-    zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
-    for t in range(pid, tail_tiles, num_programs):
-        rows = tail0 + (t // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-        rn = (t % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-        c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
-        tl.store(c_ptrs, zero, mask=(rows[:, None] < M) & (rn[None, :] < N))
+            store_tile(c_ptr, c_desc, acc, row0, col0, stop, N, stride_cm, stride_cn,
+                       BLOCK_M, BLOCK_N, TMA_STORE)  # fmt: skip
+    zero_tail(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -350,15 +306,7 @@ def launch_flat_tma(
     knobs = dict(TMA_VARIANTS[variant])
     if knobs.get("TMA_STORE"):
         knobs["c_desc"] = TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2])
-
-    m, k = a.shape
-    g = b.shape[0]
-    n = b.shape[1] if trans_b else b.shape[2]
-    a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
-    if trans_b:
-        b_desc = TensorDescriptor.from_tensor(b.view(g * n, k), [cfg.block_n, cfg.block_k])
-    else:
-        b_desc = TensorDescriptor.from_tensor(b.view(g * k, n), [cfg.block_k, cfg.block_n])
+    a_desc, b_desc, m, n, k, g = operand_descs(a, b, trans_b, cfg)
     grouped_gemm_flat_tma_kernel[(programs,)](
         a_desc, b_desc, c, group_offs, m, n, k, g, c.stride(0), c.stride(1), programs,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
@@ -412,7 +360,7 @@ def aot_specs(target: str) -> list:
                 if variant != "tma" and not _tma_extra_ok(cfg):
                     continue
                 off = {"TMA_STORE": False, "N_MAJOR": False}
-                sig_v, cx = dict(sig), {**constexprs, **off, **knobs}
+                sig_v, cx = dict(sig), {**constexprs, **off, **knobs, **UNSCALED}
                 if knobs.get("TMA_STORE"):
                     sig_v["c_desc"] = f"tensordesc<bf16[{bm},{bn // 2}]>"
                 else:

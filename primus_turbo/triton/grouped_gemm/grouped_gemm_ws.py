@@ -24,7 +24,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import _masked_store
+from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import (
+    UNSCALED,
+    desc_tile_mma,
+    group_bounds,
+    operand_descs,
+    scale_tile,
+    store_rows,
+    store_tile,
+    zero_tail,
+)
 
 
 @triton.jit
@@ -32,56 +41,38 @@ def grouped_gemm_ws_kernel(
     a_desc, b_desc, c_ptr, offs_ptr, M, N, K, G, stride_cm, stride_cn, num_programs, c_desc,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     TRANS_B: tl.constexpr, UPCAST: tl.constexpr, TMA_STORE: tl.constexpr, WS: tl.constexpr,
+    sa_ptr=None, sb_ptr=None, stride_sa=None, stride_sbg=None, stride_sbn=None,
+    SCALED: tl.constexpr = False,
 ):  # fmt: skip
+    """``SCALED`` (plan ``f8ws`` of ``grouped_gemm_fp8_tma``: fp8 E4M3 operands, ``TRANS_B``):
+    the tile times ``sa [M]`` per row and ``sb [G, N]`` per (group, column) before the masked
+    pointer store."""
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     rot = 0
     for g in range(0, G):
-        start = tl.minimum(tl.maximum(tl.load(offs_ptr + g), 0), M).to(tl.int32)
-        stop = tl.minimum(tl.maximum(tl.load(offs_ptr + g + 1), start), M).to(tl.int32)
+        start, stop = group_bounds(offs_ptr, g, M)
         tiles_g = tl.cdiv(stop - start, BLOCK_M) * num_pid_n
         first = (pid - rot + num_programs) % num_programs
         for t in tl.range(first, tiles_g, num_programs, warp_specialize=WS):
             row0 = start + (t // num_pid_n) * BLOCK_M
             col0 = (t % num_pid_n) * BLOCK_N
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kt in range(0, k_tiles):
-                a = a_desc.load([row0, kt * BLOCK_K])
-                if TRANS_B:
-                    b = b_desc.load([g * N + col0, kt * BLOCK_K])
-                    if UPCAST:
-                        a = a.to(tl.float32)
-                        b = b.to(tl.float32)
-                    acc = tl.dot(a, b.T, acc)
-                else:
-                    b = b_desc.load([g * K + kt * BLOCK_K, col0])
-                    if UPCAST:
-                        a = a.to(tl.float32)
-                        b = b.to(tl.float32)
-                    acc = tl.dot(a, b, acc)
-            if TMA_STORE:
-                if row0 + BLOCK_M <= stop:
-                    out = acc.to(c_desc.dtype).reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1)
-                    lo_half, hi_half = out.split()
-                    c_desc.store([row0, col0], lo_half)
-                    c_desc.store([row0, col0 + BLOCK_N // 2], hi_half)
-                else:
-                    _masked_store(c_ptr, acc, row0, col0, stop, N, stride_cm, stride_cn,
-                                  BLOCK_M, BLOCK_N)  # fmt: skip
+            acc = desc_tile_mma(a_desc, b_desc, g, row0, col0, N, K, k_tiles,
+                                BLOCK_M, BLOCK_N, BLOCK_K, TRANS_B, UPCAST)  # fmt: skip
+            if SCALED:
+                rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M).to(tl.int64)
+                rn = col0 + tl.arange(0, BLOCK_N)
+                mask_m = rows < stop
+                mask_n = rn < N
+                acc = scale_tile(acc, sa_ptr, sb_ptr, g, rows, rn, mask_m, mask_n,
+                                 stride_sa, stride_sbg, stride_sbn)  # fmt: skip
+                store_rows(c_ptr, acc, rows, rn, mask_m, mask_n, stride_cm, stride_cn)
             else:
-                _masked_store(c_ptr, acc, row0, col0, stop, N, stride_cm, stride_cn,
-                              BLOCK_M, BLOCK_N)  # fmt: skip
+                store_tile(c_ptr, c_desc, acc, row0, col0, stop, N, stride_cm, stride_cn,
+                           BLOCK_M, BLOCK_N, TMA_STORE)  # fmt: skip
         rot = (rot + tiles_g) % num_programs
-    # rows past offs[G] (an over-allocated A): zeros
-    tail0 = tl.minimum(tl.maximum(tl.load(offs_ptr + G), 0), M).to(tl.int64)
-    tail_tiles = tl.cdiv((M - tail0).to(tl.int32), BLOCK_M) * num_pid_n
-    zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
-    for t in range(pid, tail_tiles, num_programs):
-        rows = tail0 + (t // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-        rn = (t % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-        c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
-        tl.store(c_ptrs, zero, mask=(rows[:, None] < M) & (rn[None, :] < N))
+    zero_tail(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
 # plan name -> TMA_STORE. ("wss", True) is left out: with the TMA store in the loop body
@@ -95,14 +86,7 @@ def launch_ws(a, b, c, group_offs, trans_b, cfg, programs, upcast, variant: str)
     ``WS_VARIANTS``; warp specialisation on CUDA only, ``upcast`` means the interpreter)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    m, k = a.shape
-    g = b.shape[0]
-    n = b.shape[1] if trans_b else b.shape[2]
-    a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
-    if trans_b:
-        b_desc = TensorDescriptor.from_tensor(b.view(g * n, k), [cfg.block_n, cfg.block_k])
-    else:
-        b_desc = TensorDescriptor.from_tensor(b.view(g * k, n), [cfg.block_k, cfg.block_n])
+    a_desc, b_desc, m, n, k, g = operand_descs(a, b, trans_b, cfg)
     tma_store = WS_VARIANTS[variant]
     c_desc = TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2]) if tma_store else None
     grouped_gemm_ws_kernel[(programs,)](
@@ -132,7 +116,7 @@ def aot_specs(target: str) -> list:
                        "G": "i32", "stride_cm": "i32:16", "stride_cn": "i32:1",
                        "num_programs": "i32"}  # fmt: skip
                 cx = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "TRANS_B": trans_b,
-                      "UPCAST": False, "TMA_STORE": tma_store, "WS": True}  # fmt: skip
+                      "UPCAST": False, "TMA_STORE": tma_store, "WS": True, **UNSCALED}  # fmt: skip
                 if tma_store:
                     sig["c_desc"] = f"tensordesc<bf16[{bm},{bn // 2}]>"
                 else:
