@@ -13,7 +13,6 @@ KERNEL_MODULES: tuple[str, ...] = (
     "primus_turbo.triton.normalization.rmsnorm_kernel",
     "primus_turbo.triton.quantization.quant_kernel",
     "primus_turbo.triton.quantization.quant_kernel_v2",
-    "primus_turbo.triton.quantization.quant_kernel_split",
     "primus_turbo.triton.quantization.quant_dual",
     "primus_turbo.triton.quantization.quant_tensorwise",
     "primus_turbo.triton.gemm.gemm_fp8_kernel",

@@ -33,8 +33,8 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
+from primus_turbo.triton.quantization.quant_common import _scale_rcp, aot_fp8, tile_signature
 from primus_turbo.triton.quantization.quant_kernel import MX, ROWS, _finite_abs
-from primus_turbo.triton.quantization.quant_kernel_split import _scale_rcp
 from primus_turbo.triton.quantization.quant_kernel_v2 import MAXNREG, _cast2, _e8m0_scale
 
 
@@ -84,14 +84,33 @@ def _offsets(t, grid_n, BM: tl.constexpr, BN: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _ld(x_ptr, rows, cols, M, N, stride_xm, EVEN: tl.constexpr, I64: tl.constexpr = True):
+def _ptrs(base, outer, stride, inner, I64: tl.constexpr):
+    """``base + outer * stride + inner``: 64-bit offsets, or with ``I64 = False`` (OFF32)
+    32-bit ones (the launcher checked that every offset fits)."""
     if I64:
-        ptrs = x_ptr + rows.to(tl.int64) * stride_xm + cols
-    else:  # OFF32: 32-bit offsets (the launcher checked that every offset fits)
-        ptrs = x_ptr + (rows * stride_xm + cols)
+        return base + outer.to(tl.int64) * stride + inner
+    return base + (outer * stride + inner)
+
+
+@triton.jit
+def _ld(x_ptr, rows, cols, M, N, stride_xm, EVEN: tl.constexpr, I64: tl.constexpr = True):
+    ptrs = _ptrs(x_ptr, rows, stride_xm, cols, I64)
     if EVEN:
         return tl.load(ptrs)
     return tl.load(ptrs, mask=(rows < M) & (cols < N), other=0.0)
+
+
+@triton.jit
+def _ld8(x_ptr, rows, cols, M, N, stride_xm, EVEN: tl.constexpr, I64: tl.constexpr):
+    """The tile's 8 row slices (rows ``rows + k``), as 8 ``_ld`` calls."""
+    return (_ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN, I64),
+            _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN, I64),
+            _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN, I64),
+            _ld(x_ptr, rows + 3, cols, M, N, stride_xm, EVEN, I64),
+            _ld(x_ptr, rows + 4, cols, M, N, stride_xm, EVEN, I64),
+            _ld(x_ptr, rows + 5, cols, M, N, stride_xm, EVEN, I64),
+            _ld(x_ptr, rows + 6, cols, M, N, stride_xm, EVEN, I64),
+            _ld(x_ptr, rows + 7, cols, M, N, stride_xm, EVEN, I64))  # fmt: skip
 
 
 @triton.jit
@@ -111,15 +130,29 @@ def _row_out(x, a, k: tl.constexpr, rows0, cols, q_ptr, M, N, stride_qm, MODE: t
     else:
         scale, sinv = _scale_rcp(tl.max(a, axis=2), FMAX, RCP)
     q = _cast2(x, scale[:, :, None], FMAX, q_ptr.dtype.element_ty, FMT, SAT)
-    if I64:
-        ptrs = q_ptr + rows.to(tl.int64) * stride_qm + cols
-    else:
-        ptrs = q_ptr + (rows * stride_qm + cols)
+    ptrs = _ptrs(q_ptr, rows, stride_qm, cols, I64)
     if EVEN:
         tl.store(ptrs, q)
     else:
         tl.store(ptrs, q, mask=(rows < M) & (cols < N))
     return sinv
+
+
+@triton.jit
+def _row_out8(f0, f1, f2, f3, f4, f5, f6, f7, a0, a1, a2, a3, a4, a5, a6, a7, r, c, q, M, N, sq,
+              MODE: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr, FMT: tl.constexpr,
+              SAT: tl.constexpr, EVEN: tl.constexpr, RCP: tl.constexpr, IE8: tl.constexpr,
+              I64: tl.constexpr):  # fmt: skip
+    """``_row_out`` of the 8 slices, in slice order; their row scales."""
+    return (_row_out(f0, a0, 0, r, c, q, M, N, sq, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, IE8, I64),
+            _row_out(f1, a1, 1, r, c, q, M, N, sq, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, IE8, I64),
+            _row_out(f2, a2, 2, r, c, q, M, N, sq, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, IE8, I64),
+            _row_out(f3, a3, 3, r, c, q, M, N, sq, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, IE8, I64),
+            _row_out(f4, a4, 4, r, c, q, M, N, sq, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, IE8, I64),
+            _row_out(f5, a5, 5, r, c, q, M, N, sq, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, IE8, I64),
+            _row_out(f6, a6, 6, r, c, q, M, N, sq, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, IE8, I64),
+            _row_out(f7, a7, 7, r, c, q, M, N, sq, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP,
+                     IE8, I64))  # fmt: skip
 
 
 @triton.jit
@@ -158,22 +191,10 @@ def _quant_tile(
     f4, f5, f6, f7 = x4.to(tl.float32), x5.to(tl.float32), x6.to(tl.float32), x7.to(tl.float32)
     a0, a1, a2, a3 = _finite_abs(f0), _finite_abs(f1), _finite_abs(f2), _finite_abs(f3)
     a4, a5, a6, a7 = _finite_abs(f4), _finite_abs(f5), _finite_abs(f6), _finite_abs(f7)
-    s0 = _row_out(f0, a0, 0, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
-                  SAT, EVEN, RCP, IE8, I64)  # fmt: skip
-    s1 = _row_out(f1, a1, 1, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
-                  SAT, EVEN, RCP, IE8, I64)  # fmt: skip
-    s2 = _row_out(f2, a2, 2, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
-                  SAT, EVEN, RCP, IE8, I64)  # fmt: skip
-    s3 = _row_out(f3, a3, 3, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
-                  SAT, EVEN, RCP, IE8, I64)  # fmt: skip
-    s4 = _row_out(f4, a4, 4, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
-                  SAT, EVEN, RCP, IE8, I64)  # fmt: skip
-    s5 = _row_out(f5, a5, 5, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
-                  SAT, EVEN, RCP, IE8, I64)  # fmt: skip
-    s6 = _row_out(f6, a6, 6, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
-                  SAT, EVEN, RCP, IE8, I64)  # fmt: skip
-    s7 = _row_out(f7, a7, 7, rows, cols, q_ptr, M, N, stride_qm, MODE, FMAX, EMAX, FMT,
-                  SAT, EVEN, RCP, IE8, I64)  # fmt: skip
+    s0, s1, s2, s3, s4, s5, s6, s7 = _row_out8(f0, f1, f2, f3, f4, f5, f6, f7, a0, a1, a2, a3,
+                                               a4, a5, a6, a7, rows, cols, q_ptr, M, N,
+                                               stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN,
+                                               RCP, IE8, I64)  # fmt: skip
     _store_row_scales(s0, s1, s2, s3, s4, s5, s6, s7, rows, pid_n, s_ptr, M, N, stride_sm,
                       stride_sn, C, EVEN)  # fmt: skip
     if DUAL:  # MX: NB = BM / 32 column groups per tile; ROWS: BM = 128, one: a scale per column
@@ -218,10 +239,7 @@ def _quant_tile(
         )  # fmt: skip
         m4 = rows[:, :, :, None] + tl.arange(0, 8)[None, None, None, :]
         n4 = cols[:, :, :, None]
-        if I64:
-            qt_ptrs = qt_ptr + n4.to(tl.int64) * stride_qtn + m4
-        else:
-            qt_ptrs = qt_ptr + (n4 * stride_qtn + m4)
+        qt_ptrs = _ptrs(qt_ptr, n4, stride_qtn, m4, I64)
         if EVEN:
             tl.store(qt_ptrs, qt)
         else:
@@ -230,34 +248,13 @@ def _quant_tile(
 
 @triton.jit
 def quant_sliced_kernel(
-    x_ptr,
-    q_ptr,
-    s_ptr,
-    qt_ptr,
-    st_ptr,
-    M,
-    N,
-    stride_xm,
-    stride_qm,
-    stride_qtn,
-    stride_sm,
-    stride_sn,
-    stride_stm,
-    stride_stn,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    MODE: tl.constexpr,
-    DUAL: tl.constexpr,
-    FMAX: tl.constexpr,
-    EMAX: tl.constexpr = 8,
-    FMT: tl.constexpr = (0, 0, 0, 0),
-    SAT: tl.constexpr = False,
-    EVEN: tl.constexpr = False,
-    RCP: tl.constexpr = False,
-    PERSIST: tl.constexpr = False,
-    IE8: tl.constexpr = False,
+    x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xm, stride_qm, stride_qtn, stride_sm,
+    stride_sn, stride_stm, stride_stn, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
+    DUAL: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr = 8,
+    FMT: tl.constexpr = (0, 0, 0, 0), SAT: tl.constexpr = False, EVEN: tl.constexpr = False,
+    RCP: tl.constexpr = False, PERSIST: tl.constexpr = False, IE8: tl.constexpr = False,
     I64: tl.constexpr = True,
-):
+):  # fmt: skip
     """``x`` [M, N] (unit column stride) -> ``q`` [M, N] and, with ``DUAL``, ``qt`` [N, M]
     (unit column strides). MX (``BM = 32`` with ``DUAL``): ``s`` [M, N/32] / ``st`` [N, M/32]
     E8M0 by (row, group) / (M group, column) strides; ROWS (1x128 dual, ``BM = BN = 128``):
@@ -270,40 +267,19 @@ def quant_sliced_kernel(
     if PERSIST:
         last = ntiles - 1
         rows, cols = _offsets(pid, grid_n, BM, BN, C)
-        y0 = _ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN, I64)
-        y1 = _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN, I64)
-        y2 = _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN, I64)
-        y3 = _ld(x_ptr, rows + 3, cols, M, N, stride_xm, EVEN, I64)
-        y4 = _ld(x_ptr, rows + 4, cols, M, N, stride_xm, EVEN, I64)
-        y5 = _ld(x_ptr, rows + 5, cols, M, N, stride_xm, EVEN, I64)
-        y6 = _ld(x_ptr, rows + 6, cols, M, N, stride_xm, EVEN, I64)
-        y7 = _ld(x_ptr, rows + 7, cols, M, N, stride_xm, EVEN, I64)
+        y0, y1, y2, y3, y4, y5, y6, y7 = _ld8(x_ptr, rows, cols, M, N, stride_xm, EVEN, I64)
         for t in range(pid, ntiles, tl.num_programs(0)):
             x0, x1, x2, x3, x4, x5, x6, x7 = y0, y1, y2, y3, y4, y5, y6, y7
             # the next tile (the last one again past the end: a harmless re-read, no mask)
             rows, cols = _offsets(tl.minimum(t + tl.num_programs(0), last), grid_n, BM, BN, C)
-            y0 = _ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN, I64)
-            y1 = _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN, I64)
-            y2 = _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN, I64)
-            y3 = _ld(x_ptr, rows + 3, cols, M, N, stride_xm, EVEN, I64)
-            y4 = _ld(x_ptr, rows + 4, cols, M, N, stride_xm, EVEN, I64)
-            y5 = _ld(x_ptr, rows + 5, cols, M, N, stride_xm, EVEN, I64)
-            y6 = _ld(x_ptr, rows + 6, cols, M, N, stride_xm, EVEN, I64)
-            y7 = _ld(x_ptr, rows + 7, cols, M, N, stride_xm, EVEN, I64)
+            y0, y1, y2, y3, y4, y5, y6, y7 = _ld8(x_ptr, rows, cols, M, N, stride_xm, EVEN, I64)
             _quant_tile(x0, x1, x2, x3, x4, x5, x6, x7, t, grid_n, q_ptr, s_ptr, qt_ptr, st_ptr,
                         M, N, stride_qm, stride_qtn, stride_sm, stride_sn, stride_stm,
                         stride_stn, BM, BN, MODE, DUAL, FMAX, EMAX, FMT, SAT, EVEN,
                         RCP, IE8, I64)  # fmt: skip
     else:
         rows, cols = _offsets(pid, grid_n, BM, BN, C)
-        x0 = _ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN, I64)
-        x1 = _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN, I64)
-        x2 = _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN, I64)
-        x3 = _ld(x_ptr, rows + 3, cols, M, N, stride_xm, EVEN, I64)
-        x4 = _ld(x_ptr, rows + 4, cols, M, N, stride_xm, EVEN, I64)
-        x5 = _ld(x_ptr, rows + 5, cols, M, N, stride_xm, EVEN, I64)
-        x6 = _ld(x_ptr, rows + 6, cols, M, N, stride_xm, EVEN, I64)
-        x7 = _ld(x_ptr, rows + 7, cols, M, N, stride_xm, EVEN, I64)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _ld8(x_ptr, rows, cols, M, N, stride_xm, EVEN, I64)
         _quant_tile(x0, x1, x2, x3, x4, x5, x6, x7, pid, grid_n, q_ptr, s_ptr, qt_ptr, st_ptr,
                     M, N, stride_qm, stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn,
                     BM, BN, MODE, DUAL, FMAX, EMAX, FMT, SAT, EVEN, RCP, IE8,
@@ -352,30 +328,14 @@ def aot_specs(target: str) -> list[AotSpec]:
     """bf16 input, the target's e4m3 output (FNUZ on gfx942; MX only on gfx950 / sm_90);
     one-tile and persistent, even (no masks) and masked."""
     assert target in AOT_TARGETS, target
-    fp8, fmax = ("fp8e4b8", 240.0) if target == "gfx942" else ("fp8e4nv", 448.0)
-    sig = {
-        "x_ptr": "*bf16",
-        "q_ptr": f"*{fp8}",
-        "s_ptr": "*fp32",
-        "qt_ptr": f"*{fp8}",
-        "st_ptr": "*fp32",
-        "M": "i32:16",
-        "N": "i32:16",
-        "stride_xm": "i32:16",
-        "stride_qm": "i32:16",
-        "stride_qtn": "i32:16",
-        "stride_sm": "i32",
-        "stride_sn": "i32",
-        "stride_stm": "i32",
-        "stride_stn": "i32",
-    }
+    fp8, fmax = aot_fp8(target)
     specs = []
     nv = {"maxnreg": MAXNREG} if target == "sm_90" else {}
     lanes = AOT_TARGETS[target][2]
     for name, (mode, bm, bn, dual, _) in {**SLICED_CONFIGS, **_AOT_EXTRA}.items():
         if mode == MX and target == "gfx942":
             continue
-        ssig = dict(sig, **({"s_ptr": "*u8", "st_ptr": "*u8"} if mode == MX else {}))
+        ssig = tile_signature(fp8, mode == MX)
         for persist in (False, True):
             for even in (True, False):
                 cx = {"BM": bm, "BN": bn, "MODE": mode, "DUAL": dual, "FMAX": fmax, "EMAX": 8,
@@ -392,7 +352,7 @@ def aot_specs(target: str) -> list[AotSpec]:
         mode, _, _, dual, _ = SLICED_CONFIGS[base]
         if target == "gfx942" or (target != "sm_90" and nreg != MAXNREG):
             continue
-        ssig = dict(sig, s_ptr="*u8", st_ptr="*u8")
+        ssig = tile_signature(fp8, True)
         cx = {"BM": bm, "BN": bn, "MODE": mode, "DUAL": dual, "FMAX": fmax, "EMAX": 8,
               "FMT": (0, 0, 0, 0), "SAT": target == "sm_90", "EVEN": True, "RCP": False,
               "PERSIST": False, "IE8": ie8 == 1,

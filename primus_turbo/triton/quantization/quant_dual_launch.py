@@ -5,8 +5,7 @@ MX dual 0.721 sliced vs 0.496 v3, MX rows 0.817 vs 0.783; the 1x128 dual 0.645 v
 (stays on the tile kernel); persistent 0.67 / 0.80 (MX), 0.39-0.60 (1x128): opt-in only.
 
 * ``PRIMUS_TURBO_QUANT_SLICED``: unset or ``mx`` (default): the MX dual recipe takes the sliced
-  kernel, the 1x128 dual does not (unset and ``PRIMUS_TURBO_QUANT_SPLIT=1``: the split kernel);
-  ``1``: both (row-contiguous input, v2/v3); ``0``: neither.
+  kernel, the 1x128 dual does not; ``1``: both (row-contiguous input, v2/v3); ``0``: neither.
 * ``PRIMUS_TURBO_QUANT_SLICED_MX``: the MX row-only recipe; unset / ``1`` (default) sliced,
   ``0`` the v3 4-D kernel.
 * ``PRIMUS_TURBO_QUANT_SLICED_BN``: MX tile width (64, 128, 256 or 512; default 256); warps
@@ -22,10 +21,11 @@ MX dual 0.721 sliced vs 0.496 v3, MX rows 0.817 vs 0.783; the 1x128 dual 0.645 v
   ``P`` persistent programs per SM/CU, each prefetching its next tile into registers (measured
   slower on the H200; kept opt-in).
 * ``PRIMUS_TURBO_QUANT_WARPS`` / ``_MAXNREG`` (or one recipe's ``_WARPS_SLICED_MX_DUAL``,
-  ``_MAXNREG_SLICED_MX_ROWS``, ``.._SLICED_BLOCK_DUAL``) / ``_RCP`` / ``_EVEN`` apply as for the
-  split kernel. sm_90 AOT at the 128-register cap: the persistent 1x128 tile spills with 8 warps
-  (~250 B), so it takes 16 (none spill; ``MAXNREG=168`` with 8 warps neither); the persistent MX
-  tiles do not spill when even.
+  ``_MAXNREG_SLICED_MX_ROWS``, ``.._SLICED_BLOCK_DUAL``) / ``_RCP`` (NVIDIA: 1x128 scales
+  through ``rcp.approx``, same bits, see ``_scale_rcp``) / ``_EVEN`` apply. sm_90 AOT at the
+  128-register cap: the persistent 1x128 tile spills with 8 warps (~250 B), so it takes 16
+  (none spill; ``MAXNREG=168`` with 8 warps neither); the persistent MX tiles do not spill
+  when even.
 """
 
 from __future__ import annotations
@@ -63,9 +63,7 @@ def sliced_on(name: str) -> bool:
             raise ValueError(
                 f"primus_turbo: PRIMUS_TURBO_QUANT_SLICED expected 0, 1 or mx, got {raw!r}"
             )
-        # an explicit PRIMUS_TURBO_QUANT_SPLIT=1 (the older split kernel) wins over the default
-        split = os.environ.get("PRIMUS_TURBO_QUANT_SPLIT", "").strip() == "1"
-        on = raw == "1" or (raw == "mx" or (raw == "" and not split)) and name == "mx_dual"
+        on = raw == "1" or raw in ("", "mx") and name == "mx_dual"
     return on and quant_impl_version() != "v1"
 
 

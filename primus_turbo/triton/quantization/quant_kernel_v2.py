@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
+from primus_turbo.triton.quantization.quant_common import aot_fp8, tile_signature
 from primus_turbo.triton.quantization.quant_kernel import (
     GIVEN,
     MX,
@@ -339,32 +340,14 @@ def aot_specs(target: str) -> list[AotSpec]:
     ``M`` carries the ``:16`` hint the JIT gives model shapes (it lets the transposed store
     vectorise along M)."""
     assert target in AOT_TARGETS, target
-    fp8, fmax = ("fp8e4b8", 240.0) if target == "gfx942" else ("fp8e4nv", 448.0)
-    sig = {
-        "x_ptr": "*bf16",
-        "q_ptr": f"*{fp8}",
-        "s_ptr": "*fp32",
-        "qt_ptr": f"*{fp8}",
-        "st_ptr": "*fp32",
-        "M": "i32:16",
-        "N": "i32:16",
-        "stride_xm": "i32:16",
-        "stride_qm": "i32:16",
-        "stride_qtn": "i32:16",
-        "stride_sm": "i32",
-        "stride_sn": "i32",
-        "stride_stm": "i32",
-        "stride_stn": "i32",
-    }
+    fp8, fmax = aot_fp8(target)
     specs = []
     combos = list(itertools.product(V2_CONFIGS.items(), (False, True)))
     combos += [(item, True) for item in V3_CONFIGS.items()]
     for (name, (mode, bm, bn, dual, warps, stages)), v3 in combos:
         if mode in (MX, MX4) and target == "gfx942":
             continue
-        s = dict(sig)
-        if mode in (MX, MX4):
-            s.update({"s_ptr": "*u8", "st_ptr": "*u8"})
+        s = tile_signature(fp8, mode in (MX, MX4))
         if target != "sm_90":
             stages = 1  # the launcher pipelines on NVIDIA only (gfx950 tile: 24 SGPR spills)
         cx = {"BM": bm, "BN": bn, "MODE": mode, "DUAL": dual, "FMAX": fmax, "EMAX": 8,

@@ -30,7 +30,6 @@ from primus_turbo.triton.quantization.quant_kernel import (
     quant_rows_kernel,
     quant_tile_kernel,
 )
-from primus_turbo.triton.quantization.quant_kernel_split import SPLIT_CONFIGS, quant_split_kernel
 from primus_turbo.triton.quantization.quant_kernel_v2 import (
     MAXNREG,
     MX4,
@@ -230,50 +229,6 @@ def _tile_v2(x, q, s, qt, st, name, dtype, s_strides, st_strides, np_=1):
     )  # fmt: skip
 
 
-def _split_on() -> bool:
-    """``PRIMUS_TURBO_QUANT_SPLIT=1``: the 1x128 and MX dual recipes through
-    ``quant_split_kernel`` (transposed copy without the shared-memory transpose of the fp8
-    tile); ``0`` / unset: ``quant_tile_v2_kernel`` (v2/v3 only).
-    ``PRIMUS_TURBO_QUANT_SPLIT_BN`` (64..512, a power of two) sets the MX tile
-    width (default 256; warps follow: one 8-wide vector per thread and row slice).
-    ``PRIMUS_TURBO_QUANT_RCP=1`` (NVIDIA): the 1x128 split kernel's scales through
-    ``rcp.approx`` instead of two ``div.full`` each (same bits, see ``_scale_rcp``)."""
-    raw = os.environ.get("PRIMUS_TURBO_QUANT_SPLIT", "").strip()
-    if raw not in ("", "0", "1"):
-        raise ValueError(f"primus_turbo: PRIMUS_TURBO_QUANT_SPLIT expected 0 or 1, got {raw!r}")
-    return raw == "1" and quant_impl_version() != "v1"
-
-
-def _split(x, q, s, qt, st, name, dtype, s_strides, st_strides):
-    """Launch ``quant_split_kernel`` with ``SPLIT_CONFIGS[name]``: one tile per program."""
-    mode, bm, bn, _ = SPLIT_CONFIGS[name]
-    m, n = x.shape
-    if m == 0 or n == 0:
-        return
-    if name != "block_dual":  # the tile width is free for MX
-        bn = _env_int("PRIMUS_TURBO_QUANT_SPLIT_BN", bn)
-        if bn < 64 or bn > 512 or bn & (bn - 1):
-            raise ValueError(
-                f"primus_turbo: PRIMUS_TURBO_QUANT_SPLIT_BN expected a power of two in "
-                f"[64, 512], got {bn}"
-            )
-    lanes = 64 if torch.version.hip is not None and x.device.type == "cuda" else 32
-    warps = max(1, bm * bn // (64 * lanes))  # one 8-wide vector per thread and row slice
-    warps = _env_int("PRIMUS_TURBO_QUANT_WARPS", warps)
-    interp = triton_interpret()
-    nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
-    extra = {"maxnreg": _env_int("PRIMUS_TURBO_QUANT_MAXNREG", MAXNREG)} if nvidia else {}
-    quant_split_kernel[(_cdiv(m, bm) * _cdiv(n, bn),)](
-        x, _u8(q), s, _u8(qt), st,
-        m, n, x.stride(0), q.stride(0), qt.stride(0), *s_strides, *st_strides,
-        BM=bm, BN=bn, MODE=mode, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype),
-        SAT=nvidia and _hw_satfinite(x.device.index), EMAX=_EMAX[dtype],
-        EVEN=_env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0,
-        FAST=_env_flag("PRIMUS_TURBO_QUANT_FAST", False),
-        RCP=_env_flag("PRIMUS_TURBO_QUANT_RCP", False) and nvidia, num_warps=warps, **extra,
-    )  # fmt: skip
-
-
 def _empty_like_t(x: torch.Tensor, dtype) -> torch.Tensor:
     return torch.empty((x.shape[1], x.shape[0]), dtype=dtype, device=x.device)
 
@@ -325,8 +280,6 @@ def quant_tensorwise(x: torch.Tensor, dtype: torch.dtype, dual: bool = False):
     amax_partial_kernel[(np_,)](
         xc, parts, numel, BLOCK=_FLAT_BLOCK, NP=np_, FAST=v3, EVEN=even, num_warps=8
     )
-    # Not through the split kernel even with PRIMUS_TURBO_QUANT_SPLIT=1: on the H200 (run 4.4)
-    # its tensorwise dual output differed from the tile kernel's bits on even shapes.
     if dual and _use_v2(xc):
         _tile_v2(xc, q, s, qt, parts, "given_dual", dtype, (0, 0), (0, 0), np_)
         return q, s, qt, s
@@ -408,9 +361,6 @@ def quant_blockwise(x: torch.Tensor, dtype: torch.dtype, block: int, axis, dual:
     if block == 128 and _use_v2(x) and sliced_on("block_dual"):  # quant_dual_launch
         launch_sliced(x, q, s, qt, st, "block_dual", dtype, s.stride(), st_strides)
         return q, s, qt, st
-    if block == 128 and _use_v2(x) and _split_on():
-        _split(x, q, s, qt, st, "block_dual", dtype, s.stride(), st_strides)
-        return q, s, qt, st
     if block == 128 and _use_v2(x):
         _tile_v2(x, q, s, qt, st, "block_dual", dtype, s.stride(), st_strides)
         return q, s, qt, st
@@ -448,9 +398,6 @@ def quant_mx(x: torch.Tensor, dtype: torch.dtype, dual: bool = False, block: int
         launch_sliced(x, q, s, qt, st, "mx_dual" if dual else "mx_rows", dtype, s.stride(),
                       st_strides)  # fmt: skip
         return (q, s, qt, st) if dual else (q, s)
-    if dual and _use_v2(x) and _split_on():
-        _split(x, q, s, qt, st, "mx_dual", dtype, s.stride(), st_strides)
-        return q, s, qt, st
     if _use_v2(x):
         name = "mx_dual" if dual else "mx_rows"
         if _v3() and _mx4d(dual):

@@ -409,94 +409,16 @@ def test_quant_v3_even_shapes_match_v2(monkeypatch, case, special):
     _assert_q_close(outs["v3"][0], q1, outs["v3"][1], s1)
 
 
-def _same_bits(a, b):
-    assert a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
-    if a.dtype in (torch.float32, torch.uint8):
-        return torch.equal(a, b)
-    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-
-
-def test_quant_split_kernel_skips_tensorwise(monkeypatch):
-    """PRIMUS_TURBO_QUANT_SPLIT=1 leaves tensorwise dual on the tile kernel: the split kernel's
-    tensorwise dual bits differed from the tile kernel's on the H200 (run 4.4, even shapes)."""
-    from primus_turbo.triton.quantization import quant_launch as ql
-
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v3")
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_SPLIT", "1")
-    called = []
-    monkeypatch.setattr(ql, "_split", lambda *a, **k: called.append(a))
-    x = _x(128, 256)
-    q, s, qt, st = quantize_fp8_with_trans(x, E4M3, G.TENSORWISE)
-    assert not called
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_SPLIT", "0")
-    for a, b in zip((q, s, qt, st), quantize_fp8_with_trans(x, E4M3, G.TENSORWISE), strict=True):
-        assert _same_bits(a, b)
-
-
-@pytest.mark.parametrize("recipe", ["block1x128", "mx", "mx_bn128"])
-@pytest.mark.parametrize("shape", ["even", "odd"])
-@pytest.mark.parametrize("fast", ["0", "1"])
-@pytest.mark.parametrize("rcp", ["0", "1"])
-def test_quant_split_kernel_bitwise(monkeypatch, recipe, shape, fast, rcp):
-    """PRIMUS_TURBO_QUANT_SPLIT=1 (the 8-row-slice dual kernels; 1x128 with and without FAST,
-    on the GPU also with RCP)
-    gives the same bits and scales as the tile kernels (=0; FAST applies to both), with
-    inf/-inf/NaN (the filtered re-reduction), an all-zero row and column, edge tiles both ways
-    (odd) or none (even: EVEN, no masks)."""
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v3")
-    if fast == "1" and recipe != "block1x128":
-        pytest.skip("FAST applies to the 1x128 split kernel only")
-    if not HAS_GPU and (("_bn" in recipe and shape == "odd") or (fast == "1" and shape == "even")):
-        pytest.skip("CPU time budget: the interpreter covers the other combinations")
-    if rcp == "1" and (not HAS_GPU or recipe != "block1x128"):
-        pytest.skip("RCP: compiled NVIDIA kernels, 1x128 split kernel only")
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_FAST", fast)
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_RCP", rcp)
-    if "_bn" in recipe:  # PRIMUS_TURBO_QUANT_SPLIT_BN: another tile width (and warps)
-        recipe, bn = recipe.split("_bn")
-        recipe = {"tw": "tensorwise"}.get(recipe, recipe)
-        monkeypatch.setenv("PRIMUS_TURBO_QUANT_SPLIT_BN", bn)
-    if HAS_GPU:
-        m, n = (4096, 2048) if shape == "even" else (4096 + 72, 2048 + 40)
-    else:
-        m, n = (128, 256) if shape == "even" else (136, 264)
-    if recipe == "mx":  # multiples of 32 (odd: edge tiles of the 32 x 256 split tile)
-        m, n = (m, n) if shape == "even" else ((m // 32 + 1) * 32, (n // 32 - 2) * 32)
-    g, kw = {"block1x128": (G.BLOCKWISE, {"block_size": 128}), "tensorwise": (G.TENSORWISE, {}),
-             "mx": (G.MX_BLOCKWISE, {"block_size": 32})}[recipe]  # fmt: skip
-    for special in (True, False):  # False: finite input (the FAST path, no re-reduction)
-        x = _x(m, n)
-        if special:
-            x[1, 3], x[2, 4], x[3, 5] = float("inf"), float("-inf"), float("nan")
-            x[9, :] = 0.0
-            x[:, 130] = 0.0
-            x[20, 40] = 1e38  # amax above 2^126: div.full's scaled range (RCP claims same bits)
-        for dtype in (E4M3, E5M2) if HAS_GPU and special else (E4M3,):
-            outs = []
-            for split in ("0", "1"):
-                monkeypatch.setenv("PRIMUS_TURBO_QUANT_SPLIT", split)
-                outs.append(quantize_fp8_with_trans(x, dtype, g, **kw))
-            for a, b in zip(*outs, strict=True):
-                assert _same_bits(a, b)
-
-
-@pytest.mark.parametrize("var", ["PRIMUS_TURBO_QUANT_SPLIT", "PRIMUS_TURBO_QUANT_FAST",
-                                 "PRIMUS_TURBO_QUANT_EVEN", "PRIMUS_TURBO_QUANT_RCP",
-                                 "PRIMUS_TURBO_QUANT_SPLIT_BN"])  # fmt: skip
+@pytest.mark.parametrize("var", ["PRIMUS_TURBO_QUANT_FAST", "PRIMUS_TURBO_QUANT_EVEN",
+                                 "PRIMUS_TURBO_QUANT_RCP"])  # fmt: skip
 def test_quant_flag_env_validated(monkeypatch, var):
-    """The 0/1 kernel switches (and the split tile width) raise naming the variable and the
-    value."""
+    """The 0/1 kernel switches raise naming the variable and the value."""
     monkeypatch.setenv(var, "yes")
     x = _x(128, 128)
-    if var == "PRIMUS_TURBO_QUANT_SPLIT_BN":
-        monkeypatch.setenv("PRIMUS_TURBO_QUANT_SPLIT", "1")
-        for bad in ("32", "96", "1024"):
-            monkeypatch.setenv(var, bad)
-            with pytest.raises(ValueError, match=rf"{var} expected a power of two in \[64, 512\]"):
-                quantize_fp8_with_trans(x, E4M3, G.MX_BLOCKWISE, block_size=32)
+    if var == "PRIMUS_TURBO_QUANT_RCP":  # read by the sliced kernel's launcher (MX dual)
+        with pytest.raises(ValueError, match=rf"{var} expected 0 or 1, got 'yes'"):
+            quantize_fp8_with_trans(x, E4M3, G.MX_BLOCKWISE, block_size=32)
         return
-    if var == "PRIMUS_TURBO_QUANT_RCP":  # read by the split kernel's launcher
-        monkeypatch.setenv("PRIMUS_TURBO_QUANT_SPLIT", "1")
     with pytest.raises(ValueError, match=rf"{var} expected 0 or 1, got 'yes'"):
         quantize_fp8_with_trans(x, E4M3, G.BLOCKWISE, block_size=128)
 
