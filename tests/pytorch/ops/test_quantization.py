@@ -143,10 +143,9 @@ def test_tensorwise_passes_loop_over_tiles(monkeypatch, dual):
             _assert_q_close(out[2], q2, out[3], s2)
 
 
-@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=str)
-@pytest.mark.parametrize("dual", [False, True])
-def test_mx_matches_reference(dtype, dual):
-    x = _x(96, 160)  # edges in both directions for the 32x128 and 64x64 MX tiles
+def _check_mx(x, dtype, dual):
+    """MX quantization of ``x`` (and of its transpose when ``dual``) equals the reference's
+    values and E8M0 scales; returns the row output ``(q, s)``."""
     if dual:
         q, s, qt, st = quantize_fp8_with_trans(x, dtype, G.MX_BLOCKWISE, block_size=32)
         q2, s2 = ref.quantize_mx_ref(x.t().contiguous(), dtype)
@@ -155,6 +154,14 @@ def test_mx_matches_reference(dtype, dual):
         q, s = quantize_fp8(x, dtype, G.MX_BLOCKWISE, block_size=32)
     q1, s1 = ref.quantize_mx_ref(x, dtype)
     _assert_q_close(q, q1, s, s1)
+    return q, s
+
+
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=str)
+@pytest.mark.parametrize("dual", [False, True])
+def test_mx_matches_reference(dtype, dual):
+    x = _x(96, 160)  # edges in both directions for the 32x128 and 64x64 MX tiles
+    q, s = _check_mx(x, dtype, dual)
     back = dequantize_fp8(q, torch.float32, G.MX_BLOCKWISE, scale_inv=s)
     assert snr_db(x.float(), back) >= (25 if dtype == E4M3 else 20)
 
@@ -441,14 +448,7 @@ def test_quant_v3_mx_kernels_match_reference(monkeypatch, mx4d, dual, tile):
     x[1, 3], x[2, 4], x[3, 5] = float("inf"), float("-inf"), float("nan")
     x[32:64, 64:96] = 0.0
     for dtype in (E4M3, E5M2):
-        if dual:
-            q, s, qt, st = quantize_fp8_with_trans(x, dtype, G.MX_BLOCKWISE, block_size=32)
-            q2, s2 = ref.quantize_mx_ref(x.t().contiguous(), dtype)
-            _assert_q_close(qt, q2, st, s2)
-        else:
-            q, s = quantize_fp8(x, dtype, G.MX_BLOCKWISE, block_size=32)
-        q1, s1 = ref.quantize_mx_ref(x, dtype)
-        _assert_q_close(q, q1, s, s1)
+        _check_mx(x, dtype, dual)
 
 
 def test_quant_v3_env_validated(monkeypatch):
