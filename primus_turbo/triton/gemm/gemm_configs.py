@@ -32,6 +32,16 @@ class GemmConfig:
     ws: bool = False
 
     @property
+    def tile_constexprs(self) -> dict[str, int]:
+        """The tile's kernel constexprs ``BLOCK_M``/``BLOCK_N``/``BLOCK_K``/``GROUP_M``."""
+        return {
+            "BLOCK_M": self.block_m,
+            "BLOCK_N": self.block_n,
+            "BLOCK_K": self.block_k,
+            "GROUP_M": self.group_m,
+        }
+
+    @property
     def tile_n(self) -> int:
         """Output columns per tile (``block_n`` plus the composite part, if any)."""
         return self.block_n + self.block_n2

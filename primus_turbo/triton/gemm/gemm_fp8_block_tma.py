@@ -232,8 +232,7 @@ def aot_specs(fp8: str, configs) -> list:
             "stride_sam": "i32", "stride_sak": "i32", "stride_sbn": "i32", "stride_sbk": "i32",
             "num_programs": "i32",
         }  # fmt: skip
-        consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                  "GROUP_M": cfg.group_m, "SA_GROUP": 1, "SB_GROUP": 128, "SCALE_K": 128,
+        consts = {**cfg.tile_constexprs, "SA_GROUP": 1, "SB_GROUP": 128, "SCALE_K": 128,
                   "UPCAST": False, "FLATTEN": dict(cfg.extra).get("FLATTEN", False),
                   "DEFER": defer}  # fmt: skip
         opts = {k: v for k, v in cfg.options.items() if not k.isupper()}

@@ -549,10 +549,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                     gemm_fp8_kernel,
                     sig,
                     {
-                        "BLOCK_M": cfg.block_m,
-                        "BLOCK_N": cfg.block_n,
-                        "BLOCK_K": cfg.block_k,
-                        "GROUP_M": cfg.group_m,
+                        **cfg.tile_constexprs,
                         "EVEN_K": True,
                         "SCALE_MODE": mode,
                         "SA_GROUP": groups[0],

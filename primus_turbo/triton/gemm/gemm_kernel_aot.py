@@ -64,10 +64,7 @@ def aot_specs(target: str) -> list[AotSpec]:
         split_sig = {**signature, "ws_ptr": "*fp32", "cnt_ptr": "*i32", "split_k": "i32"}
         for cfg in gemm_configs(family):
             constexprs = {
-                "BLOCK_M": cfg.block_m,
-                "BLOCK_N": cfg.block_n,
-                "BLOCK_K": cfg.block_k,
-                "GROUP_M": cfg.group_m,
+                **cfg.tile_constexprs,
                 "EVEN_K": True,
                 "UPCAST": False,
                 "SPLIT": False,
@@ -99,8 +96,7 @@ def aot_specs(target: str) -> list[AotSpec]:
         if dtype == torch.bfloat16:  # composite N tiles: kv_a's choice and a 128+64 one
             for cfg in (c for c in _aot_narrow_configs(family) if not c.tma):
                 constexprs = {
-                    "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                    "GROUP_M": cfg.group_m, "EVEN_K": True, "UPCAST": False, "SPLIT": False,
+                    **cfg.tile_constexprs, "EVEN_K": True, "UPCAST": False, "SPLIT": False,
                     "RED_M": _red_m(cfg), "BLOCK_N2": cfg.block_n2, "FLATTEN": False,
                 }  # fmt: skip
                 specs.append(AotSpec(f"gemm_{t}_{cfg.name}", gemm_kernel, signature, constexprs,

@@ -145,10 +145,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                     gemm_mx_kernel,
                     sig,
                     {
-                        "BLOCK_M": cfg.block_m,
-                        "BLOCK_N": cfg.block_n,
-                        "BLOCK_K": cfg.block_k,
-                        "GROUP_M": cfg.group_m,
+                        **cfg.tile_constexprs,
                         "FMT_A": fmt,
                         "FMT_B": fmt,
                         "PACK_A": pack,

@@ -509,10 +509,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                     fn=grouped_gemm_kernel,
                     signature=signature,
                     constexprs={
-                        "BLOCK_M": cfg.block_m,
-                        "BLOCK_N": cfg.block_n,
-                        "BLOCK_K": cfg.block_k,
-                        "GROUP_M": cfg.group_m,
+                        **cfg.tile_constexprs,
                         "EVEN_K": True,
                         "UPCAST": False,
                         "SCALED": False,
@@ -549,14 +546,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                 name=f"grouped_gemm_variable_k_{t}_{cfg.name}",
                 fn=variable_k_kernel,
                 signature=vk_signature,
-                constexprs={
-                    "BLOCK_M": cfg.block_m,
-                    "BLOCK_N": cfg.block_n,
-                    "BLOCK_K": cfg.block_k,
-                    "GROUP_M": cfg.group_m,
-                    "UPCAST": False,
-                    "SCALED": False,
-                },
+                constexprs={**cfg.tile_constexprs, "UPCAST": False, "SCALED": False},
                 options=cfg.options,
             )
         )
