@@ -14,6 +14,9 @@ reduction:
   the bf16 grouped GEMM: no transposed copy and re-quantization of the weights).
 ``PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE=1`` (default off): the forward's weight quantization
 is kept per weight tensor until its version counter changes (see ``_forward_weights``).
+``PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE=chunks[:free_sms[:reserve_chunks]]`` (default off; cache
+off, ROWWISE, TRITON): the weights are quantized per chunk of experts on a side stream while the
+fp8 GEMM of the earlier chunks runs (``kernels/grouped_gemm/grouped_gemm_fp8_pipe.py``).
 Both operands of a backward GEMM use the gradient fp8 dtype (E5M2 for ``Format.HYBRID``), so
 no kernel multiplies mixed fp8 formats. BLOCKWISE / MX_BLOCKWISE are not implemented here
 (NotImplementedError). Not traceable by torch.compile (graph break), as upstream.
@@ -35,6 +38,7 @@ from primus_turbo.pytorch.core.low_precision import (
     ScalingGranularity,
     fp8_dtype_for_format,
 )
+from primus_turbo.pytorch.kernels.grouped_gemm import grouped_gemm_fp8_pipe as pipe
 from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_fp8_impl import (
     GroupedGemmFp8Dispatcher,
 )
@@ -165,16 +169,30 @@ def _forward_weights(b: torch.Tensor, trans_b: bool, dtype: torch.dtype, gran):
     return out
 
 
+def _pipelined(a, b, trans_b, gran, backend_value) -> bool:
+    """The pipelined forward (``PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE``, see
+    ``grouped_gemm_fp8_pipe``): TRITON, ROWWISE, weight cache off, usable shapes."""
+    if BackendType(backend_value) != BackendType.TRITON or _weight_cache_on():
+        return False
+    return pipe.usable(a, b, trans_b, gran == _ROW)
+
+
 class GroupedGemmFp8Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, config, backend_value):
         gran = config.granularity
         fwd_dtype = fp8_dtype_for_format(config.format, a.device)
         impl = GroupedGemmFp8Dispatcher.backend_class(BackendType(backend_value))
-        qa, sa = _quant_rows(a.contiguous(), fwd_dtype, gran)
-        qb, sb = _forward_weights(b, trans_b, fwd_dtype, gran)
         ctx.save_for_backward(a, b, group_lens, group_offs)
         ctx.trans_b, ctx.config, ctx.backend_value = trans_b, config, backend_value
+        if _pipelined(a, b, trans_b, gran, backend_value):
+            return pipe.pipelined_forward(
+                a, b, group_offs, trans_b, out_dtype,
+                lambda x: _quant_rows(x, fwd_dtype, gran),
+                lambda w: _quant_experts(w, fwd_dtype, gran),
+            )  # fmt: skip
+        qa, sa = _quant_rows(a.contiguous(), fwd_dtype, gran)
+        qb, sb = _forward_weights(b, trans_b, fwd_dtype, gran)
         return impl.execute(qa, sa, qb, sb, group_offs, group_lens, out_dtype)
 
     @staticmethod

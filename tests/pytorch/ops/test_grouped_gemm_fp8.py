@@ -321,3 +321,135 @@ def test_grouped_gemm_fp8_weight_cache(monkeypatch, device):
     finally:
         mod._weight_cache_on.cache_clear()
         mod._WEIGHT_CACHE.clear()
+
+
+# ---- the pipelined forward (PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE) --------------------------
+
+
+def _pipe_env(monkeypatch, value):
+    from primus_turbo.pytorch.kernels.grouped_gemm import grouped_gemm_fp8_pipe as pipe
+
+    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE", value)
+    pipe.spec.cache_clear()
+    return pipe
+
+
+def test_grouped_gemm_fp8_pipeline_spec(monkeypatch, device):
+    """The env spec: off by default, chunks[:free_sms[:reserve_chunks]], bad values raise."""
+    pipe = _pipe_env(monkeypatch, "")
+    try:
+        assert pipe.spec() == (0, 0, 0)
+        for raw, want in (("8", (8, 16, 4)), ("4:24", (4, 24, 2)), ("6:0:0", (6, 0, 0))):
+            _pipe_env(monkeypatch, raw)
+            assert pipe.spec() == want
+        for bad in ("1", "x", "4:-1", "2:3:4:5"):
+            _pipe_env(monkeypatch, bad)
+            with pytest.raises(ValueError, match="PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE"):
+                pipe.spec()
+    finally:
+        pipe.spec.cache_clear()
+
+
+def test_grouped_gemm_fp8_pipeline_chunks_interpreter(monkeypatch, device):
+    """The chunked kernel path alone (interpreter tiles): equal to the one-launch TMA kernel
+    on the same quantized operands, odd and empty groups (first and last), rows past the last
+    group zeroed by the last chunk only."""
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
+
+    if device != "cpu":
+        pytest.skip("interpreter tiles; GPU: test_grouped_gemm_fp8_pipeline_gpu")
+    pipe = _pipe_env(monkeypatch, "3:0:1")
+    try:
+        lens = [0, 5, 0, 20, 9, 0, 7]
+        a, b, sa, sb, offs, ref = _tma_case(lens, 24, 48, device, tail=3)
+        a_hp = a.float() * sa[:, None]  # re-quantized below to the same fp8 values per row
+
+        def qrows(x):
+            return a, sa
+
+        def qexp(w):  # the chunk's experts: slices of b and sb (identity of w's values)
+            i = next(j for j in range(b.shape[0]) if torch.equal(w[0], b[j].float()))
+            return b[i : i + w.shape[0]], sb[i : i + w.shape[0]]
+
+        assert pipe.usable(a_hp, b.float(), True, True)
+        c = pipe.pipelined_forward(a_hp, b.float(), offs, True, torch.float32, qrows, qexp)
+        torch.testing.assert_close(c, ref, rtol=1e-5, atol=1e-4)
+        plan = mod.chunk_plan()
+        c1 = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.float32, plan[1], plan[0])
+        torch.testing.assert_close(c, c1, rtol=0, atol=0)
+    finally:
+        pipe.spec.cache_clear()
+
+
+@pytest.mark.parametrize("trans_b", [True, False], ids=["NT", "NN"])
+def test_grouped_gemm_fp8_pipeline_op(trans_b, monkeypatch, device):
+    """The op with the pipelined forward equals the unpipelined one (rowwise scales are per
+    expert row, so chunking changes nothing), gradients included; tensorwise and the weight
+    cache keep the one-launch path."""
+    _tma_skip(device)
+    fp8 = PrecisionType.FP8
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON, precision=fp8)
+    big = device != "cpu"
+    lens = [300, 0, 1000, 7, 0, 129, 512, 64] if big else [5, 0, 11, 3, 0]
+    k, n = (1024, 768) if big else (32, 16)
+    gl = torch.tensor(lens, device=device)
+    a = rand(sum(lens), k, dtype=torch.bfloat16, device=device, requires_grad=True)
+    shape = (len(lens), n, k) if trans_b else (len(lens), k, n)
+    b = rand(*shape, dtype=torch.bfloat16, device=device, requires_grad=True)
+    cfg = Float8QuantConfig(granularity=ScalingGranularity.ROWWISE)
+    grad = rand(sum(lens), n, dtype=torch.bfloat16, device=device)
+    outs = []
+    pipe = _pipe_env(monkeypatch, "0")
+    try:
+        for value in ("0", "3:0:1", "4:16:2"):
+            _pipe_env(monkeypatch, value)
+            a.grad = b.grad = None
+            out = turbo.ops.grouped_gemm_fp8(a, b, gl, trans_b=trans_b, config=cfg)
+            out.backward(grad)
+            outs.append((out.detach(), a.grad.clone(), b.grad.clone()))
+        for got in outs[1:]:
+            for x, y in zip(outs[0], got):
+                torch.testing.assert_close(x, y, rtol=1e-2, atol=1e-2)
+    finally:
+        pipe.spec.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("value", ["4:16:2", "8:0:0", "8:24:8"])
+def test_grouped_gemm_fp8_pipeline_gpu(value, monkeypatch, device):
+    """GPU: the pipelined forward (side stream) eager and replayed from a CUDA graph equals the
+    unpipelined forward; 16 experts with empty and ragged groups."""
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel
+
+    _tma_skip(device)
+    if device == "cpu":
+        pytest.skip("side stream: CUDA only")
+    monkeypatch.setattr(grouped_gemm_kernel, "_tune_min_work", lambda: 1 << 62)
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON, precision=PrecisionType.FP8)
+    torch.manual_seed(5)
+    lens = [700, 0, 1300, 5, 0, 256, 2048, 129, 0, 0, 900, 64, 1, 511, 3000, 0]
+    k, n = 1024, 1536
+    gl = torch.tensor(lens, device=device)
+    a = rand(sum(lens), k, dtype=torch.bfloat16, device=device)
+    b = rand(len(lens), n, k, dtype=torch.bfloat16, device=device)
+    cfg = Float8QuantConfig(granularity=ScalingGranularity.ROWWISE)
+    pipe = _pipe_env(monkeypatch, "0")
+    try:
+        want = turbo.ops.grouped_gemm_fp8(a, b, gl, config=cfg)
+        _pipe_env(monkeypatch, value)
+        got = turbo.ops.grouped_gemm_fp8(a, b, gl, config=cfg)
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            turbo.ops.grouped_gemm_fp8(a, b, gl, config=cfg)  # warm-up off the default stream
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                captured = turbo.ops.grouped_gemm_fp8(a, b, gl, config=cfg)
+        torch.cuda.current_stream().wait_stream(stream)
+        captured.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(captured, want, rtol=1e-2, atol=1e-2)
+    finally:
+        pipe.spec.cache_clear()

@@ -1,0 +1,136 @@
+"""Pipelined FP8 rowwise grouped GEMM forward: the weight quantization of later experts runs
+on a side stream while the fp8 GEMM of earlier experts runs on the caller's stream.
+
+The forward of ``grouped_gemm_fp8`` quantizes a (``[M, K]``, ~1.4 GB moved for DeepSeek-V3
+gate_up) and the weights b (``[G, N, K]``, ~2.8 GB moved) before the compute-bound fp8 GEMM
+(H200 run 5.4: ~1.2 ms of quantization before a 2.7 ms GEMM). The quantization is memory-bound
+and the GEMM needs little memory bandwidth, so this path splits the experts into ``chunks``
+contiguous ranges and issues:
+
+* side stream: the rowwise quantization of each chunk's weights, an event after each;
+* caller's stream: the quantization of a, then per chunk: wait for its event, the fp8 GEMM of
+  that chunk's groups (``grouped_gemm_fp8_chunk_kernel``: the ``f8tma`` walk over the chunk's
+  groups; only the last chunk zeroes the rows past ``offs[G]``).
+
+The first ``reserve_chunks`` GEMM launches use ``SMs - free_sms`` programs, leaving SMs to the
+side stream's quantization (a persistent GEMM program fills an SM's shared memory); the later
+ones use every SM. Rowwise only: each chunk's per-(expert, column) scales equal the whole
+tensor's, so the output is bitwise the unpipelined one for the same tile. The host never reads
+the group sizes; the side stream joins the caller's stream before the function returns (CUDA
+graph capture works). Selected by ``PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE`` (see ``spec``).
+On the CPU interpreter the same chunks run in order on one stream (tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable
+
+import torch
+
+
+@functools.cache
+def spec() -> tuple[int, int, int]:
+    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE`` = ``chunks[:free_sms[:reserve_chunks]]``:
+    ``0`` / unset: off (one quantization of all weights, then one GEMM: the pre-session-6
+    forward); ``chunks >= 2``: pipelined; ``free_sms`` (default 16) SMs left to the side
+    stream by the first ``reserve_chunks`` GEMM launches (default ``chunks // 2``)."""
+    var = "PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE"
+    raw = os.environ.get(var, "").strip()
+    if not raw:
+        return 0, 0, 0
+    try:
+        parts = [int(x) for x in raw.split(":")]
+    except ValueError:
+        parts = []
+    if not 1 <= len(parts) <= 3 or any(x < 0 for x in parts) or parts[0] == 1:
+        raise ValueError(
+            f"primus_turbo: {var} expected 'chunks[:free_sms[:reserve_chunks]]' with chunks 0 "
+            f"or >= 2 and non-negative integers, got {raw!r}"
+        )
+    chunks = parts[0]
+    free = parts[1] if len(parts) > 1 else 16
+    reserve = parts[2] if len(parts) > 2 else chunks // 2
+    return chunks, free, reserve
+
+
+@functools.cache
+def _side_stream(index: int) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device=index)
+
+
+def usable(a: torch.Tensor, b: torch.Tensor, trans_b: bool, rowwise: bool) -> bool:
+    """On (env), ROWWISE, at least two experts, and the TMA fp8 kernel usable for the
+    quantized operands (CUDA sm_90+ with ``PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA`` on, or the
+    interpreter; K a multiple of 16)."""
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_tma import fp8_tma_usable
+
+    if spec()[0] < 2 or not rowwise or b.shape[0] < 2:
+        return False
+    m, k = a.shape
+    n = b.shape[1] if trans_b else b.shape[2]
+    if m == 0 or n == 0 or k % 16:
+        return False
+    probe_a = torch.empty((1, k), dtype=torch.float8_e4m3fn, device=a.device)
+    probe_b = torch.empty((1, 1, k), dtype=torch.float8_e4m3fn, device=a.device)
+    return fp8_tma_usable(probe_a, probe_b, torch.bfloat16)
+
+
+def pipelined_forward(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group_offs: torch.Tensor,
+    trans_b: bool,
+    out_dtype: torch.dtype,
+    quant_rows: Callable,
+    quant_experts: Callable,
+) -> torch.Tensor:
+    """``[M, N]`` of ``out_dtype``: the rowwise fp8 forward (the caller checked ``usable``).
+    ``quant_rows(x) -> (q, s [rows])`` and ``quant_experts(w [Gc, N, K]) -> (q, s [Gc, N])``
+    are the op's quantizations (fp8 dtype and granularity bound)."""
+    from primus_turbo.pytorch.core.platform import num_compute_units
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_tma import chunk_plan, launch_fp8_chunk
+
+    chunks, free_sms, reserve = spec()
+    g = b.shape[0]
+    chunks = min(chunks, g)
+    bounds = [round(i * g / chunks) for i in range(chunks + 1)]
+    cuda = a.is_cuda
+    main = torch.cuda.current_stream(a.device) if cuda else None
+    side = _side_stream(a.device.index if a.device.index is not None else 0) if cuda else None
+    if cuda:
+        side.wait_stream(main)  # b (and anything before this op) written on the caller's stream
+    parts = []
+    for i in range(chunks):
+        g0, g1 = bounds[i], bounds[i + 1]
+        ctx = torch.cuda.stream(side) if cuda else contextlib.nullcontext()
+        with ctx:
+            w = b[g0:g1]
+            w = (w if trans_b else w.transpose(1, 2)).contiguous()  # [Gc, N, K]
+            qb, sb = quant_experts(w)
+            event = None
+            if cuda:
+                event = torch.cuda.Event()
+                event.record(side)
+        if cuda:  # made on the side stream, read on the caller's
+            qb.record_stream(main)
+            sb.record_stream(main)
+        parts.append((g0, qb, sb, event))
+    qa, sa = quant_rows(a.contiguous())
+    m, n = a.shape[0], parts[0][1].shape[1]
+    c = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    plan = chunk_plan()
+    if cuda:
+        full = num_compute_units(a.device) * plan[1].programs_per_cu
+        reduced = max(1, full - free_sms * plan[1].programs_per_cu)
+    else:
+        full = reduced = 4
+    sa = sa.reshape(-1)
+    for i, (g0, qb, sb, event) in enumerate(parts):
+        if event is not None:
+            main.wait_event(event)
+        programs = reduced if i < reserve else full
+        launch_fp8_chunk(qa, qb, c, group_offs[g0:], sa, sb, plan, programs, i == chunks - 1)
+    return c
