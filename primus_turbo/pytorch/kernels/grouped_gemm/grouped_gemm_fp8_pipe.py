@@ -1,5 +1,5 @@
 """Pipelined FP8 rowwise grouped GEMM forward: the weight quantization of later experts runs
-on a side stream while the fp8 GEMM of earlier experts runs on the caller's stream.
+while the fp8 GEMM of earlier experts runs on a side stream.
 
 The forward of ``grouped_gemm_fp8`` quantizes a (``[M, K]``, ~1.4 GB moved for DeepSeek-V3
 gate_up) and the weights b (``[G, N, K]``, ~2.8 GB moved) before the compute-bound fp8 GEMM
@@ -7,23 +7,23 @@ gate_up) and the weights b (``[G, N, K]``, ~2.8 GB moved) before the compute-bou
 and the GEMM needs little memory bandwidth, so this path splits the experts into ``chunks``
 contiguous ranges and issues:
 
-* side stream: the rowwise quantization of each chunk's weights, an event after each;
-* caller's stream: the quantization of a, then per chunk: wait for its event, the fp8 GEMM of
+* caller's stream: the quantization of a, then of each chunk's weights, an event after each;
+* a side stream at a higher priority: per chunk, wait for its event, then the fp8 GEMM of
   that chunk's groups (``grouped_gemm_fp8_chunk_kernel``: the ``f8tma`` walk over the chunk's
   groups; only the last chunk zeroes the rows past ``offs[G]``).
 
 The first ``reserve_chunks`` GEMM launches use ``SMs - free_sms`` programs, leaving SMs to the
-side stream's quantization (a persistent GEMM program fills an SM's shared memory); the later
-ones use every SM. Rowwise only: each chunk's per-(expert, column) scales equal the whole
-tensor's, so the output is bitwise the unpipelined one for the same tile. The host never reads
-the group sizes; the side stream joins the caller's stream before the function returns (CUDA
-graph capture works). Selected by ``PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE`` (see ``spec``).
-On the CPU interpreter the same chunks run in order on one stream (tests).
+quantization of the next chunks (a persistent GEMM program fills an SM's registers and shared
+memory: 243 registers x 256 threads, 176 KiB on sm_90); the later ones use every SM. Rowwise
+only: each chunk's per-(expert, column) scales equal the whole tensor's, so the output is
+bitwise the unpipelined one for the same tile. The host never reads the group sizes; the side
+stream joins the caller's stream before the function returns (CUDA graph capture works).
+Selected by ``PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE`` (see ``spec``). On the CPU
+interpreter the same chunks run in order on one stream (tests).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 from collections.abc import Callable
@@ -35,8 +35,8 @@ import torch
 def spec() -> tuple[int, int, int]:
     """``PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE`` = ``chunks[:free_sms[:reserve_chunks]]``:
     ``0`` / unset: off (one quantization of all weights, then one GEMM: the pre-session-6
-    forward); ``chunks >= 2``: pipelined; ``free_sms`` (default 16) SMs left to the side
-    stream by the first ``reserve_chunks`` GEMM launches (default ``chunks // 2``)."""
+    forward); ``chunks >= 2``: pipelined; ``free_sms`` (default 16) SMs left to the quantization
+    by the first ``reserve_chunks`` GEMM launches (default ``chunks // 2``)."""
     var = "PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE"
     raw = os.environ.get(var, "").strip()
     if not raw:
@@ -57,8 +57,11 @@ def spec() -> tuple[int, int, int]:
 
 
 @functools.cache
-def _side_stream(index: int) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device=index)
+def _gemm_stream(index: int) -> torch.cuda.Stream:
+    """The GEMM side stream of device ``index``, above the default priority (``-1``; the
+    caller's stream is usually ``0``): when a chunk's GEMM launches, the block scheduler
+    hands it the SMs as the quantization's blocks drain."""
+    return torch.cuda.Stream(device=index, priority=-1)
 
 
 def usable(a: torch.Tensor, b: torch.Tensor, trans_b: bool, rowwise: bool) -> bool:
@@ -97,40 +100,42 @@ def pipelined_forward(
     g = b.shape[0]
     chunks = min(chunks, g)
     bounds = [round(i * g / chunks) for i in range(chunks + 1)]
-    cuda = a.is_cuda
-    main = torch.cuda.current_stream(a.device) if cuda else None
-    side = _side_stream(a.device.index if a.device.index is not None else 0) if cuda else None
-    if cuda:
-        side.wait_stream(main)  # b (and anything before this op) written on the caller's stream
-    parts = []
-    for i in range(chunks):
-        g0, g1 = bounds[i], bounds[i + 1]
-        ctx = torch.cuda.stream(side) if cuda else contextlib.nullcontext()
-        with ctx:
-            w = b[g0:g1]
-            w = (w if trans_b else w.transpose(1, 2)).contiguous()  # [Gc, N, K]
-            qb, sb = quant_experts(w)
-            event = None
-            if cuda:
-                event = torch.cuda.Event()
-                event.record(side)
-        if cuda:  # made on the side stream, read on the caller's
-            qb.record_stream(main)
-            sb.record_stream(main)
-        parts.append((g0, qb, sb, event))
-    qa, sa = quant_rows(a.contiguous())
-    m, n = a.shape[0], parts[0][1].shape[1]
-    c = torch.empty((m, n), dtype=out_dtype, device=a.device)
     plan = chunk_plan()
+    ppc = plan[1].programs_per_cu
+    cuda = a.is_cuda
     if cuda:
-        full = num_compute_units(a.device) * plan[1].programs_per_cu
-        reduced = max(1, full - free_sms * plan[1].programs_per_cu)
+        main = torch.cuda.current_stream(a.device)
+        side = _gemm_stream(a.device.index if a.device.index is not None else 0)
+        full = num_compute_units(a.device) * ppc
+        reduced = max(1, full - free_sms * ppc)
     else:
         full = reduced = 4
+    qa, sa = quant_rows(a.contiguous())
     sa = sa.reshape(-1)
-    for i, (g0, qb, sb, event) in enumerate(parts):
-        if event is not None:
-            main.wait_event(event)
+    m = a.shape[0]
+    n = b.shape[1] if trans_b else b.shape[2]
+    c = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    # quantization on the caller's stream, chunk GEMMs on the side stream as each chunk's
+    # weights are ready. Every tensor the side stream reads is made before its event and held
+    # (``keep``) until after the final join: the allocator frees in the caller's stream order,
+    # so a chunk's weights freed earlier could be reused while its GEMM still reads them
+    keep = []
+    for i in range(chunks):
+        g0, g1 = bounds[i], bounds[i + 1]
+        w = b[g0:g1]
+        qb, sb = quant_experts((w if trans_b else w.transpose(1, 2)).contiguous())
+        keep.append((qb, sb))
         programs = reduced if i < reserve else full
-        launch_fp8_chunk(qa, qb, c, group_offs[g0:], sa, sb, plan, programs, i == chunks - 1)
+        args = (qa, qb, c, group_offs[g0:], sa, sb, plan, programs, i == chunks - 1)
+        if not cuda:
+            launch_fp8_chunk(*args)
+            continue
+        event = torch.cuda.Event()
+        event.record(main)
+        side.wait_event(event)
+        with torch.cuda.stream(side):
+            launch_fp8_chunk(*args)
+    if cuda:
+        main.wait_stream(side)
+    del keep
     return c
