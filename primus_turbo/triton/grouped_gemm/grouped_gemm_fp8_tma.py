@@ -7,20 +7,23 @@ tensorwise) and ``sb [G, N]`` fp32 per expert and output column, applied in the 
 
 The kernels are the bf16 ones launched with ``SCALED=True`` (the scaled epilogue of
 ``grouped_gemm_walk.scale_tile``): plans ``f8tma`` / ``f8tmas`` run
-``grouped_gemm_tma.grouped_gemm_flat_tma_kernel``, plan ``f8ws``
-``grouped_gemm_ws.grouped_gemm_ws_kernel``. The flat walk (the in-kernel group
-table, one multi-operand reduction per tile, ``tl.range(flatten=...)`` so the next tile's first
-TMA loads are issued during this tile's epilogue, tail rows past ``offs[G]`` zeroed by a second
-loop): the host never reads the group sizes. A is one descriptor over ``[M, K]``, B one over
-``b`` viewed as ``[G * N, K]``; a tile crossing the end of its group (or of ``N``) reads the next
-group's rows (expert's rows), which only feed output rows (columns) the masked store drops; K
-and the end of each tensor are zero-filled by the hardware. The two scale vectors of a tile are
-loaded before its K loop (their latency hides under the MMAs). fp8 tiles: ``BLOCK_K = 128``.
+``grouped_gemm_tma.grouped_gemm_flat_tma_kernel`` (the warp-specialised plan ``f8ws`` was
+removed: it deadlocked on the H200 at the DeepSeek-V3 shapes in run 6.1). The flat walk (the
+in-kernel group table, one multi-operand reduction per tile, ``tl.range(flatten=...)`` so the
+next tile's first TMA loads are issued during this tile's epilogue, tail rows past ``offs[G]``
+zeroed by a second loop): the host never reads the group sizes. A is one descriptor over
+``[M, K]``, B one over ``b`` viewed as ``[G * N, K]``; a tile crossing the end of its group (or
+of ``N``) reads the next group's rows (expert's rows), which only feed output rows (columns) the
+masked store drops; K and the end of each tensor are zero-filled by the hardware. The two
+scale vectors of a tile are loaded before its K loop (their latency hides under the MMAs). fp8
+tiles: ``BLOCK_K = 128``.
 
 Selected by ``PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA`` (``1`` default: this kernel where usable;
 ``0``: the pointer kernels of ``grouped_gemm_kernel``, as before session 5) through
 ``grouped_gemm_fp8_triton``; ``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG`` (comma-separated config
-names) restricts the tuner's candidates. CUDA sm_90+ only (no TMA on AMD: the pointer path).
+names) restricts the tuner's candidates. ``grouped_gemm_fp8_chunk_kernel``: the same walk over
+one chunk of experts (the pipelined forward, ``kernels/grouped_gemm/grouped_gemm_fp8_pipe.py``).
+CUDA sm_90+ only (no TMA on AMD: the pointer path).
 """
 
 from __future__ import annotations
@@ -45,7 +48,6 @@ from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import (
     store_tile,
     zero_tail,
 )
-from primus_turbo.triton.grouped_gemm.grouped_gemm_ws import grouped_gemm_ws_kernel
 
 # ---- configs, env knobs, launcher ------------------------------------------------------------
 
@@ -76,19 +78,6 @@ def _tma_store_cfg(cfg: GemmConfig, family: ArchFamily) -> bool:
     return cfg.num_warps == 8 and cfg.num_stages == 3
 
 
-def fp8_ws_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
-    """Tiles of the warp-specialised plan ``f8ws`` (``num_warps=4``: per consumer warpgroup,
-    12 warps launched): 128x256 and 256x128 with 3 / 4 stages (144 / 192 KiB ring)."""
-    if family == ArchFamily.CPU:
-        return (GemmConfig(32, 16, 32, 1, 1, 1),)
-    return (
-        GemmConfig(128, 256, 128, 8, 4, 3),
-        GemmConfig(128, 256, 128, 8, 4, 4),
-        GemmConfig(256, 128, 128, 8, 4, 3),
-        GemmConfig(256, 128, 128, 8, 4, 4),
-    )
-
-
 @functools.cache
 def fp8_tma_enabled() -> bool:
     """``PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA``: ``1`` (default) this kernel where usable, ``0`` the
@@ -109,16 +98,13 @@ def fp8_config_filter() -> tuple[str, ...]:
 
 
 def fp8_tma_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
-    """The tuner's candidates: ``f8tma`` and ``f8tmas`` plans by default; the warp-specialised
-    ``f8ws`` plans only when named in ``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG`` (their GPU tests
-    did not finish in H200 run 5.3, while the other plans passed, so the default never times
-    them)."""
+    """The tuner's candidates: ``f8tma`` and ``f8tmas`` plans, restricted to the names in
+    ``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG`` when set."""
     cands = [("f8tma", cfg) for cfg in fp8_tma_configs(family)]
-    cands += [("f8ws", cfg) for cfg in fp8_ws_configs(family)]
     cands += [("f8tmas", cfg) for cfg in fp8_tma_configs(family) if _tma_store_cfg(cfg, family)]
     names = fp8_config_filter()
     if not names:
-        return [p for p in cands if p[0] != "f8ws"]
+        return cands
     kept = [p for p in cands if p[1].name in names or f"{p[0]}:{p[1].name}" in names]
     if not kept:
         have = sorted(f"{p[0]}:{p[1].name}" for p in cands)
@@ -158,7 +144,8 @@ def fp8_tma_usable(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> 
 def launch_fp8_tma(
     a, b, c, group_offs, sa, sb, cfg: GemmConfig, programs: int, variant: str = "f8tma"
 ) -> None:
-    """One launch of plan ``variant`` (``f8tma`` flat TMA kernel, ``f8ws`` warp-specialised)."""
+    """One launch of plan ``variant`` (``f8tma`` flat TMA kernel, ``f8tmas`` with the TMA-store
+    epilogue)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import _interpreting
@@ -168,13 +155,6 @@ def launch_fp8_tma(
     args = (a_desc, b_desc, c, group_offs, m, n, k, g, c.stride(0), c.stride(1), programs)
     scales = {"sa_ptr": sa, "sb_ptr": sb, "stride_sa": sa.stride(0), "stride_sbg": sb.stride(0),
               "stride_sbn": sb.stride(1), "SCALED": True}  # fmt: skip
-    if variant == "f8ws":
-        grouped_gemm_ws_kernel[(programs,)](
-            *args, None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            TRANS_B=True, UPCAST=interp, TMA_STORE=False, WS=not interp, **scales,
-            **cfg.options,
-        )  # fmt: skip
-        return
     store = {}
     if variant == "f8tmas":
         c_desc = TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2])
@@ -202,7 +182,7 @@ def grouped_gemm_fp8_tma(
     """``[M, N]`` of ``out_dtype`` (rows past ``group_offs[G]`` zero); operands as in the module
     doc (the caller checks ``fp8_tma_usable``). The tile is the config tuner's choice per shape
     (``grouped_gemm_kernel._choose``: timed on the first call on a GPU unless capturing or
-    ``PRIMUS_TURBO_TRITON_TUNE=0``) or ``config`` (with ``variant``: ``f8tma`` / ``f8ws``)."""
+    ``PRIMUS_TURBO_TRITON_TUNE=0``) or ``config`` (with ``variant``: ``f8tma`` / ``f8tmas``)."""
     from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as gk
 
     m, k = a.shape
@@ -289,8 +269,7 @@ def chunk_plan() -> tuple[str, GemmConfig]:
     from primus_turbo.pytorch.core.platform import triton_interpret
 
     family = ArchFamily.CPU if triton_interpret() else ArchFamily.HOPPER
-    plans = [p for p in fp8_tma_plans(family) if p[0] != "f8ws"]
-    return plans[0] if plans else ("f8tma", fp8_tma_configs(family)[0])
+    return fp8_tma_plans(family)[0]
 
 
 def launch_fp8_chunk(a, b, c, offs, sa, sb, plan, programs: int, zero_tail: bool) -> None:
@@ -358,13 +337,4 @@ def aot_specs(target: str) -> list:
             specs.append(AotSpec(f"grouped_gemm_fp8_chunk_z{int(zero)}_{cfg.name}",
                                  grouped_gemm_fp8_chunk_kernel, sig, consts,
                                  cfg.options))  # fmt: skip
-    for cfg in fp8_ws_configs(ArchFamily.HOPPER):
-        sig = dict(specs[0].signature)
-        sig["a_desc"] = f"tensordesc<fp8e4nv[{cfg.block_m},{cfg.block_k}]>"
-        sig["b_desc"] = f"tensordesc<fp8e4nv[{cfg.block_n},{cfg.block_k}]>"
-        consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                  "TRANS_B": True, "UPCAST": False, "TMA_STORE": False, "WS": True,
-                  "c_desc": None, "SCALED": True}  # fmt: skip
-        specs.append(AotSpec(f"grouped_gemm_fp8_ws_{cfg.name}", grouped_gemm_ws_kernel,
-                             sig, consts, cfg.options))  # fmt: skip
     return specs

@@ -226,11 +226,11 @@ def test_grouped_gemm_fp8_tma_usable_and_env(monkeypatch, device):
         with pytest.raises(ValueError, match="PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG"):
             mod.fp8_tma_plans(ArchFamily.HOPPER)
         monkeypatch.setenv(
-            "PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG", "m128n256k128g8w8s4,f8ws:m256n128k128g8w4s3"
+            "PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG", "m128n256k128g8w8s4,f8tmas:m256n128k128g8w8s3"
         )
         mod.fp8_config_filter.cache_clear()
         got = [f"{v}:{c.name}" for v, c in mod.fp8_tma_plans(ArchFamily.HOPPER)]
-        assert got == ["f8tma:m128n256k128g8w8s4", "f8ws:m256n128k128g8w4s3"]
+        assert got == ["f8tma:m128n256k128g8w8s4", "f8tmas:m256n128k128g8w8s3"]
     finally:
         mod.fp8_tma_enabled.cache_clear()
         mod.fp8_config_filter.cache_clear()
@@ -408,7 +408,7 @@ def test_grouped_gemm_fp8_pipeline_op(trans_b, monkeypatch, device):
             out.backward(grad)
             outs.append((out.detach(), a.grad.clone(), b.grad.clone()))
         for got in outs[1:]:
-            for x, y in zip(outs[0], got):
+            for x, y in zip(outs[0], got, strict=True):
                 torch.testing.assert_close(x, y, rtol=1e-2, atol=1e-2)
     finally:
         pipe.spec.cache_clear()
