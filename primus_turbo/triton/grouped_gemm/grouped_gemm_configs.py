@@ -161,10 +161,13 @@ def variable_k_variant() -> str:
     """``PRIMUS_TURBO_GROUPED_GEMM_VK``: the wgrad kernel. ``table`` (``variable_k_kernel``,
     pointer loads masked every step), ``tma`` (``variable_k_tma_kernel``: TMA loads for the
     whole K steps of a group, one masked pointer step for its last rows; where usable, else
-    ``table``), or ``tune`` (default): both timed on the first call per shape. (A "fused"
+    ``table``), ``gluon`` (session 6, ``grouped_gemm_gluon``: the Gluon wgrad pipelined across
+    tiles, plans ``gl`` / ``gls``; Hopper where usable, else as ``tma``), or ``tune``
+    (default): timed on the first call per shape (the Gluon plans only with
+    ``..._CANDIDATES=s6`` / ``all`` or a ``..._VK_CONFIG`` that names them). (A "fused"
     one-loop TMA wgrad was tried in session 4 and removed: 2x slower than ``tma`` on every key
     of the H200 run 4.3.)"""
-    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_VK", "tune", ("table", "tma", "tune"))
+    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_VK", "tune", ("table", "tma", "gluon", "tune"))
 
 
 @functools.cache
@@ -195,22 +198,6 @@ def tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
         # + 256x128 with 4 stages for the wgrad (the M-major X tile: 192 KiB ring)
         base = (GemmConfig(128, 256, 64, 8, 8, 4), GemmConfig(256, 128, 64, 8, 8, 4), *base)
     return base
-
-
-def ws_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
-    """Configs of the warp-specialised kernel (``grouped_gemm_ws``): ``num_warps=4`` is one
-    consumer warpgroup's worth; Triton launches a producer and two consumers (12 warps), each
-    consumer on half of the rows (64x256 / 128x128 wgmma accumulators, 128 fp32 registers)."""
-    if family == ArchFamily.CPU:
-        return configs_interpreter()[:1]
-    if family not in (ArchFamily.HOPPER, ArchFamily.OTHER_GPU):
-        return ()
-    return (
-        GemmConfig(128, 256, 64, 8, 4, 3),
-        GemmConfig(128, 256, 64, 8, 4, 4),
-        GemmConfig(256, 128, 64, 8, 4, 3),  # two 128x128 consumer halves
-        GemmConfig(256, 128, 64, 8, 4, 4),
-    )
 
 
 # Session-5 variants of the flat TMA kernel (``grouped_gemm_tma.TMA_VARIANTS``): TMA-store
@@ -250,10 +237,11 @@ HOPPER_WINNERS = {
         ("table", "m128n128k64g8w4s3"),
     ),
 }
+# The bf16 warp-specialised forward plans (``ws``) were removed in session 6: the kernel
+# deadlocked on the H200 (run 6.1: its GPU test and the tuner's first ws launch at DeepSeek-V3
+# sizes never finished); ``grouped_gemm_ws`` stays for the fp8 ``f8ws`` plans only.
 HOPPER_S5_PLANS = {
     "fwd": (
-        ("ws", "m128n256k64g8w4s3"),
-        ("ws", "m128n256k64g8w4s4"),
         ("tmas", "m128n256k64g8w8s3"),
         ("tman", "m128n256k64g8w8s3"),
     ),
@@ -261,6 +249,8 @@ HOPPER_S5_PLANS = {
 }
 # plan kinds of session 5 (opt-in, see HOPPER_S5_PLANS)
 S5_VARIANTS = ("ws", *TMA_EXTRA_VARIANTS)
+# plan kinds of session 6 (opt-in: ``..._CANDIDATES=s6``): the Gluon wgrad
+S6_VARIANTS = ("gl", "gls")
 
 
 @functools.cache
@@ -269,9 +259,10 @@ def candidate_set() -> str:
     times only ``HOPPER_WINNERS``; no session-5 plan anywhere, also not for small groups),
     ``s4`` (the same; the name of session 5 round 1), ``s5`` (the winners plus the unverified
     session-5 plans ``HOPPER_S5_PLANS``; every plan, session-5 ones included, for small
-    groups) or ``all`` (every plan of the mode, session-5 ones included)."""
+    groups), ``s6`` (the winners plus the session-6 Gluon wgrad plans ``gluon_vk_plans``; not
+    yet verified on the GPU) or ``all`` (every plan of the mode, session-5/6 ones included)."""
     return _env_choice(
-        "PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "winners", ("winners", "s4", "s5", "all")
+        "PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "winners", ("winners", "s4", "s5", "s6", "all")
     )
 
 
@@ -288,11 +279,15 @@ def _winners(plans: list, family: ArchFamily, gemm: str, avg_rows: int) -> list:
     cands = candidate_set()
     if cands not in ("s5", "all"):  # unverified on the GPU: opt-in only
         plans = [p for p in plans if p[0] not in S5_VARIANTS]
+    if cands not in ("s6", "all"):
+        plans = [p for p in plans if p[0] not in S6_VARIANTS]
     if family != ArchFamily.HOPPER or cands == "all":
         return plans
     if avg_rows < WINNERS_MIN_AVG_ROWS:
         return plans
     allowed = HOPPER_WINNERS[gemm] + (HOPPER_S5_PLANS[gemm] if cands == "s5" else ())
+    if cands == "s6":
+        allowed += tuple((v, c.name) for v, c in plans if v in S6_VARIANTS)
     kept = [p for p in plans if (p[0], p[1].name) in allowed]
     return kept or plans
 
@@ -322,7 +317,6 @@ def forward_plans(
             store_ok = n is None or n % 8 == 0
             tma += [(v, cfg) for v in TMA_EXTRA_VARIANTS for _, cfg in list(tma)
                     if _tma_extra_ok(cfg) and (store_ok or v == "tman")]  # fmt: skip
-            tma += [("ws", cfg) for cfg in ws_configs(family) if trans_b or k % cfg.block_k == 0]
         if tma:
             plans += tma
         elif mode == "tma":  # NN with K not a multiple of any tile's BLOCK_K
@@ -331,13 +325,22 @@ def forward_plans(
 
 
 def variable_k_plans(
-    family: ArchFamily, mode: str, tma_ok: bool, avg_rows: int = 1 << 30
+    family: ArchFamily, mode: str, tma_ok: bool, avg_rows: int = 1 << 30, gluon_ok=None
 ) -> list[tuple[str, GemmConfig]]:
-    """The (kernel, config) candidates the tuner times for the wgrad."""
+    """The (kernel, config) candidates the tuner times for the wgrad (``gluon_ok(variant,
+    cfg)``: whether a Gluon plan can take this call's operands; ``None``: none can)."""
     configs = grouped_gemm_configs(family)
     plans = [("table", cfg) for cfg in configs] if mode in ("table", "tune") or not tma_ok else []
-    if mode in ("tma", "tune") and tma_ok:
+    gluon = []
+    if mode in ("gluon", "tune") and tma_ok and gluon_ok is not None:
+        gluon = [(v, cfg) for v, cfg in gluon_vk_plans(family) if gluon_ok(v, cfg)]
+    if mode == "gluon" and gluon:  # a fixed kernel: all its plans (or the filter's)
+        names = config_filter("PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG")
+        kept = [p for p in gluon if p[1].name in names or f"{p[0]}:{p[1].name}" in names]
+        return kept or gluon
+    if mode in ("tma", "tune", "gluon") and tma_ok:
         plans += [("tma", cfg) for cfg in tma_configs(family)]
+    plans += gluon
     return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG", family, "vk", avg_rows)
 
 
@@ -353,3 +356,19 @@ def _filtered(plans: list, var: str, family: ArchFamily, gemm: str, avg_rows: in
         have = sorted({p[1].name for p in plans} | {f"{p[0]}:{p[1].name}" for p in plans})
         raise ValueError(f"primus_turbo: {var} expected config names in {have}, got {names}")
     return kept
+
+
+# ---- session 6: the Gluon wgrad (grouped_gemm_gluon), plans ``gl`` (pointer store, deeper
+# ring) and ``gls`` (TMA-store epilogue: one stage less, the 64 KiB output buffer) ----------
+
+
+def gluon_vk_plans(family: ArchFamily) -> tuple[tuple[str, GemmConfig], ...]:
+    """The Gluon wgrad's (variant, config) plans: Hopper only (Gluon's wgmma / TMA ops)."""
+    if family not in (ArchFamily.HOPPER, ArchFamily.OTHER_GPU):
+        return ()
+    return (
+        ("gl", GemmConfig(256, 128, 64, 8, 8, 4)),
+        ("gls", GemmConfig(256, 128, 64, 8, 8, 3)),
+        ("gl", GemmConfig(128, 256, 64, 8, 8, 4)),
+        ("gl", GemmConfig(128, 128, 64, 8, 4, 4)),
+    )

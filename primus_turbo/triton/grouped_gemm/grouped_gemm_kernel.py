@@ -336,10 +336,6 @@ def grouped_gemm_triton(
             return launch_flat_tma(
                 a, b, c, group_offs, trans_b, cfg, programs, flatten, upcast, variant
             )
-        if variant == "ws":
-            from primus_turbo.triton.grouped_gemm.grouped_gemm_ws import launch_ws
-
-            return launch_ws(a, b, c, group_offs, trans_b, cfg, programs, upcast, variant)
         if variant == "flat":
             from primus_turbo.triton.grouped_gemm.grouped_gemm_flat import launch_flat
 
@@ -416,6 +412,12 @@ def variable_k_triton(
             from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import launch_variable_k_tma
 
             return launch_variable_k_tma(x, y, c, group_offs, num_groups, cfg, programs, upcast)
+        if variant in ("gl", "gls"):  # grouped_gemm_gluon.GLUON_VK_VARIANTS
+            from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import (
+                launch_variable_k_gluon,
+            )
+
+            return launch_variable_k_gluon(x, y, c, group_offs, num_groups, cfg, programs, variant)
         variable_k_kernel[(programs,)](
             x,
             y,
@@ -452,7 +454,14 @@ def variable_k_triton(
 
     mode = variable_k_variant()
     tma_ok = mode != "table" and variable_k_tma_usable(x, y, scales is not None)
-    plans = variable_k_plans(family, mode, tma_ok, m // num_groups)
+    gluon_ok = None
+    if tma_ok and family == ArchFamily.HOPPER and mode in ("gluon", "tune"):
+        from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import gluon_vk_usable
+
+        def gluon_ok(variant, cfg):
+            return gluon_vk_usable(x, y, c, variant, cfg)
+
+    plans = variable_k_plans(family, mode, tma_ok, m // num_groups, gluon_ok)
     cfg = select_variable_k_config(p, q, m, num_groups, family, num_compute_units(x.device))
     default = next((pl for pl in plans if pl[1] == cfg), plans[0])
     if mode == "tune":
@@ -565,10 +574,10 @@ def aot_specs(target: str) -> list[AotSpec]:
         specs.append(AotSpec(name, spec.fn, sig, constexprs, spec.options))
     specs += _flat_aot_specs(target, [s for s in specs if s.fn is grouped_gemm_kernel])
     from primus_turbo.triton.grouped_gemm.grouped_gemm_fixup import aot_specs as fixup_specs
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import aot_specs as gluon_specs
     from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import aot_specs as tma_specs
-    from primus_turbo.triton.grouped_gemm.grouped_gemm_ws import aot_specs as ws_specs
 
-    return specs + fixup_specs(target) + tma_specs(target) + ws_specs(target)
+    return specs + fixup_specs(target) + tma_specs(target) + gluon_specs(target)
 
 
 def _flat_aot_specs(target: str, forward_specs: list[AotSpec]) -> list[AotSpec]:

@@ -1,4 +1,7 @@
-"""Grouped GEMM forward/dgrad with Triton's Hopper warp specialisation (plan ``ws``).
+"""Grouped GEMM forward with Triton's Hopper warp specialisation: the fp8 plan ``f8ws`` of
+``grouped_gemm_fp8_tma`` (``SCALED``). The bf16 plan ``ws`` was removed in session 6: on the
+H200 (run 6.1) its GPU test and the tuner's first launch at DeepSeek-V3 sizes never finished
+(a deadlock of the specialised loop, cause not found).
 
 ``tl.range(..., warp_specialize=True)`` on sm_90 splits a loop into a producer warpgroup
 (TMA loads) and two consumer warpgroups (each half of the ``BLOCK_M`` rows through wgmma),
@@ -11,7 +14,7 @@ assignment by the tiles handed out so far (every program gets every ``num_progra
 of the global sequence, as in the other kernels). Rows past ``offs[G]`` are zeroed by a
 second loop. Operand descriptors as in ``grouped_gemm_tma`` (rows of a neighbouring group /
 expert only feed output rows / columns that the masked store drops; NN needs
-``K % BLOCK_K == 0``). ``TMA_STORE`` (no plan uses it, see ``WS_VARIANTS``): full tiles
+``K % BLOCK_K == 0``). ``TMA_STORE`` (no plan uses it): full tiles
 leave through a TMA store (two ``[BLOCK_M, BLOCK_N / 2]`` halves), ragged ones masked.
 CUDA sm_90+ only (the interpreter runs it too, without the specialisation).
 
@@ -25,10 +28,8 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import (
-    UNSCALED,
     desc_tile_mma,
     group_bounds,
-    operand_descs,
     scale_tile,
     store_rows,
     store_tile,
@@ -73,54 +74,3 @@ def grouped_gemm_ws_kernel(
                            BLOCK_M, BLOCK_N, TMA_STORE)  # fmt: skip
         rot = (rot + tiles_g) % num_programs
     zero_tail(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
-
-
-# plan name -> TMA_STORE. ("wss", True) is left out: with the TMA store in the loop body
-# Triton 3.6 silently skips the specialisation (one 4-warp group, 128x256 fp32 accumulator:
-# 2.3 KB of spills on sm_90).
-WS_VARIANTS = {"ws": False}
-
-
-def launch_ws(a, b, c, group_offs, trans_b, cfg, programs, upcast, variant: str) -> None:
-    """``c = grouped(a, op(b))`` with ``grouped_gemm_ws_kernel`` (``variant``: a key of
-    ``WS_VARIANTS``; warp specialisation on CUDA only, ``upcast`` means the interpreter)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    a_desc, b_desc, m, n, k, g = operand_descs(a, b, trans_b, cfg)
-    tma_store = WS_VARIANTS[variant]
-    c_desc = TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2]) if tma_store else None
-    grouped_gemm_ws_kernel[(programs,)](
-        a_desc, b_desc, c, group_offs, m, n, k, g, c.stride(0), c.stride(1), programs, c_desc,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, TRANS_B=trans_b,
-        UPCAST=upcast, TMA_STORE=tma_store, WS=a.is_cuda, **cfg.options,
-    )  # fmt: skip
-
-
-def aot_specs(target: str) -> list:
-    """sm_90 only: the forward in NT and NN, every warp-specialised config."""
-    from primus_turbo.pytorch.core.platform import ArchFamily
-    from primus_turbo.triton.aot import AotSpec
-    from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import ws_configs
-
-    if target != "sm_90":
-        return []
-    specs = []
-    for cfg in ws_configs(ArchFamily.HOPPER):
-        bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-        for lay, trans_b in (("nt", True), ("nn", False)):
-            b_block = f"[{bn},{bk}]" if trans_b else f"[{bk},{bn}]"
-            for variant, tma_store in WS_VARIANTS.items():
-                sig = {"a_desc": f"tensordesc<bf16[{bm},{bk}]>",
-                       "b_desc": f"tensordesc<bf16{b_block}>", "c_ptr": "*bf16",
-                       "offs_ptr": "*i64", "M": "i32", "N": "i32:16", "K": "i32:16",
-                       "G": "i32", "stride_cm": "i32:16", "stride_cn": "i32:1",
-                       "num_programs": "i32"}  # fmt: skip
-                cx = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "TRANS_B": trans_b,
-                      "UPCAST": False, "TMA_STORE": tma_store, "WS": True, **UNSCALED}  # fmt: skip
-                if tma_store:
-                    sig["c_desc"] = f"tensordesc<bf16[{bm},{bn // 2}]>"
-                else:
-                    cx["c_desc"] = None
-                name = f"grouped_gemm_{variant}_bf16_{lay}_{cfg.name}"
-                specs.append(AotSpec(name, grouped_gemm_ws_kernel, sig, cx, cfg.options))
-    return specs
