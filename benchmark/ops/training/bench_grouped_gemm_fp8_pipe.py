@@ -12,7 +12,7 @@ so clock and power drift reach every variant alike. Variants:
 * ``wcache``: pipeline off, ``PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE=1`` (weights quantized
   once, as within one optimizer step) -- with ``--wcache``;
 * pieces alone: ``quant_a``, ``quant_b`` (the op's two quantizations) and ``gemm`` (the TMA fp8
-  GEMM on operands quantized beforehand).
+  GEMM on operands quantized beforehand, tuned plan); ``gemm:<plan>`` per ``--gemm-configs``.
 
 Prints per case the median ms, TFLOPS and the ratio ``bf16 ms / variant ms`` (target >= 1.5),
 then the geomean of that ratio per variant. Usage:
@@ -77,7 +77,25 @@ def _variants(a, b, gl, args) -> dict:
     out["quant_a"] = (("0", False), lambda: _quant_rows(a, f8, row))
     out["quant_b"] = (("0", False), lambda: _quant_experts(b, f8, row))
     out["gemm"] = (("0", False), lambda: grouped_gemm_fp8_tma(qa, qb, offs, sa, sb, torch.bfloat16))
+    bf = torch.bfloat16
+    for name in args.gemm_configs:  # the GEMM alone on one plan each (the tile A/B)
+        variant, tile = _plan(name)
+        run = lambda t=tile, v=variant: grouped_gemm_fp8_tma(qa, qb, offs, sa, sb, bf, t, v)  # noqa: E731
+        out[f"gemm:{name}"] = (("0", False), run)
     return out
+
+
+def _plan(name: str):
+    """``[variant:]config`` (``f8tmas:m128n256k128g8w8s3``) -> ``(variant, GemmConfig)``."""
+    from primus_turbo.pytorch.core.platform import ArchFamily, triton_interpret
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_tma import fp8_tma_configs
+
+    variant, _, cfg_name = name.rpartition(":")
+    family = ArchFamily.CPU if triton_interpret() else ArchFamily.HOPPER
+    cfgs = {c.name: c for c in fp8_tma_configs(family)}
+    if cfg_name not in cfgs:
+        raise ValueError(f"--gemm-configs: {cfg_name!r} not in {sorted(cfgs)}")
+    return variant or "f8tma", cfgs[cfg_name]
 
 
 def _interleaved_ms(graphs: dict, rounds: int) -> dict[str, float]:
@@ -166,6 +184,12 @@ def main(argv=None) -> int:
     p.add_argument("--pipelines", nargs="*", default=["4:16:2", "8:16:4"],
                    help="PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE specs to time")  # fmt: skip
     p.add_argument("--wcache", action="store_true", help="also time the weight cache")
+    p.add_argument(
+        "--gemm-configs",
+        nargs="*",
+        default=[],
+        help="also time the fp8 GEMM alone on these plans ([f8tma|f8tmas:]<config>)",
+    )
     p.add_argument("--rounds", type=int, default=30, help="samples per variant (GPU)")
     add_common_args(p)
     args = p.parse_args(argv)
