@@ -40,6 +40,12 @@ from primus_turbo.triton.quantization.quant_dual import (
     quant_sliced_kernel,
     sliced_warps,
 )
+from primus_turbo.triton.quantization.quant_words import (
+    WORDS_CONFIGS,
+    WORDS_MAXNREG,
+    quant_words_kernel,
+    words_warps,
+)
 
 
 def _flag(var: str) -> bool:
@@ -123,5 +129,70 @@ def launch_sliced(x, q, s, qt, st, name, dtype, s_strides, st_strides):
         FMT=ql._interp_fmt(dtype), SAT=nvidia and ql._hw_satfinite(x.device.index), EVEN=even,
         RCP=ql._env_flag("PRIMUS_TURBO_QUANT_RCP", False) and nvidia, PERSIST=per_sm > 0,
         IE8=_flag("PRIMUS_TURBO_QUANT_SLICED_IE8"), I64=not off32,
+        num_warps=warps, **extra,
+    )  # fmt: skip
+
+
+_WORDS_DEFAULT = ("mx_rows", "mx_dual", "block_dual")
+
+
+def words_on(name: str, x: torch.Tensor) -> bool:
+    """Whether recipe ``name`` takes ``quant_words_kernel`` (quant_words.py):
+    ``PRIMUS_TURBO_QUANT_WORDS`` unset = ``_WORDS_DEFAULT``, ``0`` none, ``1`` all, or a comma
+    list of ``mx_rows``, ``mx_dual``, ``block_dual``; v2/v3 only, and only where word loads are
+    exact (a row-contiguous input with an even ``N`` and row stride, 4-byte aligned)."""
+    from primus_turbo.triton.quantization.quant_launch import quant_impl_version
+
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_WORDS", "").strip().lower()
+    if raw in ("", "1"):
+        names = _WORDS_DEFAULT if raw == "" else tuple(WORDS_CONFIGS)
+    elif raw == "0":
+        names = ()
+    else:
+        names = tuple(v.strip() for v in raw.split(","))
+        bad = [v for v in names if v not in WORDS_CONFIGS]
+        if bad:
+            raise ValueError(
+                "primus_turbo: PRIMUS_TURBO_QUANT_WORDS expected 0, 1 or a comma list of "
+                f"{', '.join(WORDS_CONFIGS)}, got {raw!r}"
+            )
+    return (
+        name in names
+        and quant_impl_version() != "v1"
+        and x.dtype == torch.bfloat16
+        and x.stride(1) == 1
+        and x.shape[1] % 2 == 0
+        and x.stride(0) % 2 == 0
+        and x.data_ptr() % 4 == 0
+    )
+
+
+def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
+    """Quantize ``x`` into ``q``/``s`` (and ``qt``/``st``) with ``WORDS_CONFIGS[name]``;
+    ``PRIMUS_TURBO_QUANT_WARPS`` / ``_MAXNREG`` (or ``_MAXNREG_WORDS_<NAME>``), ``_RCP``,
+    ``_EVEN`` and ``PRIMUS_TURBO_QUANT_WORDS_OFF32`` (32-bit element offsets) apply."""
+    from primus_turbo.triton.quantization import quant_launch as ql
+
+    mode, bm, bn, dual = WORDS_CONFIGS[name]
+    m, n = x.shape
+    if m == 0 or n == 0:
+        return
+    interp = triton_interpret()
+    gpu = not interp and x.device.type == "cuda"
+    nvidia = gpu and torch.version.hip is None
+    lanes = 64 if gpu and torch.version.hip is not None else 32
+    warps = ql._knob("WARPS", f"words_{name}", words_warps(bm, bn, lanes))
+    nreg = ql._knob("MAXNREG", f"words_{name}", WORDS_MAXNREG[name])
+    extra = {"maxnreg": nreg} if nvidia else {}
+    even = ql._env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0
+    reach = max(x.stride(0), q.stride(0)) * (m + bm) + (qt.stride(0) * (n + bn) if dual else 0)
+    off32 = _flag("PRIMUS_TURBO_QUANT_WORDS_OFF32") and reach + m + n + bm + bn < 2**31
+    quant_words_kernel[(ql._cdiv(m, bm) * ql._cdiv(n, bn),)](
+        x, ql._u8(q), s, ql._u8(qt if dual else q), st if dual else s,
+        m, n, x.stride(0) // 2, q.stride(0), qt.stride(0) if dual else 0, *s_strides,
+        *st_strides, BM=bm, BN=bn, MODE=mode, DUAL=dual, FMAX=ql._fmax(dtype),
+        EMAX=ql._EMAX[dtype], FMT=ql._interp_fmt(dtype),
+        SAT=nvidia and ql._hw_satfinite(x.device.index), EVEN=even,
+        RCP=ql._env_flag("PRIMUS_TURBO_QUANT_RCP", False) and nvidia, I64=not off32,
         num_warps=warps, **extra,
     )  # fmt: skip

@@ -17,7 +17,12 @@ import os
 import torch
 
 from primus_turbo.pytorch.core.platform import num_compute_units, triton_interpret
-from primus_turbo.triton.quantization.quant_dual_launch import launch_sliced, sliced_on
+from primus_turbo.triton.quantization.quant_dual_launch import (
+    launch_sliced,
+    launch_words,
+    sliced_on,
+    words_on,
+)
 from primus_turbo.triton.quantization.quant_kernel import (
     COLS,
     GIVEN,
@@ -358,6 +363,9 @@ def quant_blockwise(x: torch.Tensor, dtype: torch.dtype, block: int, axis, dual:
     qt = _empty_like_t(x, dtype)
     st = _outer_major(n, _cdiv(m, block), dev)  # scales of x.T: [N, ceil(M/b)]
     st_strides = (st.stride(1), st.stride(0))  # the kernel indexes (m-block, n)
+    if block == 128 and words_on("block_dual", x):  # quant_dual_launch / quant_words
+        launch_words(x, q, s, qt, st, "block_dual", dtype, s.stride(), st_strides)
+        return q, s, qt, st
     if block == 128 and _use_v2(x) and sliced_on("block_dual"):  # quant_dual_launch
         launch_sliced(x, q, s, qt, st, "block_dual", dtype, s.stride(), st_strides)
         return q, s, qt, st
@@ -394,6 +402,10 @@ def quant_mx(x: torch.Tensor, dtype: torch.dtype, dual: bool = False, block: int
     qt = _empty_like_t(x, dtype) if dual else None
     st = torch.empty((n, m // block), dtype=torch.uint8, device=dev) if dual else None
     st_strides = (st.stride(1), st.stride(0)) if dual else (0, 0)
+    if words_on("mx_dual" if dual else "mx_rows", x):  # quant_dual_launch / quant_words
+        launch_words(x, q, s, qt, st, "mx_dual" if dual else "mx_rows", dtype, s.stride(),
+                     st_strides)  # fmt: skip
+        return (q, s, qt, st) if dual else (q, s)
     if _use_v2(x) and sliced_on("mx_dual" if dual else "mx_rows"):  # quant_dual_launch
         launch_sliced(x, q, s, qt, st, "mx_dual" if dual else "mx_rows", dtype, s.stride(),
                       st_strides)  # fmt: skip

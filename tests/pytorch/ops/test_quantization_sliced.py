@@ -1,6 +1,7 @@
-"""PRIMUS_TURBO_QUANT_SLICED (quant_dual.py): the sliced 1x128-dual / MX kernels give the same
-bits and scales as the default kernels, one tile per program and persistent, even and masked
-(odd) shapes, with inf/-inf/NaN and all-zero rows/columns; zero-size inputs; env validation."""
+"""PRIMUS_TURBO_QUANT_SLICED (quant_dual.py) and PRIMUS_TURBO_QUANT_WORDS (quant_words.py): the
+sliced and word-sliced 1x128-dual / MX kernels give the same bits and scales as the v3 tile
+kernels, one tile per program and persistent, even and masked (odd) shapes, with inf/-inf/NaN
+and all-zero rows/columns; zero-size inputs; routing; env validation."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 _ENV = ("PRIMUS_TURBO_QUANT_SLICED", "PRIMUS_TURBO_QUANT_SLICED_MX",
         "PRIMUS_TURBO_QUANT_SLICED_BN", "PRIMUS_TURBO_QUANT_SLICED_PERSIST",
         "PRIMUS_TURBO_QUANT_SLICED_BM", "PRIMUS_TURBO_QUANT_SLICED_IE8",
-        "PRIMUS_TURBO_QUANT_SLICED_OFF32")  # fmt: skip
+        "PRIMUS_TURBO_QUANT_SLICED_OFF32", "PRIMUS_TURBO_QUANT_WORDS",
+        "PRIMUS_TURBO_QUANT_WORDS_OFF32", "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_ROWS")  # fmt: skip
 
 
 def _same_bits(a, b):
@@ -47,25 +49,31 @@ def _quant(recipe, x, dtype):
     return quantize_fp8(x, dtype, G.MX_BLOCKWISE, block_size=32)
 
 
-# (recipe, extra PRIMUS_TURBO_QUANT_SLICED_* "KEY=VALUE" or None, SLICED_PERSIST); the CPU tier
-# keeps the interpreter cases few
-CASES = [("block1x128", None, "0"), ("block1x128", None, "2"), ("mx_dual", "BN=64", "0"),
-         ("mx_dual", "BN=128", "3"), ("mx_rows", "BN=64", "1"), ("mx_dual", "BM=64", "0"),
-         ("mx_dual", "IE8=1", "0"), ("mx_dual", "OFF32=1", "0")]  # fmt: skip
+# (recipe, extra PRIMUS_TURBO_QUANT_* "KEY=VALUE"s or None, SLICED_PERSIST); the candidate runs
+# with SLICED=1 SLICED_MX=1 WORDS=0 unless the extras say otherwise; the CPU tier keeps the
+# interpreter cases few
+CASES = [("block1x128", None, "0"), ("block1x128", None, "2"), ("mx_dual", "SLICED_BN=64", "0"),
+         ("mx_dual", "SLICED_BN=128", "3"), ("mx_rows", "SLICED_BN=64", "1"),
+         ("mx_dual", "SLICED_BM=64", "0"), ("mx_dual", "SLICED_IE8=1", "0"),
+         ("mx_dual", "SLICED_OFF32=1", "0"), ("mx_dual", "WORDS=1", "0"),
+         ("mx_rows", "WORDS=1", "0"), ("block1x128", "WORDS=1", "0")]  # fmt: skip
 if HAS_GPU:  # the default tiles, one tile per program and persistent; the round-2 variants
     CASES += [("mx_dual", None, "0"), ("mx_dual", None, "4"), ("mx_rows", None, "0"),
-              ("block1x128", None, "1"), ("mx_dual", "BN=512", "0"), ("mx_rows", "BN=512", "0"),
-              ("mx_rows", "BM=64", "0"), ("mx_rows", "OFF32=1", "0")]  # fmt: skip
+              ("block1x128", None, "1"), ("mx_dual", "SLICED_BN=512", "0"),
+              ("mx_rows", "SLICED_BN=512", "0"), ("mx_rows", "SLICED_BM=64", "0"),
+              ("mx_rows", "SLICED_OFF32=1", "0"), ("mx_dual", "WORDS=1 WORDS_OFF32=1", "0"),
+              ("mx_rows", "WORDS=1 MAXNREG_WORDS_MX_ROWS=48", "0"),
+              ("block1x128", "WORDS=1 WORDS_OFF32=1", "0")]  # fmt: skip
 
 
 @pytest.mark.parametrize("recipe,extra,persist", CASES, ids=["-".join(map(str, c)) for c in CASES])
 @pytest.mark.parametrize("shape", ["even", "odd"])
 def test_sliced_kernel_bitwise(monkeypatch, recipe, extra, persist, shape):
-    if not HAS_GPU and shape == "even" and (persist != "0" or extra == "BM=64"):
+    if not HAS_GPU and shape == "even" and (persist != "0" or extra == "SLICED_BM=64"):
         pytest.skip("CPU time budget: these cases run the masked (odd) shapes only")
-    if not HAS_GPU and shape == "odd" and extra == "IE8=1":
+    if not HAS_GPU and shape == "odd" and extra == "SLICED_IE8=1":
         pytest.skip("CPU time budget: IE8 runs the even shape only")
-    if not HAS_GPU and shape == "even" and extra == "OFF32=1":
+    if not HAS_GPU and shape == "even" and extra == "SLICED_OFF32=1":
         pytest.skip("CPU time budget: OFF32 runs the masked (odd) shape only")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v3")
     for var in _ENV:
@@ -85,24 +93,27 @@ def test_sliced_kernel_bitwise(monkeypatch, recipe, extra, persist, shape):
                 monkeypatch.delenv(var, raising=False)
             monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "0")  # the v3 kernels
             monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_MX", "0")
+            monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "0")
             ref = _quant(recipe, x, dtype)
             monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "1")
             monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_MX", "1")
             monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_PERSIST", persist)
             for item in (extra or "").split():
                 key, value = item.split("=")
-                monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_" + key, value)
+                monkeypatch.setenv("PRIMUS_TURBO_QUANT_" + key, value)
             out = _quant(recipe, x, dtype)
             assert len(out) == len(ref)
             for a, b in zip(out, ref, strict=True):
                 assert _same_bits(a, b)
 
 
+@pytest.mark.parametrize("words", ["0", "1"])
 @pytest.mark.parametrize("recipe", ["block1x128", "mx_dual", "mx_rows"])
 @pytest.mark.parametrize("shape", [(0, 256), (128, 0)])
-def test_sliced_kernel_zero_size(monkeypatch, recipe, shape):
+def test_sliced_kernel_zero_size(monkeypatch, recipe, shape, words):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "1")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_MX", "1")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", words)
     x = torch.empty(shape, device=DEV, dtype=torch.bfloat16)
     out = _quant(recipe, x, E4M3)
     assert out[0].shape == x.shape
@@ -111,23 +122,35 @@ def test_sliced_kernel_zero_size(monkeypatch, recipe, shape):
 
 
 def test_sliced_kernel_is_routed(monkeypatch):
-    """Defaults (H200 run 5.2 winners): MX dual and MX rows sliced, the 1x128 dual not."""
+    """Defaults: the word-sliced kernel for the three recipes (PRIMUS_TURBO_QUANT_WORDS unset);
+    with WORDS=0 the H200 run 5.2 winners: MX dual and MX rows sliced, the 1x128 dual v3."""
     from primus_turbo.triton.quantization import quant_launch as ql
 
     called = []
     monkeypatch.setattr(ql, "launch_sliced", lambda *a, **k: called.append(a[5]))
+    monkeypatch.setattr(ql, "launch_words", lambda *a, **k: called.append("w_" + a[5]))
     for var in _ENV:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.delenv("PRIMUS_TURBO_QUANT_IMPL", raising=False)
     x = _x(128, 256, False)
 
-    def run():
+    def run(xx=x):
         called.clear()
-        quantize_fp8_with_trans(x, E4M3, G.MX_BLOCKWISE, block_size=32)
-        quantize_fp8(x, E4M3, G.MX_BLOCKWISE, block_size=32)
-        quantize_fp8_with_trans(x, E4M3, G.BLOCKWISE, block_size=128)
+        quantize_fp8_with_trans(xx, E4M3, G.MX_BLOCKWISE, block_size=32)
+        quantize_fp8(xx, E4M3, G.MX_BLOCKWISE, block_size=32)
+        quantize_fp8_with_trans(xx, E4M3, G.BLOCKWISE, block_size=128)
         return list(called)
 
+    assert run() == ["w_mx_dual", "w_mx_rows", "w_block_dual"]
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "mx_rows,block_dual")
+    assert run() == ["mx_dual", "w_mx_rows", "w_block_dual"]
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1")
+    assert run(x.float()) == ["mx_dual", "mx_rows"]  # word loads need bf16
+    odd = _x(128, 258, False)[:, :257]  # odd N: the 1x128 dual falls back to v3
+    called.clear()
+    quantize_fp8_with_trans(odd, E4M3, G.BLOCKWISE, block_size=128)
+    assert called == []
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "0")
     assert run() == ["mx_dual", "mx_rows"]
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "mx")
     assert run() == ["mx_dual", "mx_rows"]
@@ -139,7 +162,36 @@ def test_sliced_kernel_is_routed(monkeypatch):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v1")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "1")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_MX", "1")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1")
     assert run() == []
+
+
+def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch):
+    """The word-sliced MX kernels against the torch reference on bf16 subnormals (the
+    interpreter's v3 path mis-converts them, so this compares with the reference), blocks of
+    only NaN / inf, powers of two and near-max values (a column block whose other values
+    underflow to zero)."""
+    from primus_turbo.pytorch.reference import quantization as ref
+
+    for var in _ENV:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1")
+    x = _x(64, 256, False)
+    x[0, 0:32] = 1e-39  # subnormal block
+    x[1, 32:64] = float("nan")
+    x[2, 64:96] = float("inf")
+    x[3, 96:128] = 2.0**-126
+    x[4, 128:160] = 3.0e38
+    x[5, 160] = 256.0
+    x[32:64, 7] = float("-inf")  # a column block of only -inf
+    x[32:64, 9] = 1e-40
+    for dtype in (E4M3, E5M2):
+        q, s, qt, st = _quant("mx_dual", x, dtype)
+        for (a, sa), (b, sb) in (((q, s), ref.quantize_mx_ref(x, dtype)),
+                                 ((qt, st), ref.quantize_mx_ref(x.t(), dtype))):  # fmt: skip
+            assert torch.equal(sa, sb)  # same values (the interpreter's fp8 encoder gives
+            # +0 where the reference's gives -0 for a negative value that rounds to zero)
+            torch.testing.assert_close(a.float(), b.float(), rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("var,value", [("PRIMUS_TURBO_QUANT_SLICED", "2"),
@@ -147,9 +199,12 @@ def test_sliced_kernel_is_routed(monkeypatch):
                                        ("PRIMUS_TURBO_QUANT_SLICED_BM", "48"),
                                        ("PRIMUS_TURBO_QUANT_SLICED_MX", "2"),
                                        ("PRIMUS_TURBO_QUANT_SLICED_IE8", "yes"),
-                                       ("PRIMUS_TURBO_QUANT_SLICED_PERSIST", "-1")])  # fmt: skip
+                                       ("PRIMUS_TURBO_QUANT_SLICED_PERSIST", "-1"),
+                                       ("PRIMUS_TURBO_QUANT_WORDS", "mx"),
+                                       ("PRIMUS_TURBO_QUANT_WORDS_OFF32", "2")])  # fmt: skip
 def test_sliced_env_validated(monkeypatch, var, value):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "1")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1" if "WORDS" in var else "0")
     monkeypatch.setenv(var, value)
     with pytest.raises(ValueError, match=var):
         _quant("mx_rows" if var.endswith("_MX") else "mx_dual", _x(64, 256, False), E4M3)

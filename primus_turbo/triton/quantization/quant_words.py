@@ -1,0 +1,297 @@
+"""Word-sliced quantization: MXFP8 rows / dual and the 1x128 dual on bf16 pairs held as uint32.
+
+``quant_words_kernel`` (``PRIMUS_TURBO_QUANT_WORDS``, see quant_dual_launch) is the sliced kernel
+of quant_dual.py (a ``BM x BN`` tile as 8 row slices, slice ``k`` = rows ``8 r + k``, a thread
+holding 8 slices x one 16-byte vector) with the input read as 32-bit words, each word two
+adjacent bf16 values (``lo`` = the even column in bits 0-15, ``hi`` = the odd one in 16-31),
+so the per-element work is integer ops the compiler cannot widen (sm_90 SASS of the sliced MX
+dual tile: 18.6 instructions per element, of which 2 for the inf/NaN select, 1.5 for the bf16
+unpack, 2 for the two amaxes):
+* unpack: ``lo = w << 16``, ``hi = w & 0xFFFF0000`` (exact fp32 bits of each bf16);
+* amax key, one op per element shared by the row and the column amax: ``(w << 17) + 2^24``
+  (``lo``) / ``(w << 1) + 2^24`` (``hi``; the ``lo`` bits below bit 17 are noise the result
+  drops). Doubling drops the sign; a finite ``|x|`` maps to ``[2^24, 2^32)`` monotonically, an
+  inf or NaN (exponent field all ones) wraps to ``[0, 2^24)``, below every finite value, so an
+  unsigned max skips them as ``_finite_abs`` does (a block of only inf/NaN: amax 0). The
+  amax's bf16 bits are ``(max(key, 2^24) - 2^24) >> 17``, exactly the fp32 amax of the
+  ``_finite_abs`` path (bf16 -> fp32 is exact);
+* E8M0 scales from those bits in integer ops (``_e8m0_bits``: bitwise ``_e8m0_scale``);
+  1x128 scales as ``_scale_of`` (``_scale_rcp`` with ``RCP``) of the same fp32 amax;
+* the fp32 products of a slice joined ``(lo, hi)`` before the fp8 conversion, so each
+  converted pair is two adjacent outputs (no byte permutes); the column copy joins the 8
+  slices first, as quant_dual does, and stores 8 consecutive M bytes per thread.
+Results are bitwise those of ``quant_sliced_kernel`` / ``quant_tile_v2_kernel``. The launcher
+checks what word loads need: an even ``N`` and row stride, a 4-byte aligned input.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
+from primus_turbo.triton.quantization.quant_common import _scale_rcp, aot_fp8, tile_signature
+from primus_turbo.triton.quantization.quant_dual import _join8, _ptrs
+from primus_turbo.triton.quantization.quant_kernel import MX, ROWS, _fp8_bits
+
+KEY0 = 1 << 24  # the key of |x| = 0 (see the module docstring)
+
+
+@triton.jit
+def _keys(w):
+    """(lo key, hi key) of a word tensor (uint32)."""
+    return (w << 17) + 16777216, (w << 1) + 16777216
+
+
+@triton.jit
+def _unpack(w):
+    """(lo, hi) fp32 values of a word tensor (uint32, two bf16)."""
+    lo = (w << 16).to(tl.float32, bitcast=True)
+    hi = (w & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def _amax_of(kmax):
+    """fp32 amax from a max of keys (the finite ``|x|`` max, 0 for none)."""
+    b = (tl.maximum(kmax, 16777216) - 16777216) >> 17
+    return (b << 16).to(tl.float32, bitcast=True), b
+
+
+@triton.jit
+def _scales(kmax, MODE: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr,
+            RCP: tl.constexpr):  # fmt: skip
+    """(multiplier, stored scale) of blocks with key maximum ``kmax``: MX E8M0 (the biased
+    exponent byte, bitwise ``_e8m0_scale``: ``eb = max(exponent(amax), 1)`` is the exponent of
+    ``max(amax, 2^-126)``, stored ``clamp(eb - EMAX, 0, 254)``, multiplier ``2^(127 - stored)``
+    built from its bits), ROWS fp32 ``_scale_of``."""
+    amax, b = _amax_of(kmax)
+    if MODE == 4:  # (one return per function: Triton checks the types of every return)
+        eb = tl.maximum((b >> 7).to(tl.int32), 1) - EMAX
+        eb = tl.minimum(tl.maximum(eb, 0), 254)
+        scale = ((254 - eb) << 23).to(tl.float32, bitcast=True)
+        sinv = eb
+    else:
+        scale, sinv = _scale_rcp(amax, FMAX, RCP)
+    return scale, sinv
+
+
+@triton.jit
+def _conv(y, FMAX: tl.constexpr, dtype, FMT: tl.constexpr, SAT: tl.constexpr):
+    """``_cast2`` of already scaled values ``y`` (the same ops after the product)."""
+    if SAT:
+        return y.to(dtype)
+    y = tl.where(y != y, y, tl.minimum(tl.maximum(y, -FMAX), FMAX))
+    if FMT[0]:
+        return _fp8_bits(y, FMT[1], FMT[2], FMT[3])
+    return y.to(dtype)
+
+
+@triton.jit
+def _join2(lo, hi):
+    """``[..., W]`` pairs -> ``[..., 2 W]`` in column order (lo, hi of each word)."""
+    j = tl.join(lo, hi)
+    return tl.reshape(j, (lo.shape[0], lo.shape[1], lo.shape[2] * 2))
+
+
+@triton.jit
+def _wld(xw_ptr, rows, wcols, M, NW, stride_w, EVEN: tl.constexpr, I64: tl.constexpr):
+    ptrs = _ptrs(xw_ptr, rows, stride_w, wcols, I64)
+    if EVEN:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=(rows < M) & (wcols < NW), other=0)
+
+
+@triton.jit
+def _row_out(w, kmax, rows, cols, q_ptr, M, N, stride_qm, MODE: tl.constexpr,
+             FMAX: tl.constexpr, EMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr,
+             EVEN: tl.constexpr, RCP: tl.constexpr, I64: tl.constexpr):  # fmt: skip
+    """Row-quantize one slice of words ``w`` ``[R, G, W]`` (``kmax`` its per-(row, group) key
+    max ``[R, G]``), store it at columns ``cols`` ``[1, G, 2 W]``; its stored scales."""
+    scale, sinv = _scales(kmax, MODE, FMAX, EMAX, RCP)
+    lo, hi = _unpack(w)
+    q = _conv(_join2(lo, hi) * scale[:, :, None], FMAX, q_ptr.dtype.element_ty, FMT, SAT)
+    ptrs = _ptrs(q_ptr, rows, stride_qm, cols, I64)
+    if EVEN:
+        tl.store(ptrs, q)
+    else:
+        tl.store(ptrs, q, mask=(rows < M) & (cols < N))
+    return sinv
+
+
+@triton.jit
+def _col_vals(w, slo, shi, NB: tl.constexpr):
+    """fp32 column-scaled values ``[R, G, 2 W]`` of one slice (``slo``/``shi``: ``[NB, G, W]``
+    multipliers of the even / odd columns, ``NB`` 32-row groups per tile)."""
+    lo, hi = _unpack(w)
+    if NB == 1:
+        return _join2(lo * slo, hi * shi)
+    R: tl.constexpr = w.shape[0]
+    shp4: tl.constexpr = (NB, R // NB, w.shape[1], w.shape[2])
+    lo4 = tl.reshape(lo, shp4) * slo[:, None, :, :]
+    hi4 = tl.reshape(hi, shp4) * shi[:, None, :, :]
+    return _join2(tl.reshape(lo4, w.shape), tl.reshape(hi4, w.shape))
+
+
+@triton.jit
+def _col_reduce(k, NB: tl.constexpr):
+    """Column key max ``[NB, G, W]`` of the slices' element-wise max ``k`` ``[R, G, W]``."""
+    if NB == 1:
+        return tl.max(k, axis=0)[None, :, :]
+    R: tl.constexpr = k.shape[0]
+    return tl.max(tl.reshape(k, (NB, R // NB, k.shape[1], k.shape[2])), axis=1)
+
+
+@triton.jit
+def _store_col_scales(v, pid_m, wc, st_ptr, M, N, stride_stm, stride_stn, ODD: tl.constexpr,
+                      EVEN: tl.constexpr):  # fmt: skip
+    """Column scales ``v`` ``[NB, G, W]`` of the even (``ODD = 0``) or odd columns."""
+    NB: tl.constexpr = v.shape[0]
+    c = wc * 2 + ODD
+    mb = pid_m * NB + tl.arange(0, NB)[:, None, None]
+    ptrs = st_ptr + mb * stride_stm + c.to(tl.int64) * stride_stn
+    if EVEN:
+        tl.store(ptrs, v)
+    else:
+        tl.store(ptrs, v, mask=(c < N) & (mb * 32 < M))
+
+
+@triton.jit
+def quant_words_kernel(
+    x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xw, stride_qm, stride_qtn, stride_sm,
+    stride_sn, stride_stm, stride_stn, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
+    DUAL: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr = 8,
+    FMT: tl.constexpr = (0, 0, 0, 0), SAT: tl.constexpr = False, EVEN: tl.constexpr = False,
+    RCP: tl.constexpr = False, I64: tl.constexpr = True,
+):  # fmt: skip
+    """``x`` [M, N] bf16 (unit column stride, ``stride_xw`` its row stride in 32-bit words) ->
+    ``q`` [M, N] and, with ``DUAL``, ``qt`` [N, M]; scales as ``quant_sliced_kernel``'s (MX:
+    E8M0 ``s`` [M, N/32] / ``st`` [N, M/32]; ROWS: fp32 1x128 / 128x1, ``BM = BN = 128``)."""
+    C: tl.constexpr = 32 if MODE == 4 else BN  # the row block
+    G: tl.constexpr = BN // C
+    W: tl.constexpr = C // 2  # words per row block
+    R: tl.constexpr = BM // 8
+    pid = tl.program_id(0)
+    grid_n = tl.cdiv(N, BN)
+    pid_m = pid // grid_n
+    pid_n = pid - pid_m * grid_n
+    NW = N // 2
+    xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
+    rows = pid_m * BM + tl.arange(0, R)[:, None, None] * 8
+    wc = pid_n * (BN // 2) + tl.arange(0, G)[None, :, None] * W + tl.arange(0, W)[None, None, :]
+    cols = pid_n * BN + tl.arange(0, G)[None, :, None] * C + tl.arange(0, 2 * W)[None, None, :]
+    w0 = _wld(xw_ptr, rows + 0, wc, M, NW, stride_xw, EVEN, I64)
+    w1 = _wld(xw_ptr, rows + 1, wc, M, NW, stride_xw, EVEN, I64)
+    w2 = _wld(xw_ptr, rows + 2, wc, M, NW, stride_xw, EVEN, I64)
+    w3 = _wld(xw_ptr, rows + 3, wc, M, NW, stride_xw, EVEN, I64)
+    w4 = _wld(xw_ptr, rows + 4, wc, M, NW, stride_xw, EVEN, I64)
+    w5 = _wld(xw_ptr, rows + 5, wc, M, NW, stride_xw, EVEN, I64)
+    w6 = _wld(xw_ptr, rows + 6, wc, M, NW, stride_xw, EVEN, I64)
+    w7 = _wld(xw_ptr, rows + 7, wc, M, NW, stride_xw, EVEN, I64)
+    l0, h0 = _keys(w0)
+    l1, h1 = _keys(w1)
+    l2, h2 = _keys(w2)
+    l3, h3 = _keys(w3)
+    l4, h4 = _keys(w4)
+    l5, h5 = _keys(w5)
+    l6, h6 = _keys(w6)
+    l7, h7 = _keys(w7)
+    s0 = _row_out(w0, tl.max(tl.maximum(l0, h0), axis=2), rows + 0, cols, q_ptr, M, N,
+                  stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64)  # fmt: skip
+    s1 = _row_out(w1, tl.max(tl.maximum(l1, h1), axis=2), rows + 1, cols, q_ptr, M, N,
+                  stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64)  # fmt: skip
+    s2 = _row_out(w2, tl.max(tl.maximum(l2, h2), axis=2), rows + 2, cols, q_ptr, M, N,
+                  stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64)  # fmt: skip
+    s3 = _row_out(w3, tl.max(tl.maximum(l3, h3), axis=2), rows + 3, cols, q_ptr, M, N,
+                  stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64)  # fmt: skip
+    s4 = _row_out(w4, tl.max(tl.maximum(l4, h4), axis=2), rows + 4, cols, q_ptr, M, N,
+                  stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64)  # fmt: skip
+    s5 = _row_out(w5, tl.max(tl.maximum(l5, h5), axis=2), rows + 5, cols, q_ptr, M, N,
+                  stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64)  # fmt: skip
+    s6 = _row_out(w6, tl.max(tl.maximum(l6, h6), axis=2), rows + 6, cols, q_ptr, M, N,
+                  stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64)  # fmt: skip
+    s7 = _row_out(w7, tl.max(tl.maximum(l7, h7), axis=2), rows + 7, cols, q_ptr, M, N,
+                  stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64)  # fmt: skip
+    sv = _join8(s0[:, :, None], s1[:, :, None], s2[:, :, None], s3[:, :, None],
+                s4[:, :, None], s5[:, :, None], s6[:, :, None], s7[:, :, None])  # fmt: skip
+    sv = tl.reshape(sv, (R, G, 8)).to(s_ptr.dtype.element_ty)
+    r8 = tl.reshape(rows, (R, 1, 1)) + tl.arange(0, 8)[None, None, :]
+    g8 = pid_n * G + tl.arange(0, G)[None, :, None]
+    s_ptrs = s_ptr + r8.to(tl.int64) * stride_sm + g8 * stride_sn
+    if EVEN:
+        tl.store(s_ptrs, sv)
+    else:
+        tl.store(s_ptrs, sv, mask=(r8 < M) & (g8 * C < N))
+    if DUAL:
+        NB: tl.constexpr = BM // 32 if MODE == 4 else 1
+        klo = tl.maximum(tl.maximum(tl.maximum(l0, l1), tl.maximum(l2, l3)),
+                         tl.maximum(tl.maximum(l4, l5), tl.maximum(l6, l7)))  # fmt: skip
+        khi = tl.maximum(tl.maximum(tl.maximum(h0, h1), tl.maximum(h2, h3)),
+                         tl.maximum(tl.maximum(h4, h5), tl.maximum(h6, h7)))  # fmt: skip
+        slo, stlo = _scales(_col_reduce(klo, NB), MODE, FMAX, EMAX, RCP)  # [NB, G, W]
+        shi, sthi = _scales(_col_reduce(khi, NB), MODE, FMAX, EMAX, RCP)
+        wc3 = tl.reshape(wc, (1, G, W))
+        sty = st_ptr.dtype.element_ty
+        _store_col_scales(stlo.to(sty), pid_m, wc3, st_ptr, M, N, stride_stm, stride_stn, 0, EVEN)
+        _store_col_scales(sthi.to(sty), pid_m, wc3, st_ptr, M, N, stride_stm, stride_stn, 1, EVEN)
+        qt = _join8(_col_vals(w0, slo, shi, NB), _col_vals(w1, slo, shi, NB),
+                    _col_vals(w2, slo, shi, NB), _col_vals(w3, slo, shi, NB),
+                    _col_vals(w4, slo, shi, NB), _col_vals(w5, slo, shi, NB),
+                    _col_vals(w6, slo, shi, NB), _col_vals(w7, slo, shi, NB))  # fmt: skip
+        qt = _conv(qt, FMAX, qt_ptr.dtype.element_ty, FMT, SAT)
+        m4 = rows[:, :, :, None] + tl.arange(0, 8)[None, None, None, :]
+        n4 = cols[:, :, :, None]
+        qt_ptrs = _ptrs(qt_ptr, n4, stride_qtn, m4, I64)
+        if EVEN:
+            tl.store(qt_ptrs, qt)
+        else:
+            tl.store(qt_ptrs, qt, mask=(m4 < M) & (n4 < N))
+
+
+# ---- ahead-of-time check -------------------------------------------------------------------
+
+# (name: mode, BM, BN, dual) as quant_dual_launch picks them with PRIMUS_TURBO_QUANT_WORDS
+WORDS_CONFIGS = {
+    "block_dual": (ROWS, 128, 128, True),
+    "mx_dual": (MX, 32, 256, True),
+    "mx_rows": (MX, 32, 256, False),
+}
+
+
+# NVIDIA register caps (sm_90 AOT, no spill): MX rows 85 registers uncapped (64: 8 programs
+# per SM), MX dual 128 (96: 5 programs), 1x128 dual 128 (96; 80 spills 36 B)
+WORDS_MAXNREG = {"mx_rows": 64, "mx_dual": 96, "block_dual": 128}
+
+
+def words_warps(bm: int, bn: int, lanes: int) -> int:
+    """One 16-byte vector (4 words) per thread and slice."""
+    return max(1, bm * bn // (64 * lanes))
+
+
+def aot_specs(target: str) -> list[AotSpec]:
+    """bf16 input, the target's e4m3 output (FNUZ on gfx942; MX only on gfx950 / sm_90); even
+    (no masks) and masked."""
+    assert target in AOT_TARGETS, target
+    fp8, fmax = aot_fp8(target)
+    lanes = AOT_TARGETS[target][2]
+    specs = []
+    for name, (mode, bm, bn, dual) in WORDS_CONFIGS.items():
+        if mode == MX and target == "gfx942":
+            continue
+        sig = dict(tile_signature(fp8, mode == MX))
+        sig["stride_xw"] = sig.pop("stride_xm")
+        sig = {k: sig[k] for k in ("x_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "M", "N",
+                                   "stride_xw", "stride_qm", "stride_qtn", "stride_sm",
+                                   "stride_sn", "stride_stm", "stride_stn")}  # fmt: skip
+        for even in (True, False):
+            cx = {"BM": bm, "BN": bn, "MODE": mode, "DUAL": dual, "FMAX": fmax, "EMAX": 8,
+                  "FMT": (0, 0, 0, 0), "SAT": target == "sm_90", "EVEN": even, "RCP": False,
+                  "I64": True}  # fmt: skip
+            opts = {"num_warps": words_warps(bm, bn, lanes)}
+            if target == "sm_90":
+                opts["maxnreg"] = WORDS_MAXNREG[name]
+            specs.append(
+                AotSpec(f"quant_words_{name}{'_even' if even else ''}_{fp8}", quant_words_kernel,
+                        sig, cx, opts, default=even)
+            )  # fmt: skip
+    return specs
