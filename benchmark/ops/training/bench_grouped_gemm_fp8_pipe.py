@@ -86,16 +86,27 @@ def _variants(a, b, gl, args) -> dict:
 
 
 def _plan(name: str):
-    """``[variant:]config`` (``f8tmas:m128n256k128g8w8s3``) -> ``(variant, GemmConfig)``."""
+    """``[variant:]config`` -> ``(variant, GemmConfig)``: a candidate of ``fp8_tma_configs`` by
+    name (``f8tmas:m128n256k128g8w8s3``), or any ``m<BM>n<BN>k<BK>g<G>w<W>s<S>[x<programs per
+    SM>]`` tile outside the candidate list (``m256n128k128g8w8s4``)."""
+    import re
+
     from primus_turbo.pytorch.core.platform import ArchFamily, triton_interpret
+    from primus_turbo.triton.gemm.gemm_configs import GemmConfig
     from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_tma import fp8_tma_configs
 
     variant, _, cfg_name = name.rpartition(":")
     family = ArchFamily.CPU if triton_interpret() else ArchFamily.HOPPER
     cfgs = {c.name: c for c in fp8_tma_configs(family)}
-    if cfg_name not in cfgs:
-        raise ValueError(f"--gemm-configs: {cfg_name!r} not in {sorted(cfgs)}")
-    return variant or "f8tma", cfgs[cfg_name]
+    if cfg_name in cfgs:
+        return variant or "f8tma", cfgs[cfg_name]
+    hit = re.fullmatch(r"m(\d+)n(\d+)k(\d+)g(\d+)w(\d+)s(\d+)(?:x(\d+))?", cfg_name)
+    if hit is None:
+        raise ValueError(
+            f"--gemm-configs: {cfg_name!r} not in {sorted(cfgs)} nor m..n..k..g..w..s.."
+        )
+    v = [int(x) for x in hit.groups(default="1")]
+    return variant or "f8tma", GemmConfig(*v)
 
 
 def _interleaved_ms(graphs: dict, rounds: int) -> dict[str, float]:
