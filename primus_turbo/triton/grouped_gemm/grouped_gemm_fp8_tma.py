@@ -122,19 +122,23 @@ def _descriptor_ok(t: torch.Tensor) -> bool:
     return all(s % 16 == 0 for s in t.stride()[:-1])
 
 
-def fp8_tma_usable(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
-    """CUDA sm_90+ (or the CPU interpreter), env on, fp8 ``a [M, K]`` and contiguous
-    ``b [G, N, K]`` with 16-byte rows (``K % 16 == 0``)."""
+def fp8_tma_device_ok(device: torch.device) -> bool:
+    """Env on, and CUDA sm_90+ (or the CPU interpreter)."""
     from primus_turbo.pytorch.core.platform import triton_interpret
 
     if not fp8_tma_enabled():
         return False
-    if a.device.type == "cpu":
-        if not triton_interpret():
-            return False
-    elif not a.is_cuda or torch.version.hip is not None:
+    if device.type == "cpu":
+        return triton_interpret()
+    if device.type != "cuda" or torch.version.hip is not None:
         return False
-    elif torch.cuda.get_device_capability(a.device)[0] < 9:
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def fp8_tma_usable(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """CUDA sm_90+ (or the CPU interpreter), env on, fp8 ``a [M, K]`` and contiguous
+    ``b [G, N, K]`` with 16-byte rows (``K % 16 == 0``)."""
+    if not fp8_tma_device_ok(a.device):
         return False
     if not b.is_contiguous() or a.shape[1] < 16:
         return False

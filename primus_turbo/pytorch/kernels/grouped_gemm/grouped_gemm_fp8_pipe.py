@@ -67,18 +67,16 @@ def _gemm_stream(index: int) -> torch.cuda.Stream:
 def usable(a: torch.Tensor, b: torch.Tensor, trans_b: bool, rowwise: bool) -> bool:
     """On (env), ROWWISE, at least two experts, and the TMA fp8 kernel usable for the
     quantized operands (CUDA sm_90+ with ``PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA`` on, or the
-    interpreter; K a multiple of 16)."""
-    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_tma import fp8_tma_usable
+    interpreter; K a multiple of 16: 16-byte fp8 rows)."""
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_tma import fp8_tma_device_ok
 
     if spec()[0] < 2 or not rowwise or b.shape[0] < 2:
         return False
     m, k = a.shape
     n = b.shape[1] if trans_b else b.shape[2]
-    if m == 0 or n == 0 or k % 16:
+    if m == 0 or n == 0 or k < 16 or k % 16:
         return False
-    probe_a = torch.empty((1, k), dtype=torch.float8_e4m3fn, device=a.device)
-    probe_b = torch.empty((1, 1, k), dtype=torch.float8_e4m3fn, device=a.device)
-    return fp8_tma_usable(probe_a, probe_b, torch.bfloat16)
+    return fp8_tma_device_ok(a.device)
 
 
 def pipelined_forward(
