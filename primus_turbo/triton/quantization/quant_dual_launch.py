@@ -170,13 +170,25 @@ def words_on(name: str, x: torch.Tensor) -> bool:
 def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     """Quantize ``x`` into ``q``/``s`` (and ``qt``/``st``) with ``WORDS_CONFIGS[name]``;
     ``PRIMUS_TURBO_QUANT_WARPS`` / ``_MAXNREG`` (or ``_MAXNREG_WORDS_<NAME>``), ``_RCP``,
-    ``_EVEN`` and ``PRIMUS_TURBO_QUANT_WORDS_OFF32`` (32-bit element offsets) apply."""
+    ``_EVEN``, ``PRIMUS_TURBO_QUANT_WORDS_OFF32`` (32-bit element offsets) and, for MX,
+    ``PRIMUS_TURBO_QUANT_WORDS_TILE=BMxBN`` (default 32x256; warps follow) apply."""
     from primus_turbo.triton.quantization import quant_launch as ql
 
     mode, bm, bn, dual = WORDS_CONFIGS[name]
     m, n = x.shape
     if m == 0 or n == 0:
         return
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_WORDS_TILE", "").strip().lower()
+    if raw and name != "block_dual":  # MX: BMxBN, BM 32 or 64, BN 64..512 (powers of two)
+        try:
+            bm, bn = (int(v) for v in raw.split("x"))
+        except ValueError:
+            bm = bn = 0
+        if bm not in (32, 64) or bn not in (64, 128, 256, 512):
+            raise ValueError(
+                "primus_turbo: PRIMUS_TURBO_QUANT_WORDS_TILE expected BMxBN with BM 32 or 64 "
+                f"and BN 64, 128, 256 or 512, got {raw!r}"
+            )
     interp = triton_interpret()
     gpu = not interp and x.device.type == "cuda"
     nvidia = gpu and torch.version.hip is None

@@ -268,6 +268,11 @@ def words_warps(bm: int, bn: int, lanes: int) -> int:
     return max(1, bm * bn // (64 * lanes))
 
 
+# AOT only, even: MX tiles PRIMUS_TURBO_QUANT_WORDS_TILE may pick (name: base, BM, BN)
+_AOT_TILES = {"mx_dual_64x256": ("mx_dual", 64, 256), "mx_dual_32x128": ("mx_dual", 32, 128),
+              "mx_rows_32x512": ("mx_rows", 32, 512)}  # fmt: skip
+
+
 def aot_specs(target: str) -> list[AotSpec]:
     """bf16 input, the target's e4m3 output (FNUZ on gfx942; MX only on gfx950 / sm_90); even
     (no masks) and masked."""
@@ -275,7 +280,11 @@ def aot_specs(target: str) -> list[AotSpec]:
     fp8, fmax = aot_fp8(target)
     lanes = AOT_TARGETS[target][2]
     specs = []
-    for name, (mode, bm, bn, dual) in WORDS_CONFIGS.items():
+    configs = [(name, name, bm, bn, evens) for name, (_, bm, bn, _) in WORDS_CONFIGS.items()
+               for evens in ((True, False),)]  # fmt: skip
+    configs += [(name, base, bm, bn, (True,)) for name, (base, bm, bn) in _AOT_TILES.items()]
+    for name, base, bm, bn, evens in configs:
+        mode, _, _, dual = WORDS_CONFIGS[base]
         if mode == MX and target == "gfx942":
             continue
         sig = dict(tile_signature(fp8, mode == MX))
@@ -283,15 +292,15 @@ def aot_specs(target: str) -> list[AotSpec]:
         sig = {k: sig[k] for k in ("x_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "M", "N",
                                    "stride_xw", "stride_qm", "stride_qtn", "stride_sm",
                                    "stride_sn", "stride_stm", "stride_stn")}  # fmt: skip
-        for even in (True, False):
+        for even in evens:
             cx = {"BM": bm, "BN": bn, "MODE": mode, "DUAL": dual, "FMAX": fmax, "EMAX": 8,
                   "FMT": (0, 0, 0, 0), "SAT": target == "sm_90", "EVEN": even, "RCP": False,
                   "I64": True}  # fmt: skip
             opts = {"num_warps": words_warps(bm, bn, lanes)}
             if target == "sm_90":
-                opts["maxnreg"] = WORDS_MAXNREG[name]
+                opts["maxnreg"] = WORDS_MAXNREG[base]
             specs.append(
                 AotSpec(f"quant_words_{name}{'_even' if even else ''}_{fp8}", quant_words_kernel,
-                        sig, cx, opts, default=even)
+                        sig, cx, opts, default=even and name == base)
             )  # fmt: skip
     return specs

@@ -21,7 +21,8 @@ _ENV = ("PRIMUS_TURBO_QUANT_SLICED", "PRIMUS_TURBO_QUANT_SLICED_MX",
         "PRIMUS_TURBO_QUANT_SLICED_BN", "PRIMUS_TURBO_QUANT_SLICED_PERSIST",
         "PRIMUS_TURBO_QUANT_SLICED_BM", "PRIMUS_TURBO_QUANT_SLICED_IE8",
         "PRIMUS_TURBO_QUANT_SLICED_OFF32", "PRIMUS_TURBO_QUANT_WORDS",
-        "PRIMUS_TURBO_QUANT_WORDS_OFF32", "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_ROWS")  # fmt: skip
+        "PRIMUS_TURBO_QUANT_WORDS_OFF32", "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_ROWS",
+        "PRIMUS_TURBO_QUANT_WORDS_TILE")  # fmt: skip
 
 
 def _same_bits(a, b):
@@ -53,23 +54,28 @@ def _quant(recipe, x, dtype):
 # with SLICED=1 SLICED_MX=1 WORDS=0 unless the extras say otherwise; the CPU tier keeps the
 # interpreter cases few
 CASES = [("block1x128", None, "0"), ("block1x128", None, "2"), ("mx_dual", "SLICED_BN=64", "0"),
-         ("mx_dual", "SLICED_BN=128", "3"), ("mx_rows", "SLICED_BN=64", "1"),
          ("mx_dual", "SLICED_BM=64", "0"), ("mx_dual", "SLICED_IE8=1", "0"),
          ("mx_dual", "SLICED_OFF32=1", "0"), ("mx_dual", "WORDS=1", "0"),
-         ("mx_rows", "WORDS=1", "0"), ("block1x128", "WORDS=1", "0")]  # fmt: skip
+         ("mx_rows", "WORDS=1", "0"), ("block1x128", "WORDS=1", "0"),
+         ("mx_dual", "WORDS=1 WORDS_TILE=64x128", "0")]  # fmt: skip
+_ODD_ONLY = ("SLICED_BM=64", "SLICED_BN=64", "WORDS=1 WORDS_TILE=64x128")  # CPU: masked only
 if HAS_GPU:  # the default tiles, one tile per program and persistent; the round-2 variants
     CASES += [("mx_dual", None, "0"), ("mx_dual", None, "4"), ("mx_rows", None, "0"),
+              ("mx_dual", "SLICED_BN=128", "3"), ("mx_rows", "SLICED_BN=64", "1"),
               ("block1x128", None, "1"), ("mx_dual", "SLICED_BN=512", "0"),
               ("mx_rows", "SLICED_BN=512", "0"), ("mx_rows", "SLICED_BM=64", "0"),
               ("mx_rows", "SLICED_OFF32=1", "0"), ("mx_dual", "WORDS=1 WORDS_OFF32=1", "0"),
               ("mx_rows", "WORDS=1 MAXNREG_WORDS_MX_ROWS=48", "0"),
-              ("block1x128", "WORDS=1 WORDS_OFF32=1", "0")]  # fmt: skip
+              ("block1x128", "WORDS=1 WORDS_OFF32=1", "0"),
+              ("mx_dual", "WORDS=1 WORDS_TILE=64x256", "0"),
+              ("mx_rows", "WORDS=1 WORDS_TILE=32x512", "0"), ("block1x128", "WORDS=1 RCP=1", "0"),
+              ("mx_dual", "WORDS=1 WORDS_TILE=32x128", "0")]  # fmt: skip
 
 
 @pytest.mark.parametrize("recipe,extra,persist", CASES, ids=["-".join(map(str, c)) for c in CASES])
 @pytest.mark.parametrize("shape", ["even", "odd"])
 def test_sliced_kernel_bitwise(monkeypatch, recipe, extra, persist, shape):
-    if not HAS_GPU and shape == "even" and (persist != "0" or extra == "SLICED_BM=64"):
+    if not HAS_GPU and shape == "even" and (persist != "0" or extra in _ODD_ONLY):
         pytest.skip("CPU time budget: these cases run the masked (odd) shapes only")
     if not HAS_GPU and shape == "odd" and extra == "SLICED_IE8=1":
         pytest.skip("CPU time budget: IE8 runs the even shape only")
@@ -201,7 +207,8 @@ def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch):
                                        ("PRIMUS_TURBO_QUANT_SLICED_IE8", "yes"),
                                        ("PRIMUS_TURBO_QUANT_SLICED_PERSIST", "-1"),
                                        ("PRIMUS_TURBO_QUANT_WORDS", "mx"),
-                                       ("PRIMUS_TURBO_QUANT_WORDS_OFF32", "2")])  # fmt: skip
+                                       ("PRIMUS_TURBO_QUANT_WORDS_OFF32", "2"),
+                                       ("PRIMUS_TURBO_QUANT_WORDS_TILE", "48x256")])  # fmt: skip
 def test_sliced_env_validated(monkeypatch, var, value):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "1")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1" if "WORDS" in var else "0")
