@@ -15,8 +15,8 @@ reduction:
 ``PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE=1`` (default off): the forward's weight quantization
 is kept per weight tensor until its version counter changes (see ``_forward_weights``).
 ``PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE=chunks[:free_sms[:reserve_chunks]]`` (default off; cache
-off, ROWWISE, TRITON): the weights are quantized per chunk of experts on a side stream while the
-fp8 GEMM of the earlier chunks runs (``kernels/grouped_gemm/grouped_gemm_fp8_pipe.py``).
+off, ROWWISE, TRITON): the weights are quantized per chunk of experts while the fp8 GEMM of the
+earlier chunks runs on a side stream (``kernels/grouped_gemm/grouped_gemm_fp8_pipe.py``).
 Both operands of a backward GEMM use the gradient fp8 dtype (E5M2 for ``Format.HYBRID``), so
 no kernel multiplies mixed fp8 formats. BLOCKWISE / MX_BLOCKWISE are not implemented here
 (NotImplementedError). Not traceable by torch.compile (graph break), as upstream.
