@@ -12,7 +12,8 @@ so clock and power drift reach every variant alike. Variants:
 * ``wcache``: pipeline off, ``PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE=1`` (weights quantized
   once, as within one optimizer step) -- with ``--wcache``;
 * pieces alone: ``quant_a``, ``quant_b`` (the op's two quantizations) and ``gemm`` (the TMA fp8
-  GEMM on operands quantized beforehand, tuned plan); ``gemm:<plan>`` per ``--gemm-configs``.
+  GEMM on operands quantized beforehand, tuned plan); ``gemm:chunk1`` (the pipeline's chunk
+  kernel over all experts, one launch); ``gemm:<plan>`` per ``--gemm-configs``.
 
 Prints per case the median ms, TFLOPS and the ratio ``bf16 ms / variant ms`` (target >= 1.5),
 then the geomean of that ratio per variant. Usage:
@@ -78,11 +79,25 @@ def _variants(a, b, gl, args) -> dict:
     out["quant_b"] = (("0", False), lambda: _quant_experts(b, f8, row))
     out["gemm"] = (("0", False), lambda: grouped_gemm_fp8_tma(qa, qb, offs, sa, sb, torch.bfloat16))
     bf = torch.bfloat16
+    out["gemm:chunk1"] = (("0", False), lambda: _one_chunk(qa, qb, offs, sa, sb))
     for name in args.gemm_configs:  # the GEMM alone on one plan each (the tile A/B)
         variant, tile = _plan(name)
         run = lambda t=tile, v=variant: grouped_gemm_fp8_tma(qa, qb, offs, sa, sb, bf, t, v)  # noqa: E731
         out[f"gemm:{name}"] = (("0", False), run)
     return out
+
+
+def _one_chunk(qa, qb, offs, sa, sb):
+    """The pipelined forward's chunk kernel over all experts in one launch (vs ``gemm``: the
+    same tile on ``grouped_gemm_flat_tma_kernel``)."""
+    from primus_turbo.pytorch.core.platform import num_compute_units
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_tma import chunk_plan, launch_fp8_chunk
+
+    plan = chunk_plan()
+    c = torch.empty((qa.shape[0], qb.shape[1]), dtype=torch.bfloat16, device=qa.device)
+    programs = num_compute_units(qa.device) * plan[1].programs_per_cu if qa.is_cuda else 4
+    launch_fp8_chunk(qa, qb, c, offs, sa, sb, plan, programs, True)
+    return c
 
 
 def _plan(name: str):
