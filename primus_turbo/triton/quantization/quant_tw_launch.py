@@ -36,7 +36,7 @@ from primus_turbo.triton.quantization.quant_launch import (
 )
 from primus_turbo.triton.quantization.quant_tensorwise import tw_quant_kernel
 
-TW_MODES = ("v3", "own")
+TW_MODES = ("v3", "own", "persist")
 _INTERP_PROGRAMS = 3  # interpreter grid of the two-launch path (programs run one by one)
 
 
@@ -114,6 +114,12 @@ def _evict_amax(x: torch.Tensor, ntiles: int, p: int, tile_bytes: int) -> tuple[
 
 def quant_tensorwise_tw(x: torch.Tensor, dtype: torch.dtype, dual: bool):
     """``(q, s)`` or ``(q, s, qt, s)`` through ``tw_quant_kernel``; ``x`` 2-D, non-empty."""
+    if tw_mode() == "persist":
+        from primus_turbo.triton.quantization.quant_tw_persist_launch import quant_tw_persist
+
+        out = quant_tw_persist(x, dtype, dual)
+        if out is not None:
+            return out
     m, n = x.shape
     xc = x if x.is_contiguous() else x.contiguous()
     q = torch.empty(x.shape, dtype=dtype, device=x.device)

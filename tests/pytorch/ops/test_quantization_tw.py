@@ -213,3 +213,140 @@ def test_tile_knobs_bitwise_gpu(monkeypatch, env, m, n):
         new = _blockwise(monkeypatch, x, env, axis, dual)
         for a, b in zip(new, base, strict=True):
             assert _same(a, b)
+
+
+# ---- PRIMUS_TURBO_QUANT_TW=persist: one launch, grid barrier, tiles held in registers ----------
+from primus_turbo.triton.quantization import quant_tw_persist_launch as twp  # noqa: E402
+
+# interpreter: 1024-wide flat tiles (4 rows of 128 words) and 16x32 dual tiles, 2 held per program
+PSMALL = {"PRIMUS_TURBO_QUANT_TW_P_BLOCK": "1024", "PRIMUS_TURBO_QUANT_TW_P_TILE": "16x32"}
+PSHAPES = [(37, 200), (1, 2), (37, 201)]  # 37x201: odd, the own path
+if HAS_GPU:
+    PSHAPES += [(1000, 1000), (4096, 2048), (8192, 4096), (6144, 4096), (4096, 4096)]
+
+
+def _penv(env=None):
+    return {**(PSMALL if not HAS_GPU else {}), **(env or {})}
+
+
+@pytest.mark.parametrize("dual", [False, True])
+@pytest.mark.parametrize("m,n", PSHAPES)
+def test_twp_matches_v3_bitwise(monkeypatch, dual, m, n):
+    x = _x(m, n)
+    x[m - 1, n - 1] = 40.0  # the amax in the last tile
+    _check(monkeypatch, x, E4M3, dual, "persist", _penv())
+    assert all(int(b.abs().sum()) == 0 for b in twp._BARS.values())  # counters reset
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_twp_formats(monkeypatch, dtype):
+    _check(monkeypatch, _x(16, 96), dtype, True, "persist", _penv())
+    _check(monkeypatch, _x(16, 64).half(), dtype, False, "persist", _penv())
+
+
+@pytest.mark.parametrize("programs,hold", [(1, 2), (2, 0), (4, 1), (3, 4)])
+def test_twp_grids(monkeypatch, programs, hold):
+    """Interpreter grids (programs run one by one: with spin 1 every program but the last
+    runs out of polls and takes the whole-tensor amax; 1 program: the barrier path only)."""
+    if HAS_GPU:
+        pytest.skip("interpreter grid sizes; the GPU shapes cover the real grid")
+    monkeypatch.setattr(twp, "INTERP_PROGRAMS", programs)
+    x = _x(32, 256)  # 8 flat tiles of 1024, 16 dual tiles of 16x32
+    env = _penv({"PRIMUS_TURBO_QUANT_TW_P_HOLD": str(hold)})
+    _check(monkeypatch, x, E4M3, programs % 2 == 0, "persist", env)
+    _check(monkeypatch, x.t(), E4M3, programs % 2 == 1, "persist", env)  # non-contiguous
+
+
+@pytest.mark.parametrize("case", ["inf_nan", "zeros", "nan_only", "inf_held", "no_evict"])
+def test_twp_special_values(monkeypatch, case):
+    if not HAS_GPU and case in ("inf_held", "no_evict"):
+        pytest.skip("CPU budget: inf_nan has an inf in the held tiles too; hints are no-ops")
+    m, n = (37, 200) if not HAS_GPU else (4096, 2048)
+    x = _x(m, n)
+    env = {}
+    if case == "inf_nan":
+        x[1, 3], x[2, 4], x[m - 1, 5] = float("inf"), float("-inf"), float("nan")
+        x[m - 1, n - 2] = float("inf")
+    elif case == "zeros":
+        x.zero_()
+    elif case == "nan_only":
+        x[m - 1, n - 1] = float("nan")
+    elif case == "inf_held":  # in the last (held) tiles only
+        x[m - 1, n - 2] = float("-inf")
+    else:
+        env = {"PRIMUS_TURBO_QUANT_TW_EVICT": "none", "PRIMUS_TURBO_QUANT_TW_EVICT_CAST": "none",
+               "PRIMUS_TURBO_QUANT_TW_CS": "0"}  # fmt: skip
+    for dual in (False, True):
+        _check(monkeypatch, x, E4M3, dual, "persist", _penv(env))
+
+
+@pytest.mark.parametrize(
+    "var,value",
+    [
+        ("PRIMUS_TURBO_QUANT_TW_P_HOLD", "5"),
+        ("PRIMUS_TURBO_QUANT_TW_P_BLOCK", "100"),
+        ("PRIMUS_TURBO_QUANT_TW_P_TILE", "8x8"),
+        ("PRIMUS_TURBO_QUANT_TW_SPIN", "0"),
+        ("PRIMUS_TURBO_QUANT_TW_P_WARPS", "-1"),
+    ],
+)
+def test_twp_env_validated(monkeypatch, var, value):
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_TW", "persist")
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError, match=var):
+        quant_launch.quant_tensorwise(_x(4, 8), E4M3, True)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="register caps / holds / grids of the compiled kernel")
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"PRIMUS_TURBO_QUANT_TW_P_HOLD": "0"},
+        {"PRIMUS_TURBO_QUANT_TW_P_HOLD": "1", "PRIMUS_TURBO_QUANT_TW_P_BLOCK": "16384"},
+        {"PRIMUS_TURBO_QUANT_TW_P_HOLD": "3"},
+        {"PRIMUS_TURBO_QUANT_TW_P_HOLD": "4", "PRIMUS_TURBO_QUANT_TW_P_PER_SM": "1"},
+        {
+            "PRIMUS_TURBO_QUANT_TW_P_HOLD": "4",
+            "PRIMUS_TURBO_QUANT_TW_P_BLOCK": "16384",
+            "PRIMUS_TURBO_QUANT_TW_P_PER_SM": "1",
+        },
+        {"PRIMUS_TURBO_QUANT_TW_P_TILE": "64x128", "PRIMUS_TURBO_QUANT_TW_P_HOLD": "3"},
+        {"PRIMUS_TURBO_QUANT_TW_P_WARPS": "16", "PRIMUS_TURBO_QUANT_TW_P_PER_SM": "1"},
+        {"PRIMUS_TURBO_QUANT_TW_P_PER_SM": "3"},
+        {"PRIMUS_TURBO_QUANT_TW_SPIN": "1"},  # most programs run out of polls: whole amax
+    ],
+    ids=lambda e: "-".join(f"{k.split('_')[-1]}{v}" for k, v in e.items()),
+)
+def test_twp_knobs_gpu(monkeypatch, env):
+    for shape in ((3000, 4096), (1008, 1040)):
+        x = _x(*shape)
+        x[5, 7] = float("inf")
+        for dual in (False, True):
+            _check(monkeypatch, x, E4M3, dual, "persist", env)
+    assert all(int(b.abs().sum()) == 0 for b in twp._BARS.values())
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="CUDA graph capture")
+def test_twp_cuda_graph(monkeypatch):
+    """Warmed up on the capture stream: the graph replays the one-launch kernel (same bits,
+    counters reset after every replay); a fresh stream first seen under capture takes the
+    two-launch path (still the same bits)."""
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_TW", "persist")
+    x = _x(4096, 4096)
+    want = _run(monkeypatch, x, E4M3, True, "v3")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_TW", "persist")
+    for warm in (True, False):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            if warm:
+                quant_launch.quant_tensorwise(x, E4M3, True)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=stream):
+                out = quant_launch.quant_tensorwise(x, E4M3, True)
+        for _ in range(3):
+            g.replay()
+        torch.cuda.synchronize()
+        for a, b in zip(out, want, strict=True):
+            assert _same(a, b)
+    assert all(int(b.abs().sum()) == 0 for b in twp._BARS.values())
