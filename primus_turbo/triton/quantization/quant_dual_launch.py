@@ -197,6 +197,7 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     nreg = ql._knob("MAXNREG", f"words_{name}", WORDS_MAXNREG[name])
     extra = {"maxnreg": nreg} if nvidia else {}
     even = ql._env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0
+    ql._env_flag("PRIMUS_TURBO_QUANT_FAST", True)  # validated only: the key amax needs no filter
     reach = max(x.stride(0), q.stride(0)) * (m + bm) + (qt.stride(0) * (n + bn) if dual else 0)
     off32 = _flag("PRIMUS_TURBO_QUANT_WORDS_OFF32") and reach + m + n + bm + bn < 2**31
     quant_words_kernel[(ql._cdiv(m, bm) * ql._cdiv(n, bn),)](
