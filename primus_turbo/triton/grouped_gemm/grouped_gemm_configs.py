@@ -151,9 +151,14 @@ def kernel_variant() -> str:
     ``grouped_gemm_kernel``), ``flat`` (``grouped_gemm_flat``: flattened, pipelined tile loop
     and a one-pass tile lookup), ``tma`` (the flat walk with TMA operand loads,
     ``grouped_gemm_flat_tma_kernel``; CUDA sm_90+ with aligned contiguous operands, else
-    ``flat``), or ``tune`` (default): the config tuner times every variant's configs on the
-    first call per shape (``table`` with the heuristic's config where nothing is timed)."""
-    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_KERNEL", "tune", ("table", "flat", "tma", "tune"))
+    ``flat``), ``gluon`` (session 6, ``grouped_gemm_gluon_fwd``: the Gluon kernel pipelined
+    across tiles, plans ``glf`` / ``glfs``; Hopper where usable, else as ``tma``), or ``tune``
+    (default): the config tuner times every variant's configs on the first call per shape
+    (``table`` with the heuristic's config where nothing is timed; session-6 plans only with
+    ``..._CANDIDATES=s6`` / ``all`` or a ``..._CONFIG`` that names them)."""
+    return _env_choice(
+        "PRIMUS_TURBO_GROUPED_GEMM_KERNEL", "tune", ("table", "flat", "tma", "gluon", "tune")
+    )
 
 
 @functools.cache
@@ -249,8 +254,11 @@ HOPPER_S5_PLANS = {
 }
 # plan kinds of session 5 (opt-in, see HOPPER_S5_PLANS)
 S5_VARIANTS = ("ws", *TMA_EXTRA_VARIANTS)
-# plan kinds of session 6 (opt-in: ``..._CANDIDATES=s6``): the Gluon wgrad
-S6_VARIANTS = ("gl", "gls")
+# plan kinds of session 6 (opt-in: ``..._CANDIDATES=s6``): the Gluon wgrad and forward, and
+# the flat pointer kernel with a 4-stage ring (``flat4``: 224 KiB of shared memory with the
+# epilogue's 32 KiB layout buffer, 255 registers and no spills on sm_90)
+S6_VARIANTS = ("gl", "gls", "glf", "glfs", "flat4")
+FLAT4_CONFIG = GemmConfig(128, 256, 64, 8, 8, 4)
 
 
 @functools.cache
@@ -300,17 +308,30 @@ def forward_plans(
     trans_b: bool,
     avg_rows: int = 1 << 30,
     n: int | None = None,
+    gluon_ok=None,
 ) -> list[tuple[str, GemmConfig]]:
     """The (kernel, config) candidates the tuner times for the forward/dgrad (``avg_rows``:
     ``M // G``, see ``WINNERS_MIN_AVG_ROWS``; ``n``: output columns, the TMA-store variants
-    need ``n % 8 == 0``, ``None``: not checked)."""
+    need ``n % 8 == 0``, ``None``: not checked; ``gluon_ok(variant, cfg)``: whether a Gluon
+    plan can take this call's operands, ``None``: none can)."""
     configs = grouped_gemm_configs(family)
+    gluon = []
+    if mode in ("gluon", "tune") and tma_ok and gluon_ok is not None:
+        gluon = [(v, cfg) for v, cfg in gluon_fwd_plans(family) if gluon_ok(v, cfg)]
+    if mode == "gluon" and gluon:  # a fixed kernel: all its plans (or the filter's)
+        names = config_filter("PRIMUS_TURBO_GROUPED_GEMM_CONFIG")
+        kept = [p for p in gluon if p[1].name in names or f"{p[0]}:{p[1].name}" in names]
+        return kept or gluon
+    if mode == "gluon":  # not usable here: as ``tma``
+        mode = "tma"
     # tune: the table kernel lost every forward/dgrad key to flat on the H200 (session 3), so
     # with TMA candidates present it is left out (fewer compiles on the first call)
     table = mode == "table" or (mode == "tune" and not tma_ok)
     plans = [("table", cfg) for cfg in configs] if table else []
     if mode in ("flat", "tune") or (mode == "tma" and not tma_ok):
         plans += [("flat", cfg) for cfg in configs if flat_config_ok(cfg)]
+    if mode == "tune" and family in (ArchFamily.HOPPER, ArchFamily.OTHER_GPU):
+        plans.append(("flat4", FLAT4_CONFIG))
     if mode in ("tma", "tune") and tma_ok:
         tma = [("tma", cfg) for cfg in tma_configs(family) if trans_b or k % cfg.block_k == 0]
         if tma and mode == "tune":
@@ -318,7 +339,7 @@ def forward_plans(
             tma += [(v, cfg) for v in TMA_EXTRA_VARIANTS for _, cfg in list(tma)
                     if _tma_extra_ok(cfg) and (store_ok or v == "tman")]  # fmt: skip
         if tma:
-            plans += tma
+            plans += tma + gluon
         elif mode == "tma":  # NN with K not a multiple of any tile's BLOCK_K
             plans += [("flat", cfg) for cfg in configs if flat_config_ok(cfg)]
     return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_CONFIG", family, "fwd", avg_rows)
@@ -351,7 +372,11 @@ def _filtered(plans: list, var: str, family: ArchFamily, gemm: str, avg_rows: in
     if not names:
         tuning = len({v for v, _ in plans}) > 1
         return _winners(plans, family, gemm, avg_rows) if tuning else plans
-    kept = [p for p in plans if p[1].name in names or f"{p[0]}:{p[1].name}" in names]
+    # a bare tile name selects a session-6 plan only where those are candidates (s6 / all);
+    # ``variant:name`` always
+    s6 = candidate_set() in ("s6", "all")
+    kept = [p for p in plans if f"{p[0]}:{p[1].name}" in names
+            or (p[1].name in names and (s6 or p[0] not in S6_VARIANTS))]  # fmt: skip
     if not kept:
         have = sorted({p[1].name for p in plans} | {f"{p[0]}:{p[1].name}" for p in plans})
         raise ValueError(f"primus_turbo: {var} expected config names in {have}, got {names}")
@@ -371,4 +396,17 @@ def gluon_vk_plans(family: ArchFamily) -> tuple[tuple[str, GemmConfig], ...]:
         ("gls", GemmConfig(256, 128, 64, 8, 8, 3)),
         ("gl", GemmConfig(128, 256, 64, 8, 8, 4)),
         ("gl", GemmConfig(128, 128, 64, 8, 4, 4)),
+    )
+
+
+def gluon_fwd_plans(family: ArchFamily) -> tuple[tuple[str, GemmConfig], ...]:
+    """The Gluon forward/dgrad's (variant, config) plans (``grouped_gemm_gluon_fwd``): Hopper
+    only; ``glf`` masked pointer stores (4-stage ring: 192 KiB), ``glfs`` TMA-store epilogue
+    (3 stages + the 64 KiB output buffer)."""
+    if family not in (ArchFamily.HOPPER, ArchFamily.OTHER_GPU):
+        return ()
+    return (
+        ("glf", GemmConfig(128, 256, 64, 8, 8, 4)),
+        ("glfs", GemmConfig(128, 256, 64, 8, 8, 3)),
+        ("glf", GemmConfig(128, 256, 64, 8, 8, 3)),
     )

@@ -336,7 +336,11 @@ def grouped_gemm_triton(
             return launch_flat_tma(
                 a, b, c, group_offs, trans_b, cfg, programs, flatten, upcast, variant
             )
-        if variant == "flat":
+        if variant in ("glf", "glfs"):  # grouped_gemm_gluon_fwd.GLUON_FWD_VARIANTS
+            from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon_fwd import launch_gluon_fwd
+
+            return launch_gluon_fwd(a, b, c, group_offs, trans_b, cfg, programs, variant)
+        if variant in ("flat", "flat4"):
             from primus_turbo.triton.grouped_gemm.grouped_gemm_flat import launch_flat
 
             strides = (a.stride(0), a.stride(1), b.stride(0), sbk, sbn, c.stride(0), c.stride(1))
@@ -356,12 +360,21 @@ def grouped_gemm_triton(
         )  # fmt: skip
 
     mode = "table" if use_tma else kernel_variant()
-    tma_ok = mode in ("tma", "tune") and _flat_tma_usable(a, b, trans_b, scales is not None)
+    tma_ok = mode in ("tma", "gluon", "tune") and _flat_tma_usable(
+        a, b, trans_b, scales is not None
+    )
     if config is not None:
         plan = ("flat" if mode == "flat" else "table", config)
     else:
         cfg = select_grouped_config(m, n, k, g, family, num_compute_units(a.device))
-        plans = forward_plans(family, mode, tma_ok, k, trans_b, m // g, n)
+        gluon_ok = None
+        if tma_ok and family == ArchFamily.HOPPER and mode in ("gluon", "tune"):
+            from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon_fwd import gluon_fwd_usable
+
+            def gluon_ok(variant, cfg):
+                return gluon_fwd_usable(a, b, trans_b, variant, cfg)
+
+        plans = forward_plans(family, mode, tma_ok, k, trans_b, m // g, n, gluon_ok)
         default = ("table", cfg) if mode == "tune" else plans[0]
         if mode != "tune" and any(p[1] == cfg for p in plans):
             default = next(p for p in plans if p[1] == cfg)  # the heuristic's tile, this kernel
@@ -575,9 +588,11 @@ def aot_specs(target: str) -> list[AotSpec]:
     specs += _flat_aot_specs(target, [s for s in specs if s.fn is grouped_gemm_kernel])
     from primus_turbo.triton.grouped_gemm.grouped_gemm_fixup import aot_specs as fixup_specs
     from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import aot_specs as gluon_specs
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon_fwd import aot_specs as gfwd_specs
     from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import aot_specs as tma_specs
 
-    return specs + fixup_specs(target) + tma_specs(target) + gluon_specs(target)
+    specs += fixup_specs(target) + tma_specs(target) + gluon_specs(target)
+    return specs + gfwd_specs(target)
 
 
 def _flat_aot_specs(target: str, forward_specs: list[AotSpec]) -> list[AotSpec]:

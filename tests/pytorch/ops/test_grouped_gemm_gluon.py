@@ -1,6 +1,7 @@
-"""Session-6 Gluon wgrad of the TRITON grouped GEMM (``grouped_gemm_gluon``, plans ``gl`` /
-``gls``): forced as the only wgrad plan vs the fp32 reference on the GPU (Gluon has no
-interpreter); on the CPU the plan lists and an sm_90 compile of the kernel.
+"""Session-6 Gluon kernels of the TRITON grouped GEMM: the wgrad (``grouped_gemm_gluon``, plans
+``gl`` / ``gls``) and the forward/dgrad (``grouped_gemm_gluon_fwd``, plans ``glf`` / ``glfs``),
+each forced as the only plan of its GEMM vs the fp32 reference on the GPU (Gluon has no
+interpreter); on the CPU the plan lists and an sm_90 compile of the kernels.
 
 A kernel with hand-written barriers can hang the GPU (the session-5 warp-specialised kernel
 did, and pytest's timeout could not stop it), so the GPU cases run in a child pytest that
@@ -69,6 +70,68 @@ def test_grouped_gemm_gluon_vk_gpu(plan, monkeypatch, device):
     _check_fwd_bwd(LENS, 2048, 768, True, torch.bfloat16, device)
 
 
+def _fwd_plans():
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import gluon_fwd_plans
+
+    return list(gluon_fwd_plans(ArchFamily.HOPPER))
+
+
+def _force_fwd(monkeypatch, plan):
+    """Forward and dgrad through ``plan`` where it can take the operands (else one TMA plan);
+    the wgrad on its untimed default."""
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as gk
+
+    def plans(family, mode, tma_ok, k, trans_b, avg_rows=1 << 30, n=None, gluon_ok=None):
+        if gluon_ok is not None and gluon_ok(*plan):
+            return [plan]
+        return gc.forward_plans(family, "tma" if tma_ok else "flat", tma_ok, k, trans_b)[:1]
+
+    monkeypatch.setattr(gk, "kernel_variant", lambda: "tune")
+    monkeypatch.setattr(gk, "forward_plans", plans)
+    monkeypatch.setattr(gk, "_tune_min_work", lambda: 1 << 62)
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("trans_b", [False, True], ids=["NN", "NT"])
+@pytest.mark.parametrize("lens,k,n", [(LENS, 2048, 768), ([1, 130, 0, 700], 1000, 744)],
+                         ids=lambda x: str(x)[:24])  # fmt: skip
+@pytest.mark.parametrize("plan", _fwd_plans(), ids=lambda p: f"{p[0]}:{p[1].name}")
+def test_grouped_gemm_gluon_fwd_gpu(plan, lens, k, n, trans_b, monkeypatch, device):
+    """Each Gluon forward plan, forward + dgrad (+ the default wgrad): ragged and empty groups,
+    full tiles (TMA store in ``glfs``) and a group's last rows (masked store), K = 1000 (NT:
+    the descriptor zero-fills past K; NN and its dgrad fall back where K % 64 != 0), N = 744
+    (partial column tiles)."""
+    _need_hopper(device)
+    _force_fwd(monkeypatch, plan)
+    _check_fwd_bwd(lens, k, n, trans_b, torch.bfloat16, device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plan", _fwd_plans(), ids=lambda p: f"{p[0]}:{p[1].name}")
+def test_grouped_gemm_gluon_fwd_tail_rows(plan, device):
+    """Rows past ``offs[G]`` (an over-allocated ``a``) come out as zeros."""
+    _need_hopper(device)
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as gk
+
+    lens = [300, 0, 129]
+    a = rand(sum(lens) + 200, 512, dtype=torch.bfloat16, device=device)
+    b = rand(3, 384, 512, dtype=torch.bfloat16, device=device)
+    offs = group_offsets(torch.tensor(lens, device=device))
+    saved = gk.forward_plans
+    gk.forward_plans = lambda *a, **k: [plan]
+    try:
+        out = gk.grouped_gemm_triton(a, b, offs, True)
+    finally:
+        gk.forward_plans = saved
+    ref = torch.zeros(a.shape[0], 384, device=device)
+    for g, (lo, hi) in enumerate(zip(offs[:-1].tolist(), offs[1:].tolist(), strict=True)):
+        ref[lo:hi] = a[lo:hi].float() @ b[g].float().T
+    assert_close(out, ref, torch.bfloat16)
+    assert bool((out[sum(lens) :] == 0).all())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("plan", [p for p in _plans() if p[0] == "gl"],
                          ids=lambda p: f"{p[0]}:{p[1].name}")  # fmt: skip
@@ -105,9 +168,10 @@ def test_grouped_gemm_gluon_vk_direct(plan, lens, p, q, device):
 
 
 def test_grouped_gemm_gluon_candidates(monkeypatch):
-    """Gluon wgrad plans: none by default (unverified), all usable ones with
-    ``..._CANDIDATES=s6``, only them in ``..._VK=gluon`` mode, by name in ``..._VK_CONFIG``;
-    none where the call cannot take them (``gluon_ok``) or off Hopper."""
+    """Gluon plans (wgrad and forward) and the 4-stage flat plan: none by default (unverified),
+    all usable ones with ``..._CANDIDATES=s6``, only the Gluon ones in ``..._VK=gluon`` /
+    ``..._KERNEL=gluon`` mode, by name in ``..._VK_CONFIG``; none where the call cannot take
+    them (``gluon_ok``) or off Hopper."""
     from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
 
     def kinds(plans):
@@ -124,6 +188,12 @@ def test_grouped_gemm_gluon_candidates(monkeypatch):
     try:
         assert not kinds(gc.variable_k_plans(ArchFamily.HOPPER, "tune", True, gluon_ok=ok)) & {
             "gl", "gls"}  # fmt: skip
+        fwd = gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, gluon_ok=ok)
+        assert not kinds(fwd) & set(gc.S6_VARIANTS)
+        assert gc.forward_plans(ArchFamily.HOPPER, "gluon", True, 4096, True, gluon_ok=ok) == list(
+            gc.gluon_fwd_plans(ArchFamily.HOPPER))  # fmt: skip
+        # not usable (gluon_ok None): gluon mode is the TMA kernel
+        assert kinds(gc.forward_plans(ArchFamily.HOPPER, "gluon", True, 4096, True)) == {"tma"}
         gluon = gc.variable_k_plans(ArchFamily.HOPPER, "gluon", True, gluon_ok=ok)
         assert gluon == list(gc.gluon_vk_plans(ArchFamily.HOPPER))
         assert kinds(gc.variable_k_plans(ArchFamily.HOPPER, "gluon", True, gluon_ok=only_gl)) == {
@@ -136,9 +206,13 @@ def test_grouped_gemm_gluon_candidates(monkeypatch):
         s6 = gc.variable_k_plans(ArchFamily.HOPPER, "tune", True, gluon_ok=ok)
         assert {(v, c.name) for v, c in s6} == set(gc.HOPPER_WINNERS["vk"]) | {
             (v, c.name) for v, c in gc.gluon_vk_plans(ArchFamily.HOPPER)}  # fmt: skip
-        # the forward candidates are unchanged by s6
+        # forward: + the 4-stage flat plan, + the Gluon plans the call can take
         fwd = gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True)
-        assert {(v, c.name) for v, c in fwd} == set(gc.HOPPER_WINNERS["fwd"])
+        flat4 = ("flat4", gc.FLAT4_CONFIG.name)
+        assert {(v, c.name) for v, c in fwd} == set(gc.HOPPER_WINNERS["fwd"]) | {flat4}
+        fwd = gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, gluon_ok=ok)
+        gluon = {(v, c.name) for v, c in gc.gluon_fwd_plans(ArchFamily.HOPPER)}
+        assert {(v, c.name) for v, c in fwd} == set(gc.HOPPER_WINNERS["fwd"]) | {flat4} | gluon
         monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "")
         monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG", "gls:m256n128k64g8w8s3")
         gc.candidate_set.cache_clear()
@@ -165,7 +239,7 @@ def test_grouped_gemm_gluon_gpu_guarded(device):
         pytest.skip("the child itself")
     repo = Path(__file__).resolve().parents[3]
     cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-v", "-x",
-           "--tb=short", "-p", "no:cacheprovider", "-k", "gluon_vk"]  # fmt: skip
+           "--tb=short", "-p", "no:cacheprovider", "-k", "gluon_vk or gluon_fwd"]  # fmt: skip
     env = {**os.environ, _INPROC: "1"}
     try:
         proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True,
@@ -174,7 +248,7 @@ def test_grouped_gemm_gluon_gpu_guarded(device):
         out = (
             (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout
         )
-        pytest.fail(f"Gluon wgrad GPU tests did not finish in {_GUARD_S} s (hang?):\n{out}")
+        pytest.fail(f"Gluon GPU tests did not finish in {_GUARD_S} s (hang?):\n{out}")
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout
 
