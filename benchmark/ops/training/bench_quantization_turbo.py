@@ -143,6 +143,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--recipes", nargs="+", default=None)
     p.add_argument("--max-shapes", type=int, default=8)
+    p.add_argument("--shapes", nargs="+", default=None,
+                   help="MxK input shapes instead of the model list, e.g. 4096x4096")  # fmt: skip
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     p.add_argument("--variants", nargs="+", default=None,
                    help="env settings to compare, e.g. 'IMPL=v2' 'IMPL=v3 WARPS=16'")  # fmt: skip
@@ -158,6 +160,8 @@ def main(argv=None) -> int:
             if s not in shapes and s[1] % 32 == 0 and s[0] % 32 == 0:
                 shapes.append(s)
     shapes = shapes[: args.max_shapes]
+    if args.shapes:
+        shapes = [tuple(int(v) for v in t.lower().split("x")) for t in args.shapes]
     dtype = fp8_dtypes(dev)[0]
     table = recipes(dtype)
     names = args.recipes or list(table)

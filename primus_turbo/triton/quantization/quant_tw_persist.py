@@ -7,8 +7,9 @@ Program ``p`` owns tiles ``p, p + P, p + 2P, ...`` (``kall`` walk steps):
 1. amax of its first ``kall - NH`` tiles (the *walked* tiles, loads ``evict_last``: they are
    re-read from L2 in step 4), then loads its last ``NH`` tiles (the *held* tiles, loads
    ``evict_first``) and KEEPS them in registers; its partial amax goes to ``part_ptr[p]``.
-2. grid barrier: one atomic increment of ``bar_ptr[0]`` (release), then volatile polls until
-   it reads ``P``, then an acquire. At most ``spin`` polls: a program whose wait runs out (a
+2. grid barrier: one atomic increment of ``bar_ptr[0]`` (acq_rel), then acquire polls (read
+   by one thread, the value broadcast: every thread of the program takes the same branch)
+   until it reads ``P``. At most ``spin`` polls: a program whose wait runs out (a
    program of the grid that is not resident, e.g. SMs taken by another kernel) computes the
    whole tensor's amax by itself, so the result never depends on co-residency, only the speed.
    ``bar_ptr[1]`` counts the programs past the barrier; the last one resets both counters to
@@ -259,13 +260,12 @@ def tw_persist_kernel(
     tl.store(part_ptr + pid, _bits_f32(bits, x_ptr.dtype.element_ty))
     # grid barrier (bounded): every partial stored before the counter says so
     tl.debug_barrier()
-    seen = tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu") + 1
+    seen = tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu") + 1
     polls = 0
-    while (seen < P) & (polls < spin):
-        seen = tl.load(bar_ptr, volatile=True)
+    while (seen < P) & (polls < spin):  # an atomic poll: one thread, its value broadcast, so
+        seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")  # the branch is uniform
         polls += 1
-    if seen >= P:
-        tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+    if seen >= P:  # the partials, after the acquire that saw P
         pr = tl.arange(0, NPB)
         amax = tl.max(tl.load(part_ptr + pr, mask=pr < P, other=0.0, volatile=True), axis=0)
     else:  # some program of the grid is not running yet: the whole amax here
@@ -300,32 +300,37 @@ def tw_persist_kernel(
                     FW, DUAL, FMAX, FMT, SAT, EVEN, CS)  # fmt: skip
 
 
-# AOT: (name, DUAL, BLOCK, BM, BN, NH, warps, maxnreg on sm_90); the launcher's defaults are
-# flat 16384 x NH 3 and dual 128 x 128 x NH 3 at 8 warps, 2 programs per SM (128 registers)
+# AOT: (name, DUAL, BLOCK, BM, BN, NH, warps, maxnreg on sm_90, programs per SM); the defaults
+# (flat 8192 x 2 held, dual 64 x 128 x 2 held, 8 warps, 2 programs per SM on NVIDIA) in both
+# the even and the masked form, the GPU sweep's variants even only
 _AOT = [
-    ("flat", False, 16384, 16, 16, 3, 8, 128),
-    ("flat_h2", False, 16384, 16, 16, 2, 8, 128),
-    ("flat_h4", False, 8192, 16, 16, 4, 8, 128),
-    ("dual", True, 16, 128, 128, 3, 8, 128),
-    ("dual_h2", True, 16, 128, 128, 2, 8, 128),
-    ("dual64", True, 16, 64, 128, 4, 8, 128),
+    ("flat", False, 8192, 16, 16, 2, 8, 128, True),
+    ("dual", True, 16, 64, 128, 2, 8, 128, True),
+    ("flat_h0", False, 8192, 16, 16, 0, 8, 128, False),
+    ("flat_h3", False, 8192, 16, 16, 3, 8, 128, False),
+    ("flat16k_h1", False, 16384, 16, 16, 1, 8, 128, False),
+    ("flat_h4_1sm", False, 8192, 16, 16, 4, 8, 248, False),
+    ("flat16k_h4_1sm", False, 16384, 16, 16, 4, 8, 248, False),
+    ("flat_w16", False, 8192, 16, 16, 2, 16, 128, False),
+    ("dual128_h1", True, 16, 128, 128, 1, 8, 128, False),
+    ("dual_h4_1sm", True, 16, 64, 128, 4, 8, 248, False),
 ]
 
 
 def aot_specs(target: str) -> list[AotSpec]:
-    """bf16 input, the target's e4m3 output (FNUZ on gfx942); even and masked variants."""
+    """bf16 input, the target's e4m3 output (FNUZ on gfx942)."""
     assert target in AOT_TARGETS, target
     fp8, fmax = ("fp8e4b8", 240.0) if target == "gfx942" else ("fp8e4nv", 448.0)
     sig = {"x_ptr": "*bf16", "q_ptr": f"*{fp8}", "qt_ptr": f"*{fp8}", "s_ptr": "*fp32",
            "part_ptr": "*fp32", "bar_ptr": "*i32", "numel": "i32:16", "M": "i32:16",
            "N": "i32:16", "stride_xm": "i32:16", "P": "i32", "spin": "i32"}  # fmt: skip
     specs = []
-    for name, dual, block, bm, bn, nh, warps, nreg in _AOT:
-        if target != "sm_90" and dual and bm * bn > 8192:
-            continue  # AMD: 64x128 dual tile (128x128 spills SGPRs on gfx950)
+    for name, dual, block, bm, bn, nh, warps, nreg, both in _AOT:
+        if target != "sm_90" and (nreg > 128 or (dual and bm * bn > 8192)):
+            continue  # AMD: one program per CU, no register cap; 64x128 dual tile
         nv = {"maxnreg": nreg} if target == "sm_90" else {}
-        for even in (True, False):
-            cx = {"BLOCK": block, "BM": bm, "BN": bn, "DUAL": dual, "NH": nh, "NPB": 1024,
+        for even in (True, False) if both else (True,):
+            cx = {"BLOCK": block, "BM": bm, "BN": bn, "DUAL": dual, "NH": nh, "NPB": 512,
                   "FMAX": fmax, "FMT": (0, 0, 0, 0), "SAT": target == "sm_90", "EVEN": even,
                   "CS": target == "sm_90", "EVA": 1, "EVC": "evict_first",
                   "EVH": "evict_first", "INF": 0x7F80, "FW": 128}  # fmt: skip

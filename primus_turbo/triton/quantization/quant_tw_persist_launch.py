@@ -19,9 +19,9 @@ already exist for the capturing stream (warm up eagerly on it first, as torch re
 otherwise that call takes the two-launch ``own`` path (``None`` is returned to the caller).
 
 Knobs: ``PRIMUS_TURBO_QUANT_TW_P_BLOCK`` (flat tile, power of two in [1024, 32768], default
-16384), ``_TW_P_TILE`` (dual tile ``BMxBN``, default 128x128 on NVIDIA, 64x128 on AMD),
-``_TW_P_HOLD`` (tiles held in registers per program, 0-4, default 3 with 128 registers on
-NVIDIA, 2 on AMD), ``_TW_P_WARPS`` (default 8), ``_TW_P_PER_SM`` (programs per SM requested,
+8192), ``_TW_P_TILE`` (dual tile ``BMxBN``, default 64x128),
+``_TW_P_HOLD`` (tiles held in registers per program, 0-4, default 2: no spill at 128
+registers on sm_90), ``_TW_P_WARPS`` (default 8), ``_TW_P_PER_SM`` (programs per SM requested,
 default 2 on NVIDIA (register cap 65536 / (per_sm x warps x 32)), 1 on AMD), ``_TW_SPIN``, and
 the ``own`` path's ``_TW_CS`` / ``_TW_EVICT_CAST`` (``_TW_EVICT=none``: normal amax loads).
 """
@@ -75,7 +75,7 @@ def _barrier(x: torch.Tensor) -> torch.Tensor | None:
 
 def _tile_env(nvidia: bool) -> tuple[int, int]:
     var = "PRIMUS_TURBO_QUANT_TW_P_TILE"
-    raw = os.environ.get(var, "").strip().lower() or ("128x128" if nvidia else "64x128")
+    raw = os.environ.get(var, "").strip().lower() or "64x128"
     try:
         bm, bn = (int(v) for v in raw.split("x"))
     except ValueError:
