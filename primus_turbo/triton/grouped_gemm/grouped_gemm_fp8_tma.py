@@ -226,18 +226,29 @@ def grouped_gemm_fp8_tma(
 
 
 @triton.jit
+def _prefetch_l1(ptrs, mask):
+    """``prefetch.global.L1`` of every masked-in address (CUDA only; returns a dummy)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L1 [$1]; mov.b32 $0, 0; }",
+        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
 def grouped_gemm_fp8_chunk_kernel(
     a_desc, b_desc, c_ptr, offs_ptr, sa_ptr, sb_ptr, M, N, K, G, stride_cm, stride_cn,
     stride_sa, stride_sbg, stride_sbn, num_programs, c_desc,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
-    TMA_STORE: tl.constexpr, ZERO_TAIL: tl.constexpr,
+    TMA_STORE: tl.constexpr, ZERO_TAIL: tl.constexpr, PREFETCH: tl.constexpr = False,
 ):  # fmt: skip
     """Plan ``f8tma`` / ``f8tmas`` (the scaled flat TMA walk of ``grouped_gemm_flat_tma_kernel``)
     over the ``G`` groups of one chunk of experts: ``offs_ptr`` points at the chunk's first
     group offset (absolute rows of A and C), ``b_desc`` / ``sb_ptr`` hold the chunk's experts
     only. ``ZERO_TAIL``: the rows past ``offs[G]`` are zeroed (the last chunk only: for the
-    others they are the next chunks' rows)."""
+    others they are the next chunks' rows). ``PREFETCH`` (CUDA, opt-in): the tile's row and
+    column scales are prefetched into L1 before its K loop, so the epilogue's scale loads hit
+    L1 instead of waiting on L2 after the last MMA."""
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -252,6 +263,10 @@ def grouped_gemm_fp8_chunk_kernel(
         rn = col0 + tl.arange(0, BLOCK_N)
         mask_m = rows < stop
         mask_n = rn < N
+        if PREFETCH:
+            _prefetch_l1(sa_ptr + rows * stride_sa, mask_m)
+            _prefetch_l1(sb_ptr + tl.cast(g, tl.int64) * stride_sbg + rn.to(tl.int64) * stride_sbn,
+                         mask_n)  # fmt: skip
         acc = desc_tile_mma(a_desc, b_desc, g, row0, col0, N, K, k_tiles,
                             BLOCK_M, BLOCK_N, BLOCK_K, True, UPCAST)  # fmt: skip
         acc = scale_tile(acc, sa_ptr, sb_ptr, g, rows, rn, mask_m, mask_n,
@@ -276,7 +291,18 @@ def chunk_plan() -> tuple[str, GemmConfig]:
     return fp8_tma_plans(family)[0]
 
 
-def launch_fp8_chunk(a, b, c, offs, sa, sb, plan, programs: int, zero_tail: bool) -> None:
+@functools.cache
+def fp8_prefetch() -> bool:
+    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_PREFETCH``: ``1`` the chunk kernel prefetches each tile's
+    scales into L1 (CUDA); ``0`` (default) not."""
+    from primus_turbo.pytorch.core.checks import env_flag
+
+    return env_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_PREFETCH", False)
+
+
+def launch_fp8_chunk(
+    a, b, c, offs, sa, sb, plan, programs: int, zero_tail: bool, prefetch: bool | None = None
+) -> None:
     """``c[rows of the chunk's groups] = (a * sa) @ (b * sb)^T`` for one chunk of experts:
     ``b [Gc, N, K]`` fp8 / ``sb [Gc, N]`` the chunk's experts, ``offs [>= Gc + 1]`` the group
     offsets from the chunk's first group on (absolute rows), ``c`` the whole output."""
@@ -289,12 +315,14 @@ def launch_fp8_chunk(a, b, c, offs, sa, sb, plan, programs: int, zero_tail: bool
     a_desc, b_desc, m, n, k, g = operand_descs(a, b, True, cfg)
     c_desc = TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2]) if tma_store else None
     interp = _interpreting()
+    prefetch = fp8_prefetch() if prefetch is None else prefetch
     grouped_gemm_fp8_chunk_kernel[(programs,)](
         a_desc, b_desc, c, offs, sa, sb, m, n, k, g, c.stride(0), c.stride(1),
         sa.stride(0), sb.stride(0), sb.stride(1), programs, c_desc,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         G_PAD=triton.next_power_of_2(max(g, 2)), FLATTEN=not interp and not tma_store,
-        UPCAST=interp, TMA_STORE=tma_store, ZERO_TAIL=zero_tail, **cfg.options,
+        UPCAST=interp, TMA_STORE=tma_store, ZERO_TAIL=zero_tail,
+        PREFETCH=prefetch and c.is_cuda and torch.version.hip is None, **cfg.options,
     )  # fmt: skip
 
 
@@ -334,11 +362,12 @@ def aot_specs(target: str) -> list:
                "sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32", "N": "i32:16", "K": "i32:16",
                "G": "i32", "stride_cm": "i32:16", "stride_cn": "i32:1", "stride_sa": "i32",
                "stride_sbg": "i32:16", "stride_sbn": "i32:1", "num_programs": "i32"}  # fmt: skip
-        for zero in (False, True):
+        for zero, pf in ((False, False), (True, False), (False, True)):
             consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
                       "G_PAD": 8, "FLATTEN": True, "UPCAST": False, "TMA_STORE": False,
-                      "ZERO_TAIL": zero, "c_desc": None}  # fmt: skip
-            specs.append(AotSpec(f"grouped_gemm_fp8_chunk_z{int(zero)}_{cfg.name}",
+                      "ZERO_TAIL": zero, "c_desc": None, "PREFETCH": pf}  # fmt: skip
+            tag = f"z{int(zero)}{'_pf' if pf else ''}"
+            specs.append(AotSpec(f"grouped_gemm_fp8_chunk_{tag}_{cfg.name}",
                                  grouped_gemm_fp8_chunk_kernel, sig, consts,
                                  cfg.options))  # fmt: skip
     return specs

@@ -456,3 +456,24 @@ def test_grouped_gemm_fp8_pipeline_gpu(value, monkeypatch, device):
         torch.testing.assert_close(captured, want, rtol=1e-2, atol=1e-2)
     finally:
         pipe.spec.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
+def test_grouped_gemm_fp8_chunk_kernel_gpu(prefetch, device):
+    """GPU: the chunk kernel over all experts in one launch (and with the L1 prefetch of the
+    scales, ``PRIMUS_TURBO_GROUPED_GEMM_FP8_PREFETCH``) equals the flat TMA kernel on the same
+    tile; rows past the groups zeroed."""
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
+
+    _tma_skip(device)
+    if device == "cpu":
+        pytest.skip("GPU tiles (interpreter: test_grouped_gemm_fp8_pipeline_chunks_interpreter)")
+    lens = [512, 0, 1000, 3, 2048, 129, 0]
+    a, b, sa, sb, offs, ref = _tma_case(lens, 768, 1024, device, tail=5)
+    plan = mod.chunk_plan()
+    want = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.bfloat16, plan[1], plan[0])
+    c = torch.full_like(want, 7.0)
+    mod.launch_fp8_chunk(a, b, c, offs, sa, sb, plan, 132, True, prefetch)
+    torch.testing.assert_close(c, want, rtol=0, atol=0)
+    assert not c[sum(lens) :].any()
