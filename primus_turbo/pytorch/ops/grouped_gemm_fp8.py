@@ -14,7 +14,7 @@ reduction:
   the bf16 grouped GEMM: no transposed copy and re-quantization of the weights).
 ``PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE=1`` (default off): the forward's weight quantization
 is kept per weight tensor until its version counter changes (see ``_forward_weights``).
-``PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE=chunks[:free_sms[:reserve_chunks]]`` (default off; cache
+``PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE=chunks[:free_sms[:reserve_chunks[:a_rows]]]`` (off; cache
 off, ROWWISE, TRITON): the weights are quantized per chunk of experts while the fp8 GEMM of the
 earlier chunks runs on a side stream (``kernels/grouped_gemm/grouped_gemm_fp8_pipe.py``).
 Both operands of a backward GEMM use the gradient fp8 dtype (E5M2 for ``Format.HYBRID``), so
@@ -187,7 +187,7 @@ class GroupedGemmFp8Function(torch.autograd.Function):
         ctx.trans_b, ctx.config, ctx.backend_value = trans_b, config, backend_value
         if _pipelined(a, b, trans_b, gran, backend_value):
             return pipe.pipelined_forward(
-                a, b, group_offs, trans_b, out_dtype,
+                a, b, group_offs, trans_b, out_dtype, fwd_dtype,
                 lambda x: _quant_rows(x, fwd_dtype, gran),
                 lambda w: _quant_experts(w, fwd_dtype, gran),
             )  # fmt: skip

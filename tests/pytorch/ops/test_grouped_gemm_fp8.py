@@ -338,11 +338,12 @@ def test_grouped_gemm_fp8_pipeline_spec(monkeypatch, device):
     """The env spec: off by default, chunks[:free_sms[:reserve_chunks]], bad values raise."""
     pipe = _pipe_env(monkeypatch, "")
     try:
-        assert pipe.spec() == (0, 0, 0)
-        for raw, want in (("8", (8, 16, 4)), ("4:24", (4, 24, 2)), ("6:0:0", (6, 0, 0))):
+        assert pipe.spec() == (0, 0, 0, 0)
+        for raw, want in (("8", (8, 16, 4, 1)), ("4:24", (4, 24, 2, 1)),
+                          ("6:0:0", (6, 0, 0, 1)), ("6:8:2:0", (6, 8, 2, 0))):  # fmt: skip
             _pipe_env(monkeypatch, raw)
             assert pipe.spec() == want
-        for bad in ("1", "x", "4:-1", "2:3:4:5"):
+        for bad in ("1", "x", "4:-1", "2:3:4:5", "2:3:4:2", "2:3:4:1:0"):
             _pipe_env(monkeypatch, bad)
             with pytest.raises(ValueError, match="PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE"):
                 pipe.spec()
@@ -358,7 +359,7 @@ def test_grouped_gemm_fp8_pipeline_chunks_interpreter(monkeypatch, device):
 
     if device != "cpu":
         pytest.skip("interpreter tiles; GPU: test_grouped_gemm_fp8_pipeline_gpu")
-    pipe = _pipe_env(monkeypatch, "3:0:1")
+    pipe = _pipe_env(monkeypatch, "3:0:1:0")  # a quantized up front (by qrows below)
     try:
         lens = [0, 5, 0, 20, 9, 0, 7]
         a, b, sa, sb, offs, ref = _tma_case(lens, 24, 48, device, tail=3)
@@ -372,7 +373,8 @@ def test_grouped_gemm_fp8_pipeline_chunks_interpreter(monkeypatch, device):
             return b[i : i + w.shape[0]], sb[i : i + w.shape[0]]
 
         assert pipe.usable(a_hp, b.float(), True, True)
-        c = pipe.pipelined_forward(a_hp, b.float(), offs, True, torch.float32, qrows, qexp)
+        f8 = torch.float8_e4m3fn
+        c = pipe.pipelined_forward(a_hp, b.float(), offs, True, torch.float32, f8, qrows, qexp)
         torch.testing.assert_close(c, ref, rtol=1e-5, atol=1e-4)
         plan = mod.chunk_plan()
         c1 = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.float32, plan[1], plan[0])
@@ -404,7 +406,7 @@ def test_grouped_gemm_fp8_pipeline_op(trans_b, monkeypatch, device):
     outs = []
     pipe = _pipe_env(monkeypatch, "0")
     try:
-        for value in ("0", "3:0:1", "4:16:2"):
+        for value in ("0", "3:0:1", "4:16:2:0"):
             _pipe_env(monkeypatch, value)
             a.grad = b.grad = None
             out = turbo.ops.grouped_gemm_fp8(a, b, gl, trans_b=trans_b, config=cfg)
@@ -417,8 +419,32 @@ def test_grouped_gemm_fp8_pipeline_op(trans_b, monkeypatch, device):
         pipe.spec.cache_clear()
 
 
+def test_grouped_gemm_fp8_quant_rows_window(device):
+    """The row-window quantization: the rows of the window equal ``quantize_fp8`` ROWWISE
+    bitwise (data and scales), rows outside the window untouched; an empty window and a
+    window ending at a tail (rows past the last group) too."""
+    from primus_turbo.pytorch.ops.quantization import quantize_fp8
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_quant import quant_rows_window
+
+    _tma_skip(device)
+    f8 = torch.float8_e4m3fn
+    m, k = (5000, 7168) if device != "cpu" else (40, 48)
+    x = rand(m, k, dtype=torch.bfloat16, device=device)
+    x[3, 5] = float("inf") if m > 3 else 0.0  # a row with inf: finite amax, inf clamped
+    q_ref, s_ref = quantize_fp8(x, f8, ScalingGranularity.ROWWISE, axis=-1)
+    for lo, hi in ((0, m // 3), (m // 3, m // 3), (m // 2, m - 3)):
+        offs = torch.tensor([lo, (lo + hi) // 2, hi], dtype=torch.int64, device=device)
+        q = torch.zeros(m, k, dtype=f8, device=device)
+        s = torch.full((m,), -1.0, device=device)
+        quant_rows_window(x, q, s, offs)
+        assert torch.equal(q[lo:hi].view(torch.uint8), q_ref[lo:hi].view(torch.uint8))
+        assert torch.equal(s[lo:hi], s_ref.reshape(-1)[lo:hi])
+        assert not q[:lo].view(torch.uint8).any() and not q[hi:].view(torch.uint8).any()
+        assert (s[:lo] == -1).all() and (s[hi:] == -1).all()
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("value", ["4:16:2", "8:0:0", "8:24:8"])
+@pytest.mark.parametrize("value", ["4:16:2", "8:0:0", "8:24:8", "8:16:4:0"])
 def test_grouped_gemm_fp8_pipeline_gpu(value, monkeypatch, device):
     """GPU: the pipelined forward (side stream) eager and replayed from a CUDA graph equals the
     unpipelined forward; 16 experts with empty and ragged groups."""

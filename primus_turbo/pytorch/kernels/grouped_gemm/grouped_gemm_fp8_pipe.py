@@ -7,7 +7,8 @@ gate_up) and the weights b (``[G, N, K]``, ~2.8 GB moved) before the compute-bou
 and the GEMM needs little memory bandwidth, so this path splits the experts into ``chunks``
 contiguous ranges and issues:
 
-* caller's stream: the quantization of a, then of each chunk's weights, an event after each;
+* caller's stream: per chunk, the quantization of its activation rows (the row window of its
+  groups, read on the device; or all of a up front) and of its weights, then an event;
 * a side stream at a higher priority: per chunk, wait for its event, then the fp8 GEMM of
   that chunk's groups (``grouped_gemm_fp8_chunk_kernel``: the ``f8tma`` walk over the chunk's
   groups; only the last chunk zeroes the rows past ``offs[G]``).
@@ -32,28 +33,32 @@ import torch
 
 
 @functools.cache
-def spec() -> tuple[int, int, int]:
-    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE`` = ``chunks[:free_sms[:reserve_chunks]]``:
+def spec() -> tuple[int, int, int, int]:
+    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE`` = ``chunks[:free_sms[:reserve_chunks[:a_rows]]]``:
     ``0`` / unset: off (one quantization of all weights, then one GEMM: the pre-session-6
     forward); ``chunks >= 2``: pipelined; ``free_sms`` (default 16) SMs left to the quantization
-    by the first ``reserve_chunks`` GEMM launches (default ``chunks // 2``)."""
+    by the first ``reserve_chunks`` GEMM launches (default ``chunks // 2``); ``a_rows`` (default
+    ``1``): the activation rows of each chunk's groups are quantized right before its GEMM
+    (``grouped_gemm_fp8_quant``, row window read on the device), ``0``: all of a up front."""
     var = "PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE"
     raw = os.environ.get(var, "").strip()
     if not raw:
-        return 0, 0, 0
+        return 0, 0, 0, 0
     try:
         parts = [int(x) for x in raw.split(":")]
     except ValueError:
         parts = []
-    if not 1 <= len(parts) <= 3 or any(x < 0 for x in parts) or parts[0] == 1:
+    ok = 1 <= len(parts) <= 4 and all(x >= 0 for x in parts) and parts[0] != 1
+    if not ok or (len(parts) == 4 and parts[3] > 1):
         raise ValueError(
-            f"primus_turbo: {var} expected 'chunks[:free_sms[:reserve_chunks]]' with chunks 0 "
-            f"or >= 2 and non-negative integers, got {raw!r}"
+            f"primus_turbo: {var} expected 'chunks[:free_sms[:reserve_chunks[:a_rows]]]' with "
+            f"chunks 0 or >= 2, a_rows 0 or 1 and non-negative integers, got {raw!r}"
         )
     chunks = parts[0]
     free = parts[1] if len(parts) > 1 else 16
     reserve = parts[2] if len(parts) > 2 else chunks // 2
-    return chunks, free, reserve
+    a_rows = parts[3] if len(parts) > 3 else 1
+    return chunks, free, reserve, a_rows
 
 
 @functools.cache
@@ -85,16 +90,21 @@ def pipelined_forward(
     group_offs: torch.Tensor,
     trans_b: bool,
     out_dtype: torch.dtype,
+    fp8_dtype: torch.dtype,
     quant_rows: Callable,
     quant_experts: Callable,
 ) -> torch.Tensor:
     """``[M, N]`` of ``out_dtype``: the rowwise fp8 forward (the caller checked ``usable``).
     ``quant_rows(x) -> (q, s [rows])`` and ``quant_experts(w [Gc, N, K]) -> (q, s [Gc, N])``
-    are the op's quantizations (fp8 dtype and granularity bound)."""
+    are the op's quantizations (``fp8_dtype`` and granularity bound)."""
     from primus_turbo.pytorch.core.platform import num_compute_units
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_quant import (
+        ROW_IN_REGS,
+        quant_rows_window,
+    )
     from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_tma import chunk_plan, launch_fp8_chunk
 
-    chunks, free_sms, reserve = spec()
+    chunks, free_sms, reserve, a_rows = spec()
     g = b.shape[0]
     chunks = min(chunks, g)
     bounds = [round(i * g / chunks) for i in range(chunks + 1)]
@@ -108,18 +118,26 @@ def pipelined_forward(
         reduced = max(1, full - free_sms * ppc)
     else:
         full = reduced = 4
-    qa, sa = quant_rows(a.contiguous())
-    sa = sa.reshape(-1)
-    m = a.shape[0]
+    m, k = a.shape
     n = b.shape[1] if trans_b else b.shape[2]
+    x = a.contiguous()
+    window = a_rows == 1 and k <= ROW_IN_REGS
+    if window:  # each chunk's rows right before its GEMM (quant_rows_window below)
+        qa = torch.empty((m, k), dtype=fp8_dtype, device=a.device)
+        sa = torch.empty((m,), dtype=torch.float32, device=a.device)
+    else:
+        qa, sa = quant_rows(x)
+        sa = sa.reshape(-1)
     c = torch.empty((m, n), dtype=out_dtype, device=a.device)
     # quantization on the caller's stream, chunk GEMMs on the side stream as each chunk's
-    # weights are ready. Every tensor the side stream reads is made before its event and held
+    # operands are ready. Every tensor the side stream reads is made before its event and held
     # (``keep``) until after the final join: the allocator frees in the caller's stream order,
     # so a chunk's weights freed earlier could be reused while its GEMM still reads them
     keep = []
     for i in range(chunks):
         g0, g1 = bounds[i], bounds[i + 1]
+        if window:
+            quant_rows_window(x, qa, sa, group_offs[g0 : g1 + 1])
         w = b[g0:g1]
         qb, sb = quant_experts((w if trans_b else w.transpose(1, 2)).contiguous())
         keep.append((qb, sb))
