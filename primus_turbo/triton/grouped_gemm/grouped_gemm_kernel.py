@@ -609,4 +609,10 @@ def _flat_aot_specs(target: str, forward_specs: list[AotSpec]) -> list[AotSpec]:
         name = spec.name.replace("grouped_gemm_", "grouped_gemm_flat_", 1)
         out.append(AotSpec(name, grouped_gemm_flat_kernel, spec.signature, constexprs,
                            spec.options))  # fmt: skip
+        if target == "sm_90" and spec.name.endswith("_m128n256k64g8w8s3") and "fp8" not in name:
+            # plan flat4 (FLAT4_CONFIG): the same kernel with a 4-stage ring
+            name4 = name.replace("_flat_", "_flat4_", 1)[: -len("s3")] + "s4"
+            options = {**spec.options, "num_stages": 4}
+            out.append(AotSpec(name4, grouped_gemm_flat_kernel, spec.signature, constexprs,
+                               options))  # fmt: skip
     return out

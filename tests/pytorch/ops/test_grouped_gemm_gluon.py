@@ -226,9 +226,12 @@ def test_grouped_gemm_gluon_candidates(monkeypatch):
 
 @pytest.mark.gpu
 def test_grouped_gemm_gluon_gpu_guarded(device):
-    """The GPU cases above in a child pytest, killed after ``_GUARD_S`` s (a hang fails this
-    test instead of stopping the whole run); the child's report is shown on failure."""
+    """The GPU cases above in a child pytest (4 xdist workers where available) in its own
+    process group, killed after ``PRIMUS_TURBO_TEST_GLUON_GUARD_S`` s (default ``_GUARD_S``):
+    a hang fails this test instead of stopping the run; the child's report shows on failure."""
+    import importlib.util
     import os
+    import signal
     import subprocess
     import sys
     from pathlib import Path
@@ -237,20 +240,24 @@ def test_grouped_gemm_gluon_gpu_guarded(device):
         pytest.skip("Gluon wgmma / TMA kernels need CUDA sm_90+ (no interpreter)")
     if os.environ.get(_INPROC) == "1":
         pytest.skip("the child itself")
+    limit = float(os.environ.get("PRIMUS_TURBO_TEST_GLUON_GUARD_S", _GUARD_S))
     repo = Path(__file__).resolve().parents[3]
     cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-v", "-x",
            "--tb=short", "-p", "no:cacheprovider", "-k", "gluon_vk or gluon_fwd"]  # fmt: skip
+    if importlib.util.find_spec("xdist") is not None:
+        cmd += ["-n", "4"]
     env = {**os.environ, _INPROC: "1"}
+    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, text=True,
+                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
-        proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True,
-                              timeout=_GUARD_S)  # fmt: skip
-    except subprocess.TimeoutExpired as e:
-        out = (
-            (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout
-        )
-        pytest.fail(f"Gluon GPU tests did not finish in {_GUARD_S} s (hang?):\n{out}")
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout
+        out, _ = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the child and its xdist workers
+        out, _ = proc.communicate()
+        pytest.fail(f"Gluon GPU tests did not finish in {limit:.0f} s (hang?):\n{out[-8000:]}")
+    assert proc.returncode == 0, out[-8000:]
+    last = out.strip().splitlines()[-1]
+    assert " passed" in last and "skipped" not in last and "failed" not in last, out[-8000:]
 
 
 _COMPILE = """
