@@ -170,8 +170,10 @@ def words_on(name: str, x: torch.Tensor) -> bool:
 def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     """Quantize ``x`` into ``q``/``s`` (and ``qt``/``st``) with ``WORDS_CONFIGS[name]``;
     ``PRIMUS_TURBO_QUANT_WARPS`` / ``_MAXNREG`` (or ``_MAXNREG_WORDS_<NAME>``), ``_RCP``,
-    ``_EVEN``, ``PRIMUS_TURBO_QUANT_WORDS_OFF32`` (32-bit element offsets) and, for MX,
-    ``PRIMUS_TURBO_QUANT_WORDS_TILE=BMxBN`` (default 32x256; warps follow) apply."""
+    ``_EVEN``, ``PRIMUS_TURBO_QUANT_WORDS_OFF32`` (32-bit element offsets),
+    ``PRIMUS_TURBO_QUANT_WORDS_EVICT`` (``1``: evict-first loads, ``2``: also streaming fp8
+    stores; default 0) and, for MX, ``PRIMUS_TURBO_QUANT_WORDS_TILE=BMxBN`` (default 32x256;
+    warps follow) apply."""
     from primus_turbo.triton.quantization import quant_launch as ql
 
     mode, bm, bn, dual = WORDS_CONFIGS[name]
@@ -198,6 +200,9 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     extra = {"maxnreg": nreg} if nvidia else {}
     even = ql._env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0
     ql._env_flag("PRIMUS_TURBO_QUANT_FAST", True)  # validated only: the key amax needs no filter
+    evict = _int_env("PRIMUS_TURBO_QUANT_WORDS_EVICT", 0, 0)
+    if evict > 2:
+        raise ValueError(f"primus_turbo: PRIMUS_TURBO_QUANT_WORDS_EVICT expected 0-2, got {evict}")
     reach = max(x.stride(0), q.stride(0)) * (m + bm) + (qt.stride(0) * (n + bn) if dual else 0)
     off32 = _flag("PRIMUS_TURBO_QUANT_WORDS_OFF32") and reach + m + n + bm + bn < 2**31
     quant_words_kernel[(ql._cdiv(m, bm) * ql._cdiv(n, bn),)](
@@ -207,5 +212,5 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
         EMAX=ql._EMAX[dtype], FMT=ql._interp_fmt(dtype),
         SAT=nvidia and ql._hw_satfinite(x.device.index), EVEN=even,
         RCP=ql._env_flag("PRIMUS_TURBO_QUANT_RCP", False) and nvidia, I64=not off32,
-        num_warps=warps, **extra,
+        EVICT=evict, num_warps=warps, **extra,
     )  # fmt: skip

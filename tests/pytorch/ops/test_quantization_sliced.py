@@ -22,7 +22,7 @@ _ENV = ("PRIMUS_TURBO_QUANT_SLICED", "PRIMUS_TURBO_QUANT_SLICED_MX",
         "PRIMUS_TURBO_QUANT_SLICED_BM", "PRIMUS_TURBO_QUANT_SLICED_IE8",
         "PRIMUS_TURBO_QUANT_SLICED_OFF32", "PRIMUS_TURBO_QUANT_WORDS",
         "PRIMUS_TURBO_QUANT_WORDS_OFF32", "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_ROWS",
-        "PRIMUS_TURBO_QUANT_WORDS_TILE")  # fmt: skip
+        "PRIMUS_TURBO_QUANT_WORDS_TILE", "PRIMUS_TURBO_QUANT_WORDS_EVICT")  # fmt: skip
 
 
 def _same_bits(a, b):
@@ -69,7 +69,9 @@ if HAS_GPU:  # the default tiles, one tile per program and persistent; the round
               ("block1x128", "WORDS=1 WORDS_OFF32=1", "0"),
               ("mx_dual", "WORDS=1 WORDS_TILE=64x256", "0"),
               ("mx_rows", "WORDS=1 WORDS_TILE=32x512", "0"), ("block1x128", "WORDS=1 RCP=1", "0"),
-              ("mx_dual", "WORDS=1 WORDS_TILE=32x128", "0")]  # fmt: skip
+              ("mx_dual", "WORDS=1 WORDS_TILE=32x128", "0"),
+              ("mx_dual", "WORDS=1 WORDS_EVICT=2", "0"), ("mx_rows", "WORDS=1 WORDS_EVICT=1", "0"),
+              ("block1x128", "WORDS=1 WORDS_EVICT=2", "0")]  # fmt: skip
 
 
 @pytest.mark.parametrize("recipe,extra,persist", CASES, ids=["-".join(map(str, c)) for c in CASES])
@@ -208,7 +210,8 @@ def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch):
                                        ("PRIMUS_TURBO_QUANT_SLICED_PERSIST", "-1"),
                                        ("PRIMUS_TURBO_QUANT_WORDS", "mx"),
                                        ("PRIMUS_TURBO_QUANT_WORDS_OFF32", "2"),
-                                       ("PRIMUS_TURBO_QUANT_WORDS_TILE", "48x256")])  # fmt: skip
+                                       ("PRIMUS_TURBO_QUANT_WORDS_TILE", "48x256"),
+                                       ("PRIMUS_TURBO_QUANT_WORDS_EVICT", "3")])  # fmt: skip
 def test_sliced_env_validated(monkeypatch, var, value):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "1")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1" if "WORDS" in var else "0")
