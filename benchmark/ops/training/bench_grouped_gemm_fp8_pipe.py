@@ -11,7 +11,8 @@ so clock and power drift reach every variant alike. Variants:
   ``--pipelines`` entry; see ``kernels/grouped_gemm/grouped_gemm_fp8_pipe.py``);
 * ``wcache``: pipeline off, ``PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE=1`` (weights quantized
   once, as within one optimizer step) -- with ``--wcache``;
-* pieces alone: ``quant_a``, ``quant_b`` (the op's two quantizations) and ``gemm`` (the TMA fp8
+* pieces alone: ``quant_a``, ``quant_b`` (the op's two quantizations), ``quant_a_win`` (the
+  pipeline's row-window quantization of a, all groups in one window) and ``gemm`` (the TMA fp8
   GEMM on operands quantized beforehand, tuned plan); ``gemm:chunk1`` (the pipeline's chunk
   kernel over all experts, one launch; ``gemm:chunk1pf`` with its scales prefetched into L1);
   ``gemm:<plan>`` per ``--gemm-configs``.
@@ -78,6 +79,7 @@ def _variants(a, b, gl, args) -> dict:
     qb, sb = _quant_experts(b, f8, row)
     out["quant_a"] = (("0", False), lambda: _quant_rows(a, f8, row))
     out["quant_b"] = (("0", False), lambda: _quant_experts(b, f8, row))
+    out["quant_a_win"] = (("0", False), lambda: _quant_window(a, offs, f8))
     out["gemm"] = (("0", False), lambda: grouped_gemm_fp8_tma(qa, qb, offs, sa, sb, torch.bfloat16))
     bf = torch.bfloat16
     out["gemm:chunk1"] = (("0", False), lambda: _one_chunk(qa, qb, offs, sa, sb, False))
@@ -90,6 +92,16 @@ def _variants(a, b, gl, args) -> dict:
         run = lambda t=tile, v=variant: grouped_gemm_fp8_tma(qa, qb, offs, sa, sb, bf, t, v)  # noqa: E731
         out[f"gemm:{name}"] = (("0", False), run)
     return out
+
+
+def _quant_window(a, offs, f8):
+    """The pipeline's row-window quantization over all groups (vs ``quant_a``)."""
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_quant import quant_rows_window
+
+    q = torch.empty(a.shape, dtype=f8, device=a.device)
+    s = torch.empty(a.shape[0], dtype=torch.float32, device=a.device)
+    quant_rows_window(a, q, s, offs)
+    return q, s
 
 
 def device_is_cuda(t: torch.Tensor) -> bool:
@@ -209,7 +221,7 @@ def run_case(case, args, device) -> dict:
     row = {"Case": case.label, "G": g, "M": m, "N": n, "K": k}
     for name, t in ms.items():
         row[f"{name} ms"] = t
-        if name not in ("quant_a", "quant_b"):
+        if not name.startswith("quant"):
             row[f"{name} TFLOPS"] = flops / t / 1e9
             row[f"{name} vs bf16"] = ms["bf16"] / t
     print(f"{case.label} G={g} M={m} N={n} K={k}")
