@@ -1,4 +1,9 @@
-"""Launcher of ``quant_sliced_kernel`` (quant_dual.py), selected in quant_launch by env vars.
+"""Launchers of ``quant_sliced_kernel`` (quant_dual.py) and ``quant_words_kernel``
+(quant_words.py), selected in quant_launch by env vars.
+
+* ``PRIMUS_TURBO_QUANT_WORDS`` (session 6): unset = the word-sliced kernel for the MX rows,
+  MX dual and 1x128 dual recipes (bf16, even ``N``; see ``words_on`` / ``launch_words``),
+  ``0`` = the routing below, ``1`` = all, or a comma list of recipe names.
 
 Defaults are the H200 winners of run 5.2 (graph device time, 3 shapes, x of copy bandwidth):
 MX dual 0.721 sliced vs 0.496 v3, MX rows 0.817 vs 0.783; the 1x128 dual 0.645 vs 0.696 for v3

@@ -15,7 +15,7 @@ two amaxes):
   unsigned max skips them as ``_finite_abs`` does (a block of only inf/NaN: amax 0). The
   amax's bf16 bits are ``(max(key, 2^24) - 2^24) >> 17``, exactly the fp32 amax of the
   ``_finite_abs`` path (bf16 -> fp32 is exact);
-* E8M0 scales from those bits in integer ops (``_e8m0_bits``: bitwise ``_e8m0_scale``);
+* E8M0 scales from those bits in integer ops (``_scales``: bitwise ``_e8m0_scale``);
   1x128 scales as ``_scale_of`` (``_scale_rcp`` with ``RCP``) of the same fp32 amax;
 * the fp32 products of a slice joined ``(lo, hi)`` before the fp8 conversion, so each
   converted pair is two adjacent outputs (no byte permutes); the column copy joins the 8
