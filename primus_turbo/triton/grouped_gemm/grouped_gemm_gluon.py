@@ -230,12 +230,13 @@ GLUON_VK_VARIANTS = {"gl": False, "gls": True}
 
 
 def gluon_vk_usable(x, y, c, variant: str, cfg) -> bool:
-    """CUDA sm_90+ (not ROCm), 2-byte operands with TMA-able layouts; ``gls`` also needs
-    ``P % BLOCK_M == 0`` and 16-byte output rows (``C`` viewed as ``[G * P, Q]``)."""
+    """CUDA sm_90+ (not ROCm), 2-byte operands with TMA-able layouts, the output in their
+    dtype; ``gls`` also needs ``P % BLOCK_M == 0`` and 16-byte output rows (``C`` viewed as
+    ``[G * P, Q]``)."""
     import torch
 
-    if not (x.is_cuda and torch.version.hip is None):
-        return False
+    if not (x.is_cuda and torch.version.hip is None) or c.dtype != x.dtype:
+        return False  # (the kernel stores in the operands' dtype)
     if torch.cuda.get_device_capability(x.device)[0] < 9:
         return False
     from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import _tma_layout_ok

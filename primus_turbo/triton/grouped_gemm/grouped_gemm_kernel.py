@@ -371,8 +371,8 @@ def grouped_gemm_triton(
         if tma_ok and family == ArchFamily.HOPPER and mode in ("gluon", "tune"):
             from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon_fwd import gluon_fwd_usable
 
-            def gluon_ok(variant, cfg):
-                return gluon_fwd_usable(a, b, trans_b, variant, cfg)
+            def gluon_ok(variant, cfg):  # (the kernel stores in a's dtype)
+                return c.dtype == a.dtype and gluon_fwd_usable(a, b, trans_b, variant, cfg)
 
         plans = forward_plans(family, mode, tma_ok, k, trans_b, m // g, n, gluon_ok)
         default = ("table", cfg) if mode == "tune" else plans[0]
