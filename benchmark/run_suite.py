@@ -280,7 +280,7 @@ TASKS: list[dict[str, Any]] = [
         "group": "grouped_gemm_fp8",
         "profile": "gpu",
         "script": "ops/training/bench_grouped_gemm_fp8_pipe.py",
-        "args": ["--models", "DeepSeek-V3", "--pipelines", "8:16:4", "4:16:2", "--wcache"],
+        "args": ["--models", "DeepSeek-V3", "--pipelines", "8:16:7", "8:16:7:0", "--wcache"],
         "env": {},
         "output": "grouped_gemm_fp8_pipe_{date}_{gpu}.csv",
     },

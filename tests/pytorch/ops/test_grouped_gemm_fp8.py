@@ -339,7 +339,7 @@ def test_grouped_gemm_fp8_pipeline_spec(monkeypatch, device):
     pipe = _pipe_env(monkeypatch, "")
     try:
         assert pipe.spec() == (0, 0, 0, 0)
-        for raw, want in (("8", (8, 16, 4, 1)), ("4:24", (4, 24, 2, 1)),
+        for raw, want in (("8", (8, 16, 7, 1)), ("4:24", (4, 24, 3, 1)),
                           ("6:0:0", (6, 0, 0, 1)), ("6:8:2:0", (6, 8, 2, 0))):  # fmt: skip
             _pipe_env(monkeypatch, raw)
             assert pipe.spec() == want

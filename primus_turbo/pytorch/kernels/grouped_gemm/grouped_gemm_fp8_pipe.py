@@ -37,7 +37,8 @@ def spec() -> tuple[int, int, int, int]:
     """``PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE`` = ``chunks[:free_sms[:reserve_chunks[:a_rows]]]``:
     ``0`` / unset: off (one quantization of all weights, then one GEMM: the pre-session-6
     forward); ``chunks >= 2``: pipelined; ``free_sms`` (default 16) SMs left to the quantization
-    by the first ``reserve_chunks`` GEMM launches (default ``chunks // 2``); ``a_rows`` (default
+    by the first ``reserve_chunks`` GEMM launches (default ``chunks - 1``: the quantization of
+    chunk ``i + 1`` runs during the GEMM of chunk ``i``, none during the last); ``a_rows`` (default
     ``1``): the activation rows of each chunk's groups are quantized right before its GEMM
     (``grouped_gemm_fp8_quant``, row window read on the device), ``0``: all of a up front."""
     var = "PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE"
@@ -56,7 +57,7 @@ def spec() -> tuple[int, int, int, int]:
         )
     chunks = parts[0]
     free = parts[1] if len(parts) > 1 else 16
-    reserve = parts[2] if len(parts) > 2 else chunks // 2
+    reserve = parts[2] if len(parts) > 2 else max(chunks - 1, 0)
     a_rows = parts[3] if len(parts) > 3 else 1
     return chunks, free, reserve, a_rows
 
