@@ -19,11 +19,12 @@ already exist for the capturing stream (warm up eagerly on it first, as torch re
 otherwise that call takes the two-launch ``own`` path (``None`` is returned to the caller).
 
 Knobs: ``PRIMUS_TURBO_QUANT_TW_P_BLOCK`` (flat tile, power of two in [1024, 32768], default
-8192), ``_TW_P_TILE`` (dual tile ``BMxBN``, default 64x128),
-``_TW_P_HOLD`` (tiles held in registers per program, 0-4, default 2: no spill at 128
-registers on sm_90), ``_TW_P_WARPS`` (default 8), ``_TW_P_PER_SM`` (programs per SM requested,
-default 2 on NVIDIA (register cap 65536 / (per_sm x warps x 32)), 1 on AMD), ``_TW_SPIN``, and
-the ``own`` path's ``_TW_CS`` / ``_TW_EVICT_CAST`` (``_TW_EVICT=none``: normal amax loads).
+8192), ``_TW_P_TILE`` (dual tile ``BMxBN``, default 64x128), ``_TW_P_HOLD`` (tiles held in
+registers per program, 0-4, default 3 flat / 2 dual: the most without a spill at 128
+registers on sm_90, 119 / 125), ``_TW_P_WARPS`` (default 8), ``_TW_P_PER_SM`` (programs per
+SM requested, default 2 on NVIDIA, register cap 65536 / (per_sm x warps x 32); 1 on AMD),
+``_TW_SPIN``, and the ``own`` path's ``_TW_CS`` / ``_TW_EVICT_CAST`` / ``_TW_EVICT``
+(``none``: normal amax loads instead of ``evict_last``).
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def quant_tw_persist(x: torch.Tensor, dtype: torch.dtype, dual: bool):
             "primus_turbo: PRIMUS_TURBO_QUANT_TW_P_PER_SM x PRIMUS_TURBO_QUANT_TW_P_WARPS "
             f"expected <= 64, got {want} x {warps}"
         )
-    raw = os.environ.get("PRIMUS_TURBO_QUANT_TW_P_HOLD", "").strip() or "2"
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_TW_P_HOLD", "").strip() or ("2" if dual else "3")
     if raw not in ("0", "1", "2", "3", "4"):
         raise ValueError(f"primus_turbo: PRIMUS_TURBO_QUANT_TW_P_HOLD expected 0-4, got {raw!r}")
     nh = int(raw)

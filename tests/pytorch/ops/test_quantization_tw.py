@@ -310,7 +310,7 @@ def test_twp_env_validated(monkeypatch, var, value):
             "PRIMUS_TURBO_QUANT_TW_P_BLOCK": "16384",
             "PRIMUS_TURBO_QUANT_TW_P_PER_SM": "1",
         },
-        {"PRIMUS_TURBO_QUANT_TW_P_TILE": "64x128", "PRIMUS_TURBO_QUANT_TW_P_HOLD": "3"},
+        {"PRIMUS_TURBO_QUANT_TW_P_TILE": "128x128", "PRIMUS_TURBO_QUANT_TW_P_HOLD": "1"},
         {"PRIMUS_TURBO_QUANT_TW_P_WARPS": "16", "PRIMUS_TURBO_QUANT_TW_P_PER_SM": "1"},
         {"PRIMUS_TURBO_QUANT_TW_P_PER_SM": "3"},
         {"PRIMUS_TURBO_QUANT_TW_SPIN": "1"},  # most programs run out of polls: whole amax
