@@ -212,7 +212,11 @@ def run_case(case, args, device) -> dict:
             err = ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
             print(f"  {name}: rel diff to {base} {err:.2e}{'' if err < 1e-3 else '  MISMATCH'}")
         if device.type == "cuda":
-            graphs[name] = _capture(fn, None)
+            try:
+                graphs[name] = _capture(fn, None)
+            except Exception as e:  # noqa: BLE001 -- report, time the others
+                print(f"  {name}: CAPTURE FAILED {type(e).__name__}: {str(e)[:200]}")
+                torch.cuda.synchronize()
         else:
             runs[name] = fn
     _set_env("0", False)
@@ -223,7 +227,7 @@ def run_case(case, args, device) -> dict:
         row[f"{name} ms"] = t
         if not name.startswith("quant"):
             row[f"{name} TFLOPS"] = flops / t / 1e9
-            row[f"{name} vs bf16"] = ms["bf16"] / t
+            row[f"{name} vs bf16"] = ms.get("bf16", math.nan) / t
     print(f"{case.label} G={g} M={m} N={n} K={k}")
     for name, t in ms.items():
         extra = f"  x{row[f'{name} vs bf16']:.3f} vs bf16" if f"{name} vs bf16" in row else ""
