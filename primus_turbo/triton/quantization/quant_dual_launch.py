@@ -177,8 +177,9 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     ``PRIMUS_TURBO_QUANT_WARPS`` / ``_MAXNREG`` (or ``_MAXNREG_WORDS_<NAME>``), ``_RCP``,
     ``_EVEN``, ``PRIMUS_TURBO_QUANT_WORDS_OFF32`` (32-bit element offsets),
     ``PRIMUS_TURBO_QUANT_WORDS_EVICT`` (``1``: evict-first loads, ``2``: also streaming fp8
-    stores; default 0) and, for MX, ``PRIMUS_TURBO_QUANT_WORDS_TILE=BMxBN`` (default 32x256;
-    warps follow) apply."""
+    stores; default 0), ``PRIMUS_TURBO_QUANT_WORDS_REREAD`` (``1``: the dual recipes load the
+    tile again for the column copy instead of holding it in registers) and, for MX,
+    ``PRIMUS_TURBO_QUANT_WORDS_TILE=BMxBN`` (default 32x256; warps follow) apply."""
     from primus_turbo.triton.quantization import quant_launch as ql
 
     mode, bm, bn, dual = WORDS_CONFIGS[name]
@@ -217,5 +218,5 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
         EMAX=ql._EMAX[dtype], FMT=ql._interp_fmt(dtype),
         SAT=nvidia and ql._hw_satfinite(x.device.index), EVEN=even,
         RCP=ql._env_flag("PRIMUS_TURBO_QUANT_RCP", False) and nvidia, I64=not off32,
-        EVICT=evict, num_warps=warps, **extra,
+        EVICT=evict, REREAD=_flag("PRIMUS_TURBO_QUANT_WORDS_REREAD"), num_warps=warps, **extra,
     )  # fmt: skip

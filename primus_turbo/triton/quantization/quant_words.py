@@ -186,6 +186,7 @@ def quant_words_kernel(
     DUAL: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr = 8,
     FMT: tl.constexpr = (0, 0, 0, 0), SAT: tl.constexpr = False, EVEN: tl.constexpr = False,
     RCP: tl.constexpr = False, I64: tl.constexpr = True, EVICT: tl.constexpr = 0,
+    REREAD: tl.constexpr = False,
 ):  # fmt: skip
     """``x`` [M, N] bf16 (unit column stride, ``stride_xw`` its row stride in 32-bit words) ->
     ``q`` [M, N] and, with ``DUAL``, ``qt`` [N, M]; scales as ``quant_sliced_kernel``'s (MX:
@@ -219,21 +220,31 @@ def quant_words_kernel(
     l5, h5 = _keys(w5)
     l6, h6 = _keys(w6)
     l7, h7 = _keys(w7)
-    s0 = _row_out(w0, tl.max(tl.maximum(l0, h0), axis=2), rows + 0, cols, q_ptr, M, N,
+    # the reductions first, so the 16 key tensors die before the row outputs: per slice the
+    # (row, group) key max, over the slices the column partial maxima (dead code without DUAL)
+    r0, r1 = tl.max(tl.maximum(l0, h0), axis=2), tl.max(tl.maximum(l1, h1), axis=2)
+    r2, r3 = tl.max(tl.maximum(l2, h2), axis=2), tl.max(tl.maximum(l3, h3), axis=2)
+    r4, r5 = tl.max(tl.maximum(l4, h4), axis=2), tl.max(tl.maximum(l5, h5), axis=2)
+    r6, r7 = tl.max(tl.maximum(l6, h6), axis=2), tl.max(tl.maximum(l7, h7), axis=2)
+    klo = tl.maximum(tl.maximum(tl.maximum(l0, l1), tl.maximum(l2, l3)),
+                     tl.maximum(tl.maximum(l4, l5), tl.maximum(l6, l7)))  # fmt: skip
+    khi = tl.maximum(tl.maximum(tl.maximum(h0, h1), tl.maximum(h2, h3)),
+                     tl.maximum(tl.maximum(h4, h5), tl.maximum(h6, h7)))  # fmt: skip
+    s0 = _row_out(w0, r0, rows + 0, cols, q_ptr, M, N,
                   stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
-    s1 = _row_out(w1, tl.max(tl.maximum(l1, h1), axis=2), rows + 1, cols, q_ptr, M, N,
+    s1 = _row_out(w1, r1, rows + 1, cols, q_ptr, M, N,
                   stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
-    s2 = _row_out(w2, tl.max(tl.maximum(l2, h2), axis=2), rows + 2, cols, q_ptr, M, N,
+    s2 = _row_out(w2, r2, rows + 2, cols, q_ptr, M, N,
                   stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
-    s3 = _row_out(w3, tl.max(tl.maximum(l3, h3), axis=2), rows + 3, cols, q_ptr, M, N,
+    s3 = _row_out(w3, r3, rows + 3, cols, q_ptr, M, N,
                   stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
-    s4 = _row_out(w4, tl.max(tl.maximum(l4, h4), axis=2), rows + 4, cols, q_ptr, M, N,
+    s4 = _row_out(w4, r4, rows + 4, cols, q_ptr, M, N,
                   stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
-    s5 = _row_out(w5, tl.max(tl.maximum(l5, h5), axis=2), rows + 5, cols, q_ptr, M, N,
+    s5 = _row_out(w5, r5, rows + 5, cols, q_ptr, M, N,
                   stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
-    s6 = _row_out(w6, tl.max(tl.maximum(l6, h6), axis=2), rows + 6, cols, q_ptr, M, N,
+    s6 = _row_out(w6, r6, rows + 6, cols, q_ptr, M, N,
                   stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
-    s7 = _row_out(w7, tl.max(tl.maximum(l7, h7), axis=2), rows + 7, cols, q_ptr, M, N,
+    s7 = _row_out(w7, r7, rows + 7, cols, q_ptr, M, N,
                   stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
     sv = _join8(s0[:, :, None], s1[:, :, None], s2[:, :, None], s3[:, :, None],
                 s4[:, :, None], s5[:, :, None], s6[:, :, None], s7[:, :, None])  # fmt: skip
@@ -247,10 +258,15 @@ def quant_words_kernel(
         tl.store(s_ptrs, sv, mask=(r8 < M) & (g8 * C < N))
     if DUAL:
         NB: tl.constexpr = BM // 32 if MODE == 4 else 1
-        klo = tl.maximum(tl.maximum(tl.maximum(l0, l1), tl.maximum(l2, l3)),
-                         tl.maximum(tl.maximum(l4, l5), tl.maximum(l6, l7)))  # fmt: skip
-        khi = tl.maximum(tl.maximum(tl.maximum(h0, h1), tl.maximum(h2, h3)),
-                         tl.maximum(tl.maximum(h4, h5), tl.maximum(h6, h7)))  # fmt: skip
+        if REREAD:  # the tile again (L1/L2 hits) instead of holding its words in registers
+            w0 = _wld(xw_ptr, rows + 0, wc, M, NW, stride_xw, EVEN, I64, 0)
+            w1 = _wld(xw_ptr, rows + 1, wc, M, NW, stride_xw, EVEN, I64, 0)
+            w2 = _wld(xw_ptr, rows + 2, wc, M, NW, stride_xw, EVEN, I64, 0)
+            w3 = _wld(xw_ptr, rows + 3, wc, M, NW, stride_xw, EVEN, I64, 0)
+            w4 = _wld(xw_ptr, rows + 4, wc, M, NW, stride_xw, EVEN, I64, 0)
+            w5 = _wld(xw_ptr, rows + 5, wc, M, NW, stride_xw, EVEN, I64, 0)
+            w6 = _wld(xw_ptr, rows + 6, wc, M, NW, stride_xw, EVEN, I64, 0)
+            w7 = _wld(xw_ptr, rows + 7, wc, M, NW, stride_xw, EVEN, I64, 0)
         slo, stlo = _scales(_col_reduce(klo, NB), MODE, FMAX, EMAX, RCP)  # [NB, G, W]
         shi, sthi = _scales(_col_reduce(khi, NB), MODE, FMAX, EMAX, RCP)
         wc3 = tl.reshape(wc, (1, G, W))
@@ -302,7 +318,8 @@ def words_warps(bm: int, bn: int, lanes: int) -> int:
 # the default tiles with PRIMUS_TURBO_QUANT_WORDS_EVICT=2 (cache hints on every target)
 _AOT_TILES = {"mx_dual_64x256": ("mx_dual", 64, 256), "mx_dual_32x128": ("mx_dual", 32, 128),
               "mx_rows_32x512": ("mx_rows", 32, 512), "block_dual_evict": ("block_dual", 128, 128),
-              "mx_dual_evict": ("mx_dual", 32, 256)}  # fmt: skip
+              "mx_dual_evict": ("mx_dual", 32, 256), "block_dual_reread": ("block_dual", 128, 128),
+              "mx_dual_reread": ("mx_dual", 32, 256)}  # fmt: skip
 
 
 def aot_specs(target: str) -> list[AotSpec]:
@@ -327,7 +344,8 @@ def aot_specs(target: str) -> list[AotSpec]:
         for even in evens:
             cx = {"BM": bm, "BN": bn, "MODE": mode, "DUAL": dual, "FMAX": fmax, "EMAX": 8,
                   "FMT": (0, 0, 0, 0), "SAT": target == "sm_90", "EVEN": even, "RCP": False,
-                  "I64": True, "EVICT": 2 if name.endswith("_evict") else 0}  # fmt: skip
+                  "I64": True, "EVICT": 2 if name.endswith("_evict") else 0,
+                  "REREAD": name.endswith("_reread")}  # fmt: skip
             opts = {"num_warps": words_warps(bm, bn, lanes)}
             if target == "sm_90":
                 opts["maxnreg"] = WORDS_MAXNREG[base]

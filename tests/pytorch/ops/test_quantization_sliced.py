@@ -22,7 +22,9 @@ _ENV = ("PRIMUS_TURBO_QUANT_SLICED", "PRIMUS_TURBO_QUANT_SLICED_MX",
         "PRIMUS_TURBO_QUANT_SLICED_BM", "PRIMUS_TURBO_QUANT_SLICED_IE8",
         "PRIMUS_TURBO_QUANT_SLICED_OFF32", "PRIMUS_TURBO_QUANT_WORDS",
         "PRIMUS_TURBO_QUANT_WORDS_OFF32", "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_ROWS",
-        "PRIMUS_TURBO_QUANT_WORDS_TILE", "PRIMUS_TURBO_QUANT_WORDS_EVICT")  # fmt: skip
+        "PRIMUS_TURBO_QUANT_WORDS_TILE", "PRIMUS_TURBO_QUANT_WORDS_EVICT",
+        "PRIMUS_TURBO_QUANT_WORDS_REREAD",
+        "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_BLOCK_DUAL")  # fmt: skip
 
 
 def _same_bits(a, b):
@@ -57,8 +59,14 @@ CASES = [("block1x128", None, "0"), ("block1x128", None, "2"), ("mx_dual", "SLIC
          ("mx_dual", "SLICED_BM=64", "0"), ("mx_dual", "SLICED_IE8=1", "0"),
          ("mx_dual", "SLICED_OFF32=1", "0"), ("mx_dual", "WORDS=1", "0"),
          ("mx_rows", "WORDS=1", "0"), ("block1x128", "WORDS=1", "0"),
-         ("mx_dual", "WORDS=1 WORDS_TILE=64x128", "0")]  # fmt: skip
-_ODD_ONLY = ("SLICED_BM=64", "SLICED_BN=64", "WORDS=1 WORDS_TILE=64x128")  # CPU: masked only
+         ("mx_dual", "WORDS=1 WORDS_TILE=64x128", "0"),
+         ("block1x128", "WORDS=1 WORDS_REREAD=1", "0")]  # fmt: skip
+_ODD_ONLY = (
+    "SLICED_BM=64",
+    "SLICED_BN=64",
+    "WORDS=1 WORDS_TILE=64x128",
+    "WORDS=1 WORDS_REREAD=1",
+)  # CPU: masked shapes only
 if HAS_GPU:  # the default tiles, one tile per program and persistent; the round-2 variants
     CASES += [("mx_dual", None, "0"), ("mx_dual", None, "4"), ("mx_rows", None, "0"),
               ("mx_dual", "SLICED_BN=128", "3"), ("mx_rows", "SLICED_BN=64", "1"),
@@ -70,8 +78,12 @@ if HAS_GPU:  # the default tiles, one tile per program and persistent; the round
               ("mx_dual", "WORDS=1 WORDS_TILE=64x256", "0"),
               ("mx_rows", "WORDS=1 WORDS_TILE=32x512", "0"), ("block1x128", "WORDS=1 RCP=1", "0"),
               ("mx_dual", "WORDS=1 WORDS_TILE=32x128", "0"),
-              ("mx_dual", "WORDS=1 WORDS_EVICT=2", "0"), ("mx_rows", "WORDS=1 WORDS_EVICT=1", "0"),
-              ("block1x128", "WORDS=1 WORDS_EVICT=2", "0")]  # fmt: skip
+              ("mx_dual", "WORDS=1 WORDS_EVICT=2", "0"),
+              ("mx_rows", "WORDS=1 WORDS_EVICT=1", "0"),
+              ("block1x128", "WORDS=1 WORDS_EVICT=2", "0"),
+              ("mx_dual", "WORDS=1 WORDS_REREAD=1", "0"),
+              ("block1x128", "WORDS=1 WORDS_REREAD=1 MAXNREG_WORDS_BLOCK_DUAL=80",
+               "0")]  # fmt: skip
 
 
 @pytest.mark.parametrize("recipe,extra,persist", CASES, ids=["-".join(map(str, c)) for c in CASES])
@@ -211,7 +223,8 @@ def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch):
                                        ("PRIMUS_TURBO_QUANT_WORDS", "mx"),
                                        ("PRIMUS_TURBO_QUANT_WORDS_OFF32", "2"),
                                        ("PRIMUS_TURBO_QUANT_WORDS_TILE", "48x256"),
-                                       ("PRIMUS_TURBO_QUANT_WORDS_EVICT", "3")])  # fmt: skip
+                                       ("PRIMUS_TURBO_QUANT_WORDS_EVICT", "3"),
+                                       ("PRIMUS_TURBO_QUANT_WORDS_REREAD", "2")])  # fmt: skip
 def test_sliced_env_validated(monkeypatch, var, value):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "1")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1" if "WORDS" in var else "0")
