@@ -67,16 +67,18 @@ def _amax_of(kmax):
 def _scales(kmax, MODE: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr,
             RCP: tl.constexpr):  # fmt: skip
     """(multiplier, stored scale) of blocks with key maximum ``kmax``: MX E8M0 (the biased
-    exponent byte, bitwise ``_e8m0_scale``: ``eb = max(exponent(amax), 1)`` is the exponent of
-    ``max(amax, 2^-126)``, stored ``clamp(eb - EMAX, 0, 254)``, multiplier ``2^(127 - stored)``
-    built from its bits), ROWS fp32 ``_scale_of``."""
-    amax, b = _amax_of(kmax)
+    exponent byte, bitwise ``_e8m0_scale``: ``max(exponent(amax), 1)`` is the exponent of
+    ``max(amax, 2^-126)``, stored ``clamp(that - EMAX, 0, 254)``, multiplier
+    ``2^(127 - stored)`` built from its bits), ROWS fp32 ``_scale_of``."""
     if MODE == 4:  # (one return per function: Triton checks the types of every return)
-        eb = tl.maximum((b >> 7).to(tl.int32), 1) - EMAX
-        eb = tl.minimum(tl.maximum(eb, 0), 254)
+        # = clamp(max(exponent, 1) - EMAX, 0, 254): the exponent of a key >= 2^24 is
+        # (key >> 24) - 1, a key < 2^24 (amax 0) gives a negative value; no upper clamp
+        # (exponent <= 254 for a finite amax, EMAX >= 8)
+        eb = tl.maximum((kmax >> 24).to(tl.int32) - (1 + EMAX), 0)
         scale = ((254 - eb) << 23).to(tl.float32, bitcast=True)
         sinv = eb
     else:
+        amax, _ = _amax_of(kmax)
         scale, sinv = _scale_rcp(amax, FMAX, RCP)
     return scale, sinv
 
