@@ -211,12 +211,15 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
         raise ValueError(f"primus_turbo: PRIMUS_TURBO_QUANT_WORDS_EVICT expected 0-2, got {evict}")
     reach = max(x.stride(0), q.stride(0)) * (m + bm) + (qt.stride(0) * (n + bn) if dual else 0)
     off32 = _flag("PRIMUS_TURBO_QUANT_WORDS_OFF32") and reach + m + n + bm + bn < 2**31
-    quant_words_kernel[(ql._cdiv(m, bm) * ql._cdiv(n, bn),)](
+    grid_m, grid_n = ql._cdiv(m, bm), ql._cdiv(n, bn)
+    grid2d = grid_m <= 65535
+    quant_words_kernel[(grid_n, grid_m) if grid2d else (grid_m * grid_n,)](
         x, ql._u8(q), s, ql._u8(qt if dual else q), st if dual else s,
         m, n, x.stride(0) // 2, q.stride(0), qt.stride(0) if dual else 0, *s_strides,
         *st_strides, BM=bm, BN=bn, MODE=mode, DUAL=dual, FMAX=ql._fmax(dtype),
         EMAX=ql._EMAX[dtype], FMT=ql._interp_fmt(dtype),
         SAT=nvidia and ql._hw_satfinite(x.device.index), EVEN=even,
         RCP=ql._env_flag("PRIMUS_TURBO_QUANT_RCP", False) and nvidia, I64=not off32,
-        EVICT=evict, REREAD=_flag("PRIMUS_TURBO_QUANT_WORDS_REREAD"), num_warps=warps, **extra,
+        EVICT=evict, REREAD=_flag("PRIMUS_TURBO_QUANT_WORDS_REREAD"), GRID2D=grid2d,
+        num_warps=warps, **extra,
     )  # fmt: skip

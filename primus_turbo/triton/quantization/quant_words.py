@@ -23,8 +23,10 @@ two amaxes):
   ``[C/8, R, G, 8, 8]`` view whose dims are in the order Triton's store coalescing assigns
   lanes, so the store needs no layout conversion (quant_dual's goes through shared memory:
   4 stmatrix rounds, 8 barriers per MX tile).
-sm_90 SASS per element (even tiles): MX dual 13.2 (sliced 18.6), MX rows 8.4 (10.5), 1x128
-dual 17.1 (sliced 21.5, v3 25; shared memory 2 KB vs 16 KB).
+Slice ``k``'s pointers are slice 0's plus ``k`` rows (one add, not a 64-bit multiply per
+slice); the grid is 2-D (no integer division for the tile coordinates) unless the tile rows
+exceed a grid axis. sm_90 SASS per element (even tiles): MX dual 11.75 (sliced 18.6), MX rows
+7.4 (10.5), 1x128 dual 16.25 (sliced 21.5, v3 25; shared memory 2 KB vs 16 KB).
 Results are bitwise those of ``quant_sliced_kernel`` / ``quant_tile_v2_kernel``. The launcher
 checks what word loads need: an even ``N`` and row stride, a 4-byte aligned input.
 """
@@ -102,18 +104,30 @@ def _join2(lo, hi):
 
 
 @triton.jit
-def _wld(xw_ptr, rows, wcols, M, NW, stride_w, EVEN: tl.constexpr, I64: tl.constexpr,
-         EVICT: tl.constexpr):  # fmt: skip
-    """Words of one slice; ``EVICT >= 1``: ``evict_first`` (the input is read once)."""
-    ptrs = _ptrs(xw_ptr, rows, stride_w, wcols, I64)
+def _koff(k: tl.constexpr, stride, I64: tl.constexpr):
+    """Offset of slice ``k`` from slice 0 (``k`` rows of ``stride`` elements)."""
+    if I64:  # (one return per function: Triton checks the types of every return)
+        off = stride.to(tl.int64) * k
+    else:
+        off = stride * k
+    return off
+
+
+@triton.jit
+def _wld(xb, k: tl.constexpr, rows, wcols, M, NW, stride_w, EVEN: tl.constexpr,
+         I64: tl.constexpr, EVICT: tl.constexpr):  # fmt: skip
+    """Words of slice ``k`` (``xb``: slice 0's pointers, ``rows`` its rows); ``EVICT >= 1``:
+    ``evict_first`` (the input is read once)."""
+    ptrs = xb + _koff(k, stride_w, I64)
     if EVEN and EVICT >= 1:
         w = tl.load(ptrs, eviction_policy="evict_first")
     elif EVEN:
         w = tl.load(ptrs)
     elif EVICT >= 1:
-        w = tl.load(ptrs, mask=(rows < M) & (wcols < NW), other=0, eviction_policy="evict_first")
+        w = tl.load(ptrs, mask=(rows + k < M) & (wcols < NW), other=0,
+                    eviction_policy="evict_first")  # fmt: skip
     else:
-        w = tl.load(ptrs, mask=(rows < M) & (wcols < NW), other=0)
+        w = tl.load(ptrs, mask=(rows + k < M) & (wcols < NW), other=0)
     return w
 
 
@@ -131,16 +145,17 @@ def _st(ptrs, v, mask, EVEN: tl.constexpr, EVICT: tl.constexpr):
 
 
 @triton.jit
-def _row_out(w, kmax, rows, cols, q_ptr, M, N, stride_qm, MODE: tl.constexpr,
+def _row_out(w, kmax, k: tl.constexpr, rows, cols, qb, M, N, stride_qm, MODE: tl.constexpr,
              FMAX: tl.constexpr, EMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr,
              EVEN: tl.constexpr, RCP: tl.constexpr, I64: tl.constexpr,
              EVICT: tl.constexpr):  # fmt: skip
-    """Row-quantize one slice of words ``w`` ``[R, G, W]`` (``kmax`` its per-(row, group) key
-    max ``[R, G]``), store it at columns ``cols`` ``[1, G, 2 W]``; its stored scales."""
+    """Row-quantize slice ``k``'s words ``w`` ``[R, G, W]`` (``kmax`` its per-(row, group) key
+    max ``[R, G]``), store it at columns ``cols`` ``[1, G, 2 W]`` (``qb``: slice 0's output
+    pointers, ``rows`` its rows); its stored scales."""
     scale, sinv = _scales(kmax, MODE, FMAX, EMAX, RCP)
     lo, hi = _unpack(w)
-    q = _conv(_join2(lo, hi) * scale[:, :, None], FMAX, q_ptr.dtype.element_ty, FMT, SAT)
-    _st(_ptrs(q_ptr, rows, stride_qm, cols, I64), q, (rows < M) & (cols < N), EVEN, EVICT)
+    q = _conv(_join2(lo, hi) * scale[:, :, None], FMAX, qb.dtype.element_ty, FMT, SAT)
+    _st(qb + _koff(k, stride_qm, I64), q, (rows + k < M) & (cols < N), EVEN, EVICT)
     return sinv
 
 
@@ -188,7 +203,7 @@ def quant_words_kernel(
     DUAL: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr = 8,
     FMT: tl.constexpr = (0, 0, 0, 0), SAT: tl.constexpr = False, EVEN: tl.constexpr = False,
     RCP: tl.constexpr = False, I64: tl.constexpr = True, EVICT: tl.constexpr = 0,
-    REREAD: tl.constexpr = False,
+    REREAD: tl.constexpr = False, GRID2D: tl.constexpr = False,
 ):  # fmt: skip
     """``x`` [M, N] bf16 (unit column stride, ``stride_xw`` its row stride in 32-bit words) ->
     ``q`` [M, N] and, with ``DUAL``, ``qt`` [N, M]; scales as ``quant_sliced_kernel``'s (MX:
@@ -197,23 +212,28 @@ def quant_words_kernel(
     G: tl.constexpr = BN // C
     W: tl.constexpr = C // 2  # words per row block
     R: tl.constexpr = BM // 8
-    pid = tl.program_id(0)
-    grid_n = tl.cdiv(N, BN)
-    pid_m = pid // grid_n
-    pid_n = pid - pid_m * grid_n
+    if GRID2D:  # (grid_n, grid_m): no integer division for the tile's coordinates
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+    else:  # one axis (tile rows past the 65535 limit of a second grid axis)
+        pid = tl.program_id(0)
+        grid_n = tl.cdiv(N, BN)
+        pid_m = pid // grid_n
+        pid_n = pid - pid_m * grid_n
     NW = N // 2
     xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
     rows = pid_m * BM + tl.arange(0, R)[:, None, None] * 8
     wc = pid_n * (BN // 2) + tl.arange(0, G)[None, :, None] * W + tl.arange(0, W)[None, None, :]
     cols = pid_n * BN + tl.arange(0, G)[None, :, None] * C + tl.arange(0, 2 * W)[None, None, :]
-    w0 = _wld(xw_ptr, rows + 0, wc, M, NW, stride_xw, EVEN, I64, EVICT)
-    w1 = _wld(xw_ptr, rows + 1, wc, M, NW, stride_xw, EVEN, I64, EVICT)
-    w2 = _wld(xw_ptr, rows + 2, wc, M, NW, stride_xw, EVEN, I64, EVICT)
-    w3 = _wld(xw_ptr, rows + 3, wc, M, NW, stride_xw, EVEN, I64, EVICT)
-    w4 = _wld(xw_ptr, rows + 4, wc, M, NW, stride_xw, EVEN, I64, EVICT)
-    w5 = _wld(xw_ptr, rows + 5, wc, M, NW, stride_xw, EVEN, I64, EVICT)
-    w6 = _wld(xw_ptr, rows + 6, wc, M, NW, stride_xw, EVEN, I64, EVICT)
-    w7 = _wld(xw_ptr, rows + 7, wc, M, NW, stride_xw, EVEN, I64, EVICT)
+    xb = _ptrs(xw_ptr, rows, stride_xw, wc, I64)  # slice 0; slice k at + k rows
+    w0 = _wld(xb, 0, rows, wc, M, NW, stride_xw, EVEN, I64, EVICT)
+    w1 = _wld(xb, 1, rows, wc, M, NW, stride_xw, EVEN, I64, EVICT)
+    w2 = _wld(xb, 2, rows, wc, M, NW, stride_xw, EVEN, I64, EVICT)
+    w3 = _wld(xb, 3, rows, wc, M, NW, stride_xw, EVEN, I64, EVICT)
+    w4 = _wld(xb, 4, rows, wc, M, NW, stride_xw, EVEN, I64, EVICT)
+    w5 = _wld(xb, 5, rows, wc, M, NW, stride_xw, EVEN, I64, EVICT)
+    w6 = _wld(xb, 6, rows, wc, M, NW, stride_xw, EVEN, I64, EVICT)
+    w7 = _wld(xb, 7, rows, wc, M, NW, stride_xw, EVEN, I64, EVICT)
     l0, h0 = _keys(w0)
     l1, h1 = _keys(w1)
     l2, h2 = _keys(w2)
@@ -232,21 +252,22 @@ def quant_words_kernel(
                      tl.maximum(tl.maximum(l4, l5), tl.maximum(l6, l7)))  # fmt: skip
     khi = tl.maximum(tl.maximum(tl.maximum(h0, h1), tl.maximum(h2, h3)),
                      tl.maximum(tl.maximum(h4, h5), tl.maximum(h6, h7)))  # fmt: skip
-    s0 = _row_out(w0, r0, rows + 0, cols, q_ptr, M, N,
+    qb = _ptrs(q_ptr, rows, stride_qm, cols, I64)
+    s0 = _row_out(w0, r0, 0, rows, cols, qb, M, N,
                   stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
-    s1 = _row_out(w1, r1, rows + 1, cols, q_ptr, M, N,
+    s1 = _row_out(w1, r1, 1, rows, cols, qb, M, N,
                   stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
-    s2 = _row_out(w2, r2, rows + 2, cols, q_ptr, M, N,
+    s2 = _row_out(w2, r2, 2, rows, cols, qb, M, N,
                   stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
-    s3 = _row_out(w3, r3, rows + 3, cols, q_ptr, M, N,
+    s3 = _row_out(w3, r3, 3, rows, cols, qb, M, N,
                   stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
-    s4 = _row_out(w4, r4, rows + 4, cols, q_ptr, M, N,
+    s4 = _row_out(w4, r4, 4, rows, cols, qb, M, N,
                   stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
-    s5 = _row_out(w5, r5, rows + 5, cols, q_ptr, M, N,
+    s5 = _row_out(w5, r5, 5, rows, cols, qb, M, N,
                   stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
-    s6 = _row_out(w6, r6, rows + 6, cols, q_ptr, M, N,
+    s6 = _row_out(w6, r6, 6, rows, cols, qb, M, N,
                   stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
-    s7 = _row_out(w7, r7, rows + 7, cols, q_ptr, M, N,
+    s7 = _row_out(w7, r7, 7, rows, cols, qb, M, N,
                   stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
     sv = _join8(s0[:, :, None], s1[:, :, None], s2[:, :, None], s3[:, :, None],
                 s4[:, :, None], s5[:, :, None], s6[:, :, None], s7[:, :, None])  # fmt: skip
@@ -261,14 +282,14 @@ def quant_words_kernel(
     if DUAL:
         NB: tl.constexpr = BM // 32 if MODE == 4 else 1
         if REREAD:  # the tile again (L1/L2 hits) instead of holding its words in registers
-            w0 = _wld(xw_ptr, rows + 0, wc, M, NW, stride_xw, EVEN, I64, 0)
-            w1 = _wld(xw_ptr, rows + 1, wc, M, NW, stride_xw, EVEN, I64, 0)
-            w2 = _wld(xw_ptr, rows + 2, wc, M, NW, stride_xw, EVEN, I64, 0)
-            w3 = _wld(xw_ptr, rows + 3, wc, M, NW, stride_xw, EVEN, I64, 0)
-            w4 = _wld(xw_ptr, rows + 4, wc, M, NW, stride_xw, EVEN, I64, 0)
-            w5 = _wld(xw_ptr, rows + 5, wc, M, NW, stride_xw, EVEN, I64, 0)
-            w6 = _wld(xw_ptr, rows + 6, wc, M, NW, stride_xw, EVEN, I64, 0)
-            w7 = _wld(xw_ptr, rows + 7, wc, M, NW, stride_xw, EVEN, I64, 0)
+            w0 = _wld(xb, 0, rows, wc, M, NW, stride_xw, EVEN, I64, 0)
+            w1 = _wld(xb, 1, rows, wc, M, NW, stride_xw, EVEN, I64, 0)
+            w2 = _wld(xb, 2, rows, wc, M, NW, stride_xw, EVEN, I64, 0)
+            w3 = _wld(xb, 3, rows, wc, M, NW, stride_xw, EVEN, I64, 0)
+            w4 = _wld(xb, 4, rows, wc, M, NW, stride_xw, EVEN, I64, 0)
+            w5 = _wld(xb, 5, rows, wc, M, NW, stride_xw, EVEN, I64, 0)
+            w6 = _wld(xb, 6, rows, wc, M, NW, stride_xw, EVEN, I64, 0)
+            w7 = _wld(xb, 7, rows, wc, M, NW, stride_xw, EVEN, I64, 0)
         slo, stlo = _scales(_col_reduce(klo, NB), MODE, FMAX, EMAX, RCP)  # [NB, G, W]
         shi, sthi = _scales(_col_reduce(khi, NB), MODE, FMAX, EMAX, RCP)
         wc3 = tl.reshape(wc, (1, G, W))
@@ -347,7 +368,7 @@ def aot_specs(target: str) -> list[AotSpec]:
             cx = {"BM": bm, "BN": bn, "MODE": mode, "DUAL": dual, "FMAX": fmax, "EMAX": 8,
                   "FMT": (0, 0, 0, 0), "SAT": target == "sm_90", "EVEN": even, "RCP": False,
                   "I64": True, "EVICT": 2 if name.endswith("_evict") else 0,
-                  "REREAD": name.endswith("_reread")}  # fmt: skip
+                  "REREAD": name.endswith("_reread"), "GRID2D": True}  # fmt: skip
             opts = {"num_warps": words_warps(bm, bn, lanes)}
             if target == "sm_90":
                 opts["maxnreg"] = WORDS_MAXNREG[base]
