@@ -7,6 +7,17 @@
   in reverse order (same tiles, same program: the L2 lines it touched last).
 H200 run 5.2 (graph time, 3 shapes, of copy): ``own`` 0.647 / 0.671 (plain / dual), ``v3``
 0.605 / 0.616; the one-launch grid-barrier variant (``fused``, 0.612 / 0.616) was removed.
+Run 6.2: ``own`` 0.635 / 0.655 at 8192x4096, 0.683 / 0.736 at 4096x4096, 0.593 / 0.606 at
+16384x8192; a one-launch persistent variant holding tiles in registers (``persist``) was
+removed too: wrong bits on the H200 and never faster (0.613 / 0.672 / 0.588 plain, duals
+0.54-0.68).
+Why tensorwise current scaling is bounded: the scale needs the amax of the WHOLE tensor
+before the first value can be cast, so the input is read twice (amax pass, then cast pass)
+while the copy it is compared with reads it once. With both reads from HBM the bound is
+0.60 of copy (plain: 3 B per bf16 value counted, 5 B moved; dual 4 of 6 B: 0.67); ``own``
+gets above it (0.63-0.68 of copy at 4096-8192 x 4096) because part of the cast pass's
+second read comes from L2 (the tiles a program read last in the amax pass, read first);
+at 16384x8192 (256 MB, five times the 50 MB L2) it is at the bound (0.593).
 Knobs (all optional): ``PRIMUS_TURBO_QUANT_TW_BLOCK`` (flat tile, a power of two in
 [1024, 32768], default 8192; 16384: 0.633), ``_TW_TILE`` (dual tile ``BMxBN``, powers of two
 in [16, 256], default 128x128 on NVIDIA: 0.682 vs 0.671 for 64x128; 64x128 on AMD),
@@ -36,7 +47,7 @@ from primus_turbo.triton.quantization.quant_launch import (
 )
 from primus_turbo.triton.quantization.quant_tensorwise import tw_quant_kernel
 
-TW_MODES = ("v3", "own", "persist")
+TW_MODES = ("v3", "own")
 _INTERP_PROGRAMS = 3  # interpreter grid of the two-launch path (programs run one by one)
 
 
@@ -114,12 +125,6 @@ def _evict_amax(x: torch.Tensor, ntiles: int, p: int, tile_bytes: int) -> tuple[
 
 def quant_tensorwise_tw(x: torch.Tensor, dtype: torch.dtype, dual: bool):
     """``(q, s)`` or ``(q, s, qt, s)`` through ``tw_quant_kernel``; ``x`` 2-D, non-empty."""
-    if tw_mode() == "persist":
-        from primus_turbo.triton.quantization.quant_tw_persist_launch import quant_tw_persist
-
-        out = quant_tw_persist(x, dtype, dual)
-        if out is not None:
-            return out
     m, n = x.shape
     xc = x if x.is_contiguous() else x.contiguous()
     q = torch.empty(x.shape, dtype=dtype, device=x.device)
