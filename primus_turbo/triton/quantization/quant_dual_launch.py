@@ -1,11 +1,14 @@
 """Launchers of ``quant_sliced_kernel`` (quant_dual.py) and ``quant_words_kernel``
 (quant_words.py), selected in quant_launch by env vars.
 
-* ``PRIMUS_TURBO_QUANT_WORDS`` (session 6): unset = the word-sliced kernel for the MX rows,
-  MX dual and 1x128 dual recipes (bf16, even ``N``; see ``words_on`` / ``launch_words``),
-  ``0`` = the routing below, ``1`` = all, or a comma list of recipe names.
+* ``PRIMUS_TURBO_QUANT_WORDS`` (session 6): unset / ``1`` = the word-sliced kernel for the
+  MX rows and MX dual recipes of bf16 inputs with an even ``N`` (see ``words_on`` /
+  ``launch_words``; H200 run 6.2, 8192x4096, x of copy: MX rows 0.866 vs sliced 0.846, MX dual
+  0.779 (64x256 tile) vs 0.720), ``0`` = the routing below (A/B only), or a comma list of
+  ``mx_rows`` / ``mx_dual``. The 1x128 dual stays on the v3 tile kernel (words 0.58, v3 0.695).
+  Other inputs (fp16 / fp32, odd ``N``, unaligned) take the routing below.
 
-Defaults are the H200 winners of run 5.2 (graph device time, 3 shapes, x of copy bandwidth):
+Defaults below are the H200 winners of run 5.2 (graph device time, 3 shapes, x of copy):
 MX dual 0.721 sliced vs 0.496 v3, MX rows 0.817 vs 0.783; the 1x128 dual 0.645 vs 0.696 for v3
 (stays on the tile kernel); persistent 0.67 / 0.80 (MX), 0.39-0.60 (1x128): opt-in only.
 
@@ -138,19 +141,16 @@ def launch_sliced(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     )  # fmt: skip
 
 
-_WORDS_DEFAULT = ("mx_rows", "mx_dual", "block_dual")
-
-
 def words_on(name: str, x: torch.Tensor) -> bool:
-    """Whether recipe ``name`` takes ``quant_words_kernel`` (quant_words.py):
-    ``PRIMUS_TURBO_QUANT_WORDS`` unset = ``_WORDS_DEFAULT``, ``0`` none, ``1`` all, or a comma
-    list of ``mx_rows``, ``mx_dual``, ``block_dual``; v2/v3 only, and only where word loads are
-    exact (a row-contiguous input with an even ``N`` and row stride, 4-byte aligned)."""
+    """Whether MX recipe ``name`` (``mx_rows``, ``mx_dual``) takes ``quant_words_kernel``
+    (quant_words.py): ``PRIMUS_TURBO_QUANT_WORDS`` unset / ``1`` both, ``0`` none, or a comma
+    list; v2/v3 only, and only where word loads are exact (a bf16 row-contiguous input with an
+    even ``N`` and row stride, 4-byte aligned)."""
     from primus_turbo.triton.quantization.quant_launch import quant_impl_version
 
     raw = os.environ.get("PRIMUS_TURBO_QUANT_WORDS", "").strip().lower()
     if raw in ("", "1"):
-        names = _WORDS_DEFAULT if raw == "" else tuple(WORDS_CONFIGS)
+        names = tuple(WORDS_CONFIGS)
     elif raw == "0":
         names = ()
     else:
@@ -174,28 +174,27 @@ def words_on(name: str, x: torch.Tensor) -> bool:
 
 def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     """Quantize ``x`` into ``q``/``s`` (and ``qt``/``st``) with ``WORDS_CONFIGS[name]``;
-    ``PRIMUS_TURBO_QUANT_WARPS`` / ``_MAXNREG`` (or ``_MAXNREG_WORDS_<NAME>``), ``_RCP``,
-    ``_EVEN``, ``PRIMUS_TURBO_QUANT_WORDS_OFF32`` (32-bit element offsets),
-    ``PRIMUS_TURBO_QUANT_WORDS_EVICT`` (``1``: evict-first loads, ``2``: also streaming fp8
-    stores; default 0), ``PRIMUS_TURBO_QUANT_WORDS_REREAD`` (``1``: the dual recipes load the
-    tile again for the column copy instead of holding it in registers) and, for MX,
-    ``PRIMUS_TURBO_QUANT_WORDS_TILE=BMxBN`` (default 32x256; warps follow) apply."""
+    ``PRIMUS_TURBO_QUANT_WARPS`` / ``_MAXNREG`` (or ``_MAXNREG_WORDS_<NAME>``), ``_EVEN``,
+    ``PRIMUS_TURBO_QUANT_WORDS_OFF32`` (``1``: 32-bit element offsets where they fit; run 6.2
+    MX dual 32x256: 0.733 vs 0.725 of copy, to re-measure on the 64x256 tile) and
+    ``PRIMUS_TURBO_QUANT_WORDS_TILE=BMxBN`` (BM 32, 64 or 128, BN 64..512, at most 32768
+    elements; default 64x256 dual, 32x256 rows; warps follow) apply."""
     from primus_turbo.triton.quantization import quant_launch as ql
 
-    mode, bm, bn, dual = WORDS_CONFIGS[name]
+    bm, bn, dual = WORDS_CONFIGS[name]
     m, n = x.shape
     if m == 0 or n == 0:
         return
     raw = os.environ.get("PRIMUS_TURBO_QUANT_WORDS_TILE", "").strip().lower()
-    if raw and name != "block_dual":  # MX: BMxBN, BM 32 or 64, BN 64..512 (powers of two)
+    if raw:
         try:
             bm, bn = (int(v) for v in raw.split("x"))
         except ValueError:
             bm = bn = 0
-        if bm not in (32, 64) or bn not in (64, 128, 256, 512):
+        if bm not in (32, 64, 128) or bn not in (64, 128, 256, 512) or bm * bn > 32768:
             raise ValueError(
-                "primus_turbo: PRIMUS_TURBO_QUANT_WORDS_TILE expected BMxBN with BM 32 or 64 "
-                f"and BN 64, 128, 256 or 512, got {raw!r}"
+                "primus_turbo: PRIMUS_TURBO_QUANT_WORDS_TILE expected BMxBN with BM 32, 64 or "
+                f"128, BN 64, 128, 256 or 512 and BM * BN <= 32768, got {raw!r}"
             )
     interp = triton_interpret()
     gpu = not interp and x.device.type == "cuda"
@@ -206,9 +205,6 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     extra = {"maxnreg": nreg} if nvidia else {}
     even = ql._env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0
     ql._env_flag("PRIMUS_TURBO_QUANT_FAST", True)  # validated only: the key amax needs no filter
-    evict = _int_env("PRIMUS_TURBO_QUANT_WORDS_EVICT", 0, 0)
-    if evict > 2:
-        raise ValueError(f"primus_turbo: PRIMUS_TURBO_QUANT_WORDS_EVICT expected 0-2, got {evict}")
     reach = max(x.stride(0), q.stride(0)) * (m + bm) + (qt.stride(0) * (n + bn) if dual else 0)
     off32 = _flag("PRIMUS_TURBO_QUANT_WORDS_OFF32") and reach + m + n + bm + bn < 2**31
     grid_m, grid_n = ql._cdiv(m, bm), ql._cdiv(n, bn)
@@ -216,10 +212,7 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     quant_words_kernel[(grid_n, grid_m) if grid2d else (grid_m * grid_n,)](
         x, ql._u8(q), s, ql._u8(qt if dual else q), st if dual else s,
         m, n, x.stride(0) // 2, q.stride(0), qt.stride(0) if dual else 0, *s_strides,
-        *st_strides, BM=bm, BN=bn, MODE=mode, DUAL=dual, FMAX=ql._fmax(dtype),
-        EMAX=ql._EMAX[dtype], FMT=ql._interp_fmt(dtype),
-        SAT=nvidia and ql._hw_satfinite(x.device.index), EVEN=even,
-        RCP=ql._env_flag("PRIMUS_TURBO_QUANT_RCP", False) and nvidia, I64=not off32,
-        EVICT=evict, REREAD=_flag("PRIMUS_TURBO_QUANT_WORDS_REREAD"), GRID2D=grid2d,
-        num_warps=warps, **extra,
+        *st_strides, BM=bm, BN=bn, DUAL=dual, FMAX=ql._fmax(dtype), EMAX=ql._EMAX[dtype],
+        FMT=ql._interp_fmt(dtype), SAT=nvidia and ql._hw_satfinite(x.device.index), EVEN=even,
+        I64=not off32, GRID2D=grid2d, num_warps=warps, **extra,
     )  # fmt: skip

@@ -1,34 +1,30 @@
-"""Word-sliced quantization: MXFP8 rows / dual and the 1x128 dual on bf16 pairs held as uint32.
+"""Word-sliced MXFP8 quantization (rows and dual) on bf16 pairs held as uint32.
 
-``quant_words_kernel`` (``PRIMUS_TURBO_QUANT_WORDS``, see quant_dual_launch) is the sliced kernel
-of quant_dual.py (a ``BM x BN`` tile as 8 row slices, slice ``k`` = rows ``8 r + k``, a thread
-holding 8 slices x one 16-byte vector) with the input read as 32-bit words, each word two
-adjacent bf16 values (``lo`` = the even column in bits 0-15, ``hi`` = the odd one in 16-31),
-so the per-element work is integer ops the compiler cannot widen (sliced MX dual tile on sm_90:
-18.6 SASS per element, of which 2 for the inf/NaN select, 1.5 for the bf16 unpack, 2 for the
-two amaxes):
+``quant_words_kernel`` (the default MX rows / MX dual kernel for bf16 inputs, see
+quant_dual_launch) is the sliced kernel of quant_dual.py (a ``BM x BN`` tile as 8 row slices,
+slice ``k`` = rows ``8 r + k``, a thread holding 8 slices x one 16-byte vector) with the input
+read as 32-bit words, each word two adjacent bf16 values (``lo`` = the even column in bits
+0-15, ``hi`` = the odd one in 16-31), so the per-element work is integer ops the compiler
+cannot widen (sliced MX dual tile on sm_90: 18.6 SASS per element):
 * unpack: ``lo = w << 16``, ``hi = w & 0xFFFF0000`` (exact fp32 bits of each bf16);
 * amax key, one op per element shared by the row and the column amax: ``(w << 17) + 2^24``
   (``lo``) / ``(w << 1) + 2^24`` (``hi``; the ``lo`` bits below bit 17 are noise the result
   drops). Doubling drops the sign; a finite ``|x|`` maps to ``[2^24, 2^32)`` monotonically, an
   inf or NaN (exponent field all ones) wraps to ``[0, 2^24)``, below every finite value, so an
-  unsigned max skips them as ``_finite_abs`` does (a block of only inf/NaN: amax 0). The
-  amax's bf16 bits are ``(max(key, 2^24) - 2^24) >> 17``, exactly the fp32 amax of the
-  ``_finite_abs`` path (bf16 -> fp32 is exact);
-* E8M0 scales from those bits in integer ops (``_scales``: bitwise ``_e8m0_scale``);
-  1x128 scales as ``_scale_of`` (``_scale_rcp`` with ``RCP``) of the same fp32 amax;
+  unsigned max skips them as ``_finite_abs`` does (a block of only inf/NaN: amax 0);
+* E8M0 scales from the key max in integer ops (``_scales``: bitwise ``_e8m0_scale``);
 * the fp32 products of a slice joined ``(lo, hi)`` before the fp8 conversion, so each
   converted pair is two adjacent outputs (no byte permutes); the column copy joins the 8
   slices first, as quant_dual does, and stores 8 consecutive M bytes per thread from a
   ``[C/8, R, G, 8, 8]`` view whose dims are in the order Triton's store coalescing assigns
-  lanes, so the store needs no layout conversion (quant_dual's goes through shared memory:
-  4 stmatrix rounds, 8 barriers per MX tile).
-Slice ``k``'s pointers are slice 0's plus ``k`` rows (one add, not a 64-bit multiply per
-slice); the grid is 2-D (no integer division for the tile coordinates) unless the tile rows
-exceed a grid axis. sm_90 SASS per element (even tiles): MX dual 11.75 (sliced 18.6), MX rows
-7.4 (10.5), 1x128 dual 16.25 (sliced 21.5, v3 25; shared memory 2 KB vs 16 KB).
-Results are bitwise those of ``quant_sliced_kernel`` / ``quant_tile_v2_kernel``. The launcher
-checks what word loads need: an even ``N`` and row stride, a 4-byte aligned input.
+  lanes, so the store needs no layout conversion (quant_dual's goes through shared memory).
+Slice ``k``'s pointers are slice 0's plus ``k`` rows; the grid is 2-D (no integer division for
+the tile coordinates) unless the tile rows exceed a grid axis. sm_90 SASS per element (even
+32x256 tiles): MX dual 11.75 (sliced 18.6), MX rows 7.4 (10.5). H200 run 6.2 (8192x4096, x of
+copy): MX rows 0.866 (sliced 0.846), MX dual 0.779 with the 64x256 tile (32x256 0.725, sliced
+0.720). The 1x128 dual had a words path too; it lost to the v3 tile kernel (0.58 vs 0.695) and
+was removed. Results are bitwise those of ``quant_sliced_kernel`` / ``quant_tile_v2_kernel``.
+The launcher checks what word loads need: an even ``N`` and row stride, a 4-byte aligned input.
 """
 
 from __future__ import annotations
@@ -37,9 +33,9 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
-from primus_turbo.triton.quantization.quant_common import _scale_rcp, aot_fp8, tile_signature
+from primus_turbo.triton.quantization.quant_common import aot_fp8, tile_signature
 from primus_turbo.triton.quantization.quant_dual import _join8, _ptrs
-from primus_turbo.triton.quantization.quant_kernel import MX, ROWS, _fp8_bits
+from primus_turbo.triton.quantization.quant_kernel import _fp8_bits
 
 KEY0 = 1 << 24  # the key of |x| = 0 (see the module docstring)
 
@@ -59,30 +55,15 @@ def _unpack(w):
 
 
 @triton.jit
-def _amax_of(kmax):
-    """fp32 amax from a max of keys (the finite ``|x|`` max, 0 for none)."""
-    b = (tl.maximum(kmax, 16777216) - 16777216) >> 17
-    return (b << 16).to(tl.float32, bitcast=True), b
-
-
-@triton.jit
-def _scales(kmax, MODE: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr,
-            RCP: tl.constexpr):  # fmt: skip
-    """(multiplier, stored scale) of blocks with key maximum ``kmax``: MX E8M0 (the biased
-    exponent byte, bitwise ``_e8m0_scale``: ``max(exponent(amax), 1)`` is the exponent of
-    ``max(amax, 2^-126)``, stored ``clamp(that - EMAX, 0, 254)``, multiplier
-    ``2^(127 - stored)`` built from its bits), ROWS fp32 ``_scale_of``."""
-    if MODE == 4:  # (one return per function: Triton checks the types of every return)
-        # = clamp(max(exponent, 1) - EMAX, 0, 254): the exponent of a key >= 2^24 is
-        # (key >> 24) - 1, a key < 2^24 (amax 0) gives a negative value; no upper clamp
-        # (exponent <= 254 for a finite amax, EMAX >= 8)
-        eb = tl.maximum((kmax >> 24).to(tl.int32) - (1 + EMAX), 0)
-        scale = ((254 - eb) << 23).to(tl.float32, bitcast=True)
-        sinv = eb
-    else:
-        amax, _ = _amax_of(kmax)
-        scale, sinv = _scale_rcp(amax, FMAX, RCP)
-    return scale, sinv
+def _scales(kmax, EMAX: tl.constexpr):
+    """(multiplier, stored E8M0 byte) of blocks with key maximum ``kmax``, bitwise
+    ``_e8m0_scale``: ``max(exponent(amax), 1)`` is the exponent of ``max(amax, 2^-126)``,
+    stored ``clamp(that - EMAX, 0, 254)``, multiplier ``2^(127 - stored)`` built from its bits.
+    The exponent of a key >= 2^24 is ``(key >> 24) - 1``, a key < 2^24 (amax 0) gives a
+    negative value; no upper clamp (exponent <= 254 for a finite amax, EMAX >= 8)."""
+    eb = tl.maximum((kmax >> 24).to(tl.int32) - (1 + EMAX), 0)
+    scale = ((254 - eb) << 23).to(tl.float32, bitcast=True)
+    return scale, eb
 
 
 @triton.jit
@@ -115,47 +96,36 @@ def _koff(k: tl.constexpr, stride, I64: tl.constexpr):
 
 @triton.jit
 def _wld(xb, k: tl.constexpr, rows, wcols, M, NW, stride_w, EVEN: tl.constexpr,
-         I64: tl.constexpr, EVICT: tl.constexpr):  # fmt: skip
-    """Words of slice ``k`` (``xb``: slice 0's pointers, ``rows`` its rows); ``EVICT >= 1``:
-    ``evict_first`` (the input is read once)."""
+         I64: tl.constexpr):  # fmt: skip
+    """Words of slice ``k`` (``xb``: slice 0's pointers, ``rows`` its rows)."""
     ptrs = xb + _koff(k, stride_w, I64)
-    if EVEN and EVICT >= 1:
-        w = tl.load(ptrs, eviction_policy="evict_first")
-    elif EVEN:
+    if EVEN:
         w = tl.load(ptrs)
-    elif EVICT >= 1:
-        w = tl.load(ptrs, mask=(rows + k < M) & (wcols < NW), other=0,
-                    eviction_policy="evict_first")  # fmt: skip
     else:
         w = tl.load(ptrs, mask=(rows + k < M) & (wcols < NW), other=0)
     return w
 
 
 @triton.jit
-def _st(ptrs, v, mask, EVEN: tl.constexpr, EVICT: tl.constexpr):
-    """Store of an fp8 output; ``EVICT >= 2``: streaming (``.cs``, evict-first) stores."""
-    if EVEN and EVICT >= 2:
-        tl.store(ptrs, v, cache_modifier=".cs")
-    elif EVEN:
+def _st(ptrs, v, mask, EVEN: tl.constexpr):
+    """Store of an fp8 output."""
+    if EVEN:
         tl.store(ptrs, v)
-    elif EVICT >= 2:
-        tl.store(ptrs, v, mask=mask, cache_modifier=".cs")
     else:
         tl.store(ptrs, v, mask=mask)
 
 
 @triton.jit
-def _row_out(w, kmax, k: tl.constexpr, rows, cols, qb, M, N, stride_qm, MODE: tl.constexpr,
-             FMAX: tl.constexpr, EMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr,
-             EVEN: tl.constexpr, RCP: tl.constexpr, I64: tl.constexpr,
-             EVICT: tl.constexpr):  # fmt: skip
+def _row_out(w, kmax, k: tl.constexpr, rows, cols, qb, M, N, stride_qm, FMAX: tl.constexpr,
+             EMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr, EVEN: tl.constexpr,
+             I64: tl.constexpr):  # fmt: skip
     """Row-quantize slice ``k``'s words ``w`` ``[R, G, W]`` (``kmax`` its per-(row, group) key
     max ``[R, G]``), store it at columns ``cols`` ``[1, G, 2 W]`` (``qb``: slice 0's output
     pointers, ``rows`` its rows); its stored scales."""
-    scale, sinv = _scales(kmax, MODE, FMAX, EMAX, RCP)
+    scale, sinv = _scales(kmax, EMAX)
     lo, hi = _unpack(w)
     q = _conv(_join2(lo, hi) * scale[:, :, None], FMAX, qb.dtype.element_ty, FMT, SAT)
-    _st(qb + _koff(k, stride_qm, I64), q, (rows + k < M) & (cols < N), EVEN, EVICT)
+    _st(qb + _koff(k, stride_qm, I64), q, (rows + k < M) & (cols < N), EVEN)
     return sinv
 
 
@@ -199,16 +169,15 @@ def _store_col_scales(v, pid_m, wc, st_ptr, M, N, stride_stm, stride_stn, ODD: t
 @triton.jit
 def quant_words_kernel(
     x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xw, stride_qm, stride_qtn, stride_sm,
-    stride_sn, stride_stm, stride_stn, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
-    DUAL: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr = 8,
-    FMT: tl.constexpr = (0, 0, 0, 0), SAT: tl.constexpr = False, EVEN: tl.constexpr = False,
-    RCP: tl.constexpr = False, I64: tl.constexpr = True, EVICT: tl.constexpr = 0,
-    REREAD: tl.constexpr = False, GRID2D: tl.constexpr = False,
+    stride_sn, stride_stm, stride_stn, BM: tl.constexpr, BN: tl.constexpr, DUAL: tl.constexpr,
+    FMAX: tl.constexpr, EMAX: tl.constexpr = 8, FMT: tl.constexpr = (0, 0, 0, 0),
+    SAT: tl.constexpr = False, EVEN: tl.constexpr = False, I64: tl.constexpr = True,
+    GRID2D: tl.constexpr = False,
 ):  # fmt: skip
     """``x`` [M, N] bf16 (unit column stride, ``stride_xw`` its row stride in 32-bit words) ->
-    ``q`` [M, N] and, with ``DUAL``, ``qt`` [N, M]; scales as ``quant_sliced_kernel``'s (MX:
-    E8M0 ``s`` [M, N/32] / ``st`` [N, M/32]; ROWS: fp32 1x128 / 128x1, ``BM = BN = 128``)."""
-    C: tl.constexpr = 32 if MODE == 4 else BN  # the row block
+    ``q`` [M, N] and, with ``DUAL``, ``qt`` [N, M]; E8M0 scales ``s`` [M, N/32] / ``st``
+    [N, M/32] as ``quant_sliced_kernel``'s MX ones (``BM`` and ``BN`` multiples of 32)."""
+    C: tl.constexpr = 32  # the MX block
     G: tl.constexpr = BN // C
     W: tl.constexpr = C // 2  # words per row block
     R: tl.constexpr = BM // 8
@@ -226,14 +195,14 @@ def quant_words_kernel(
     wc = pid_n * (BN // 2) + tl.arange(0, G)[None, :, None] * W + tl.arange(0, W)[None, None, :]
     cols = pid_n * BN + tl.arange(0, G)[None, :, None] * C + tl.arange(0, 2 * W)[None, None, :]
     xb = _ptrs(xw_ptr, rows, stride_xw, wc, I64)  # slice 0; slice k at + k rows
-    w0 = _wld(xb, 0, rows, wc, M, NW, stride_xw, EVEN, I64, EVICT)
-    w1 = _wld(xb, 1, rows, wc, M, NW, stride_xw, EVEN, I64, EVICT)
-    w2 = _wld(xb, 2, rows, wc, M, NW, stride_xw, EVEN, I64, EVICT)
-    w3 = _wld(xb, 3, rows, wc, M, NW, stride_xw, EVEN, I64, EVICT)
-    w4 = _wld(xb, 4, rows, wc, M, NW, stride_xw, EVEN, I64, EVICT)
-    w5 = _wld(xb, 5, rows, wc, M, NW, stride_xw, EVEN, I64, EVICT)
-    w6 = _wld(xb, 6, rows, wc, M, NW, stride_xw, EVEN, I64, EVICT)
-    w7 = _wld(xb, 7, rows, wc, M, NW, stride_xw, EVEN, I64, EVICT)
+    w0 = _wld(xb, 0, rows, wc, M, NW, stride_xw, EVEN, I64)
+    w1 = _wld(xb, 1, rows, wc, M, NW, stride_xw, EVEN, I64)
+    w2 = _wld(xb, 2, rows, wc, M, NW, stride_xw, EVEN, I64)
+    w3 = _wld(xb, 3, rows, wc, M, NW, stride_xw, EVEN, I64)
+    w4 = _wld(xb, 4, rows, wc, M, NW, stride_xw, EVEN, I64)
+    w5 = _wld(xb, 5, rows, wc, M, NW, stride_xw, EVEN, I64)
+    w6 = _wld(xb, 6, rows, wc, M, NW, stride_xw, EVEN, I64)
+    w7 = _wld(xb, 7, rows, wc, M, NW, stride_xw, EVEN, I64)
     l0, h0 = _keys(w0)
     l1, h1 = _keys(w1)
     l2, h2 = _keys(w2)
@@ -254,21 +223,21 @@ def quant_words_kernel(
                      tl.maximum(tl.maximum(h4, h5), tl.maximum(h6, h7)))  # fmt: skip
     qb = _ptrs(q_ptr, rows, stride_qm, cols, I64)
     s0 = _row_out(w0, r0, 0, rows, cols, qb, M, N,
-                  stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, I64)  # fmt: skip
     s1 = _row_out(w1, r1, 1, rows, cols, qb, M, N,
-                  stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, I64)  # fmt: skip
     s2 = _row_out(w2, r2, 2, rows, cols, qb, M, N,
-                  stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, I64)  # fmt: skip
     s3 = _row_out(w3, r3, 3, rows, cols, qb, M, N,
-                  stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, I64)  # fmt: skip
     s4 = _row_out(w4, r4, 4, rows, cols, qb, M, N,
-                  stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, I64)  # fmt: skip
     s5 = _row_out(w5, r5, 5, rows, cols, qb, M, N,
-                  stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, I64)  # fmt: skip
     s6 = _row_out(w6, r6, 6, rows, cols, qb, M, N,
-                  stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, I64)  # fmt: skip
     s7 = _row_out(w7, r7, 7, rows, cols, qb, M, N,
-                  stride_qm, MODE, FMAX, EMAX, FMT, SAT, EVEN, RCP, I64, EVICT)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, I64)  # fmt: skip
     sv = _join8(s0[:, :, None], s1[:, :, None], s2[:, :, None], s3[:, :, None],
                 s4[:, :, None], s5[:, :, None], s6[:, :, None], s7[:, :, None])  # fmt: skip
     sv = tl.reshape(sv, (R, G, 8)).to(s_ptr.dtype.element_ty)
@@ -280,18 +249,9 @@ def quant_words_kernel(
     else:
         tl.store(s_ptrs, sv, mask=(r8 < M) & (g8 * C < N))
     if DUAL:
-        NB: tl.constexpr = BM // 32 if MODE == 4 else 1
-        if REREAD:  # the tile again (L1/L2 hits) instead of holding its words in registers
-            w0 = _wld(xb, 0, rows, wc, M, NW, stride_xw, EVEN, I64, 0)
-            w1 = _wld(xb, 1, rows, wc, M, NW, stride_xw, EVEN, I64, 0)
-            w2 = _wld(xb, 2, rows, wc, M, NW, stride_xw, EVEN, I64, 0)
-            w3 = _wld(xb, 3, rows, wc, M, NW, stride_xw, EVEN, I64, 0)
-            w4 = _wld(xb, 4, rows, wc, M, NW, stride_xw, EVEN, I64, 0)
-            w5 = _wld(xb, 5, rows, wc, M, NW, stride_xw, EVEN, I64, 0)
-            w6 = _wld(xb, 6, rows, wc, M, NW, stride_xw, EVEN, I64, 0)
-            w7 = _wld(xb, 7, rows, wc, M, NW, stride_xw, EVEN, I64, 0)
-        slo, stlo = _scales(_col_reduce(klo, NB), MODE, FMAX, EMAX, RCP)  # [NB, G, W]
-        shi, sthi = _scales(_col_reduce(khi, NB), MODE, FMAX, EMAX, RCP)
+        NB: tl.constexpr = BM // 32  # 32-row column blocks per tile
+        slo, stlo = _scales(_col_reduce(klo, NB), EMAX)  # [NB, G, W]
+        shi, sthi = _scales(_col_reduce(khi, NB), EMAX)
         wc3 = tl.reshape(wc, (1, G, W))
         sty = st_ptr.dtype.element_ty
         _store_col_scales(stlo.to(sty), pid_m, wc3, st_ptr, M, N, stride_stm, stride_stn, 0, EVEN)
@@ -314,22 +274,22 @@ def quant_words_kernel(
         )
         m5 = (pid_m * BM + tl.arange(0, R)[None, :, None, None, None] * 8
               + i8[None, None, None, None, :])  # fmt: skip
-        _st(_ptrs(qt_ptr, n5, stride_qtn, m5, I64), qt, (m5 < M) & (n5 < N), EVEN, EVICT)
+        _st(_ptrs(qt_ptr, n5, stride_qtn, m5, I64), qt, (m5 < M) & (n5 < N), EVEN)
 
 
 # ---- ahead-of-time check -------------------------------------------------------------------
 
-# (name: mode, BM, BN, dual) as quant_dual_launch picks them with PRIMUS_TURBO_QUANT_WORDS
+# (name: BM, BN, dual): the default tiles (H200 run 6.2, MX dual: 64x256 0.779 of copy vs
+# 32x256 0.725 / 32x128 0.707); PRIMUS_TURBO_QUANT_WORDS_TILE overrides them for A/B runs
 WORDS_CONFIGS = {
-    "block_dual": (ROWS, 128, 128, True),
-    "mx_dual": (MX, 32, 256, True),
-    "mx_rows": (MX, 32, 256, False),
+    "mx_dual": (64, 256, True),
+    "mx_rows": (32, 256, False),
 }
 
 
 # NVIDIA register caps (sm_90 AOT, no spill): MX rows 85 registers uncapped (64: 8 programs
-# per SM), MX dual 128 (96: 5 programs), 1x128 dual 128 (96; 80 spills 36 B)
-WORDS_MAXNREG = {"mx_rows": 64, "mx_dual": 96, "block_dual": 128}
+# per SM; run 6.2: 48 0.861, 128 0.863 vs 64 0.866 of copy), MX dual 96
+WORDS_MAXNREG = {"mx_rows": 64, "mx_dual": 96}
 
 
 def words_warps(bm: int, bn: int, lanes: int) -> int:
@@ -337,38 +297,33 @@ def words_warps(bm: int, bn: int, lanes: int) -> int:
     return max(1, bm * bn // (64 * lanes))
 
 
-# AOT only, even: MX tiles PRIMUS_TURBO_QUANT_WORDS_TILE may pick (name: base, BM, BN) and
-# the default tiles with PRIMUS_TURBO_QUANT_WORDS_EVICT=2 (cache hints on every target)
-_AOT_TILES = {"mx_dual_64x256": ("mx_dual", 64, 256), "mx_dual_32x128": ("mx_dual", 32, 128),
-              "mx_rows_32x512": ("mx_rows", 32, 512), "block_dual_evict": ("block_dual", 128, 128),
-              "mx_dual_evict": ("mx_dual", 32, 256), "block_dual_reread": ("block_dual", 128, 128),
-              "mx_dual_reread": ("mx_dual", 32, 256)}  # fmt: skip
+# AOT only, even: the MX dual tiles PRIMUS_TURBO_QUANT_WORDS_TILE offers for run 6.3's A/B
+# (name: base, BM, BN): 128x128 (full 128-byte row segments of the transposed copy, the same
+# 8 warps as 64x256), 128x256 (16 warps)
+_AOT_TILES = {"mx_dual_128x128": ("mx_dual", 128, 128), "mx_dual_128x256": ("mx_dual", 128, 256)}
 
 
 def aot_specs(target: str) -> list[AotSpec]:
-    """bf16 input, the target's e4m3 output (FNUZ on gfx942; MX only on gfx950 / sm_90); even
-    (no masks) and masked."""
+    """bf16 input, the target's e4m3 output (MX: gfx950 / sm_90 only); even (no masks) and
+    masked."""
     assert target in AOT_TARGETS, target
+    if target == "gfx942":  # no MX recipes on gfx942 (FNUZ fp8)
+        return []
     fp8, fmax = aot_fp8(target)
     lanes = AOT_TARGETS[target][2]
     specs = []
-    configs = [(name, name, bm, bn, evens) for name, (_, bm, bn, _) in WORDS_CONFIGS.items()
-               for evens in ((True, False),)]  # fmt: skip
+    configs = [(name, name, bm, bn, (True, False)) for name, (bm, bn, _) in WORDS_CONFIGS.items()]
     configs += [(name, base, bm, bn, (True,)) for name, (base, bm, bn) in _AOT_TILES.items()]
     for name, base, bm, bn, evens in configs:
-        mode, _, _, dual = WORDS_CONFIGS[base]
-        if mode == MX and target == "gfx942":
-            continue
-        sig = dict(tile_signature(fp8, mode == MX))
+        dual = WORDS_CONFIGS[base][2]
+        sig = dict(tile_signature(fp8, True))
         sig["stride_xw"] = sig.pop("stride_xm")
         sig = {k: sig[k] for k in ("x_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "M", "N",
                                    "stride_xw", "stride_qm", "stride_qtn", "stride_sm",
                                    "stride_sn", "stride_stm", "stride_stn")}  # fmt: skip
         for even in evens:
-            cx = {"BM": bm, "BN": bn, "MODE": mode, "DUAL": dual, "FMAX": fmax, "EMAX": 8,
-                  "FMT": (0, 0, 0, 0), "SAT": target == "sm_90", "EVEN": even, "RCP": False,
-                  "I64": True, "EVICT": 2 if name.endswith("_evict") else 0,
-                  "REREAD": name.endswith("_reread"), "GRID2D": True}  # fmt: skip
+            cx = {"BM": bm, "BN": bn, "DUAL": dual, "FMAX": fmax, "EMAX": 8, "FMT": (0, 0, 0, 0),
+                  "SAT": target == "sm_90", "EVEN": even, "I64": True, "GRID2D": True}  # fmt: skip
             opts = {"num_warps": words_warps(bm, bn, lanes)}
             if target == "sm_90":
                 opts["maxnreg"] = WORDS_MAXNREG[base]

@@ -1,5 +1,5 @@
 """PRIMUS_TURBO_QUANT_SLICED (quant_dual.py) and PRIMUS_TURBO_QUANT_WORDS (quant_words.py): the
-sliced and word-sliced 1x128-dual / MX kernels give the same bits and scales as the v3 tile
+sliced 1x128-dual / MX and the word-sliced MX kernels give the same bits and scales as the v3 tile
 kernels, one tile per program and persistent, even and masked (odd) shapes, with inf/-inf/NaN
 and all-zero rows/columns; zero-size inputs; routing; env validation."""
 
@@ -22,9 +22,7 @@ _ENV = ("PRIMUS_TURBO_QUANT_SLICED", "PRIMUS_TURBO_QUANT_SLICED_MX",
         "PRIMUS_TURBO_QUANT_SLICED_BM", "PRIMUS_TURBO_QUANT_SLICED_IE8",
         "PRIMUS_TURBO_QUANT_SLICED_OFF32", "PRIMUS_TURBO_QUANT_WORDS",
         "PRIMUS_TURBO_QUANT_WORDS_OFF32", "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_ROWS",
-        "PRIMUS_TURBO_QUANT_WORDS_TILE", "PRIMUS_TURBO_QUANT_WORDS_EVICT",
-        "PRIMUS_TURBO_QUANT_WORDS_REREAD",
-        "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_BLOCK_DUAL")  # fmt: skip
+        "PRIMUS_TURBO_QUANT_WORDS_TILE", "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_DUAL")  # fmt: skip
 
 
 def _same_bits(a, b):
@@ -58,14 +56,13 @@ def _quant(recipe, x, dtype):
 CASES = [("block1x128", None, "0"), ("block1x128", None, "2"), ("mx_dual", "SLICED_BN=64", "0"),
          ("mx_dual", "SLICED_BM=64", "0"), ("mx_dual", "SLICED_IE8=1", "0"),
          ("mx_dual", "SLICED_OFF32=1", "0"), ("mx_dual", "WORDS=1", "0"),
-         ("mx_rows", "WORDS=1", "0"), ("block1x128", "WORDS=1", "0"),
-         ("mx_dual", "WORDS=1 WORDS_TILE=64x128", "0"),
-         ("block1x128", "WORDS=1 WORDS_REREAD=1", "0")]  # fmt: skip
+         ("mx_rows", "WORDS=1", "0"), ("mx_dual", "WORDS=1 WORDS_TILE=32x256", "0"),
+         ("mx_dual", "WORDS=1 WORDS_TILE=128x128", "0")]  # fmt: skip
 _ODD_ONLY = (
     "SLICED_BM=64",
     "SLICED_BN=64",
-    "WORDS=1 WORDS_TILE=64x128",
-    "WORDS=1 WORDS_REREAD=1",
+    "WORDS=1 WORDS_TILE=32x256",
+    "WORDS=1 WORDS_TILE=128x128",
 )  # CPU: masked shapes only
 if HAS_GPU:  # the default tiles, one tile per program and persistent; the round-2 variants
     CASES += [("mx_dual", None, "0"), ("mx_dual", None, "4"), ("mx_rows", None, "0"),
@@ -73,17 +70,8 @@ if HAS_GPU:  # the default tiles, one tile per program and persistent; the round
               ("block1x128", None, "1"), ("mx_dual", "SLICED_BN=512", "0"),
               ("mx_rows", "SLICED_BN=512", "0"), ("mx_rows", "SLICED_BM=64", "0"),
               ("mx_rows", "SLICED_OFF32=1", "0"), ("mx_dual", "WORDS=1 WORDS_OFF32=1", "0"),
-              ("mx_rows", "WORDS=1 MAXNREG_WORDS_MX_ROWS=48", "0"),
-              ("block1x128", "WORDS=1 WORDS_OFF32=1", "0"),
-              ("mx_dual", "WORDS=1 WORDS_TILE=64x256", "0"),
-              ("mx_rows", "WORDS=1 WORDS_TILE=32x512", "0"), ("block1x128", "WORDS=1 RCP=1", "0"),
-              ("mx_dual", "WORDS=1 WORDS_TILE=32x128", "0"),
-              ("mx_dual", "WORDS=1 WORDS_EVICT=2", "0"),
-              ("mx_rows", "WORDS=1 WORDS_EVICT=1", "0"),
-              ("block1x128", "WORDS=1 WORDS_EVICT=2", "0"),
-              ("mx_dual", "WORDS=1 WORDS_REREAD=1", "0"),
-              ("block1x128", "WORDS=1 WORDS_REREAD=1 MAXNREG_WORDS_BLOCK_DUAL=80",
-               "0")]  # fmt: skip
+              ("mx_dual", "WORDS=1 WORDS_TILE=128x256", "0"),
+              ("mx_dual", "WORDS=1 MAXNREG_WORDS_MX_DUAL=80", "0")]  # fmt: skip
 
 
 @pytest.mark.parametrize("recipe,extra,persist", CASES, ids=["-".join(map(str, c)) for c in CASES])
@@ -142,8 +130,9 @@ def test_sliced_kernel_zero_size(monkeypatch, recipe, shape, words):
 
 
 def test_sliced_kernel_is_routed(monkeypatch):
-    """Defaults: the word-sliced kernel for the three recipes (PRIMUS_TURBO_QUANT_WORDS unset);
-    with WORDS=0 the H200 run 5.2 winners: MX dual and MX rows sliced, the 1x128 dual v3."""
+    """Defaults: the word-sliced kernel for MX rows and MX dual of bf16 inputs
+    (PRIMUS_TURBO_QUANT_WORDS unset), the 1x128 dual on v3; other inputs and WORDS=0 take the
+    H200 run 5.2 routing: MX dual and MX rows sliced, the 1x128 dual v3."""
     from primus_turbo.triton.quantization import quant_launch as ql
 
     called = []
@@ -161,15 +150,12 @@ def test_sliced_kernel_is_routed(monkeypatch):
         quantize_fp8_with_trans(xx, E4M3, G.BLOCKWISE, block_size=128)
         return list(called)
 
-    assert run() == ["w_mx_dual", "w_mx_rows", "w_block_dual"]
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "mx_rows,block_dual")
-    assert run() == ["mx_dual", "w_mx_rows", "w_block_dual"]
+    assert run() == ["w_mx_dual", "w_mx_rows"]
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "mx_rows")
+    assert run() == ["mx_dual", "w_mx_rows"]
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1")
     assert run(x.float()) == ["mx_dual", "mx_rows"]  # word loads need bf16
-    odd = _x(128, 258, False)[:, :257]  # odd N: the 1x128 dual falls back to v3
-    called.clear()
-    quantize_fp8_with_trans(odd, E4M3, G.BLOCKWISE, block_size=128)
-    assert called == []
+    assert run(_x(128, 258, False)[:, 1:257]) == ["mx_dual", "mx_rows"]  # not 4-byte aligned
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "0")
     assert run() == ["mx_dual", "mx_rows"]
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "mx")
@@ -222,9 +208,9 @@ def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch):
                                        ("PRIMUS_TURBO_QUANT_SLICED_PERSIST", "-1"),
                                        ("PRIMUS_TURBO_QUANT_WORDS", "mx"),
                                        ("PRIMUS_TURBO_QUANT_WORDS_OFF32", "2"),
+                                       ("PRIMUS_TURBO_QUANT_WORDS", "block_dual"),
                                        ("PRIMUS_TURBO_QUANT_WORDS_TILE", "48x256"),
-                                       ("PRIMUS_TURBO_QUANT_WORDS_EVICT", "3"),
-                                       ("PRIMUS_TURBO_QUANT_WORDS_REREAD", "2")])  # fmt: skip
+                                       ("PRIMUS_TURBO_QUANT_WORDS_TILE", "128x512")])  # fmt: skip
 def test_sliced_env_validated(monkeypatch, var, value):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "1")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1" if "WORDS" in var else "0")
