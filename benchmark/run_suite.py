@@ -276,15 +276,6 @@ TASKS: list[dict[str, Any]] = [
         "output": "grouped_gemm_turbo_bf16_fp8rowwise_pieces_{date}_{gpu}.csv",
     },
     {
-        "label": "grouped_gemm_fp8_rowwise_pipeline_ab",
-        "group": "grouped_gemm_fp8",
-        "profile": "gpu",
-        "script": "ops/training/bench_grouped_gemm_fp8_pipe.py",
-        "args": ["--models", "DeepSeek-V3", "--pipelines", "8:16:7", "8:16:7:0", "--wcache"],
-        "env": {},
-        "output": "grouped_gemm_fp8_pipe_{date}_{gpu}.csv",
-    },
-    {
         "label": "cpu_grouped_gemm_bf16_torch",
         "group": "grouped_gemm",
         "profile": "cpu",

@@ -21,9 +21,7 @@ tiles: ``BLOCK_K = 128``.
 Selected by ``PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA`` (``1`` default: this kernel where usable;
 ``0``: the pointer kernels of ``grouped_gemm_kernel``, as before session 5) through
 ``grouped_gemm_fp8_triton``; ``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG`` (comma-separated config
-names) restricts the tuner's candidates. ``grouped_gemm_fp8_chunk_kernel``: the same walk over
-one chunk of experts (the pipelined forward, ``kernels/grouped_gemm/grouped_gemm_fp8_pipe.py``).
-CUDA sm_90+ only (no TMA on AMD: the pointer path).
+names) restricts the tuner's candidates. CUDA sm_90+ only (no TMA on AMD: the pointer path).
 """
 
 from __future__ import annotations
@@ -32,40 +30,32 @@ import functools
 
 import torch
 import triton
-import triton.language as tl
 
 from primus_turbo.pytorch.core.platform import ArchFamily, arch_family
 from primus_turbo.triton.gemm.gemm_configs import GemmConfig
-from primus_turbo.triton.gemm.gemm_kernel import _tile_coords
 from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import grouped_gemm_flat_tma_kernel
-from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import (
-    desc_tile_mma,
-    find_tile,
-    group_table,
-    operand_descs,
-    scale_tile,
-    store_rows,
-    store_tile,
-    zero_tail,
-)
+from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import operand_descs
 
 # ---- configs, env knobs, launcher ------------------------------------------------------------
 
 
 def fp8_tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
-    """Candidate tiles (BLOCK_K = 128: 128 fp8 bytes per row, one 128-byte swizzle line).
-    sm_90: 128x256 (8 warps: 128 fp32 accumulator registers per thread) with 3 / 4 stages
-    (144 / 192 KiB operand ring), 256x128 3 stages, 128x128 one warpgroup 3 stages with two
-    programs per SM (the dense blockwise fp8 TMA kernel's winner, 96 KiB each: one program's
-    epilogue under the other's MMAs), 64x256 one warpgroup 4 stages (160 KiB; half the ragged
-    rows at each group's end, for many small groups). CPU (interpreter): tiny tiles."""
+    """Candidate tiles (BLOCK_K = 128: 128 fp8 bytes per row, one 128-byte swizzle line), the
+    untuned default first. sm_90: 128x128 one warpgroup 3 stages with two programs per SM (96
+    KiB each: one program's epilogue under the other's MMAs; the fastest fp8 GEMM alone at both
+    DeepSeek-V3 shapes in H200 run 6.2: gate_up 2.847 / down 1.554 ms vs 128x256 s3 2.950 /
+    1.666; its 4-stage ring, 128 KiB, would not fit two per SM), 128x256 (8 warps: 128 fp32
+    accumulator registers per thread) with 3 / 4 stages (144 / 192 KiB ring; s4 2.925 / 1.656),
+    64x256 one warpgroup 4 stages (160 KiB; half the ragged rows at each group's end, for many
+    small groups). 256x128 (3 stages: 3.067 / 1.786 ms) was slowest and is no longer timed. The
+    tuner (``grouped_gemm_kernel._choose``) times them all per shape. CPU (interpreter): tiny
+    tiles."""
     if family == ArchFamily.CPU:
         return (GemmConfig(16, 16, 32, 2, 1, 1), GemmConfig(32, 16, 64, 1, 1, 1))
     return (
+        GemmConfig(128, 128, 128, 8, 4, 3, programs_per_cu=2),
         GemmConfig(128, 256, 128, 8, 8, 3),
         GemmConfig(128, 256, 128, 8, 8, 4),
-        GemmConfig(256, 128, 128, 8, 8, 3),
-        GemmConfig(128, 128, 128, 8, 4, 3, programs_per_cu=2),
         GemmConfig(64, 256, 128, 8, 4, 4),
     )
 
@@ -222,110 +212,6 @@ def grouped_gemm_fp8_tma(
     return c
 
 
-# ---- one chunk of experts (the pipelined forward) ------------------------------------------
-
-
-@triton.jit
-def _prefetch_l1(ptrs, mask):
-    """``prefetch.global.L1`` of every masked-in address (CUDA only; returns a dummy)."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L1 [$1]; mov.b32 $0, 0; }",
-        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
-
-
-@triton.jit
-def grouped_gemm_fp8_chunk_kernel(
-    a_desc, b_desc, c_ptr, offs_ptr, sa_ptr, sb_ptr, M, N, K, G, stride_cm, stride_cn,
-    stride_sa, stride_sbg, stride_sbn, num_programs, c_desc,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
-    TMA_STORE: tl.constexpr, ZERO_TAIL: tl.constexpr, PREFETCH: tl.constexpr = False,
-):  # fmt: skip
-    """Plan ``f8tma`` / ``f8tmas`` (the scaled flat TMA walk of ``grouped_gemm_flat_tma_kernel``)
-    over the ``G`` groups of one chunk of experts: ``offs_ptr`` points at the chunk's first
-    group offset (absolute rows of A and C), ``b_desc`` / ``sb_ptr`` hold the chunk's experts
-    only. ``ZERO_TAIL``: the rows past ``offs[G]`` are zeroed (the last chunk only: for the
-    others they are the next chunks' rows). ``PREFETCH`` (CUDA, opt-in): the tile's row and
-    column scales are prefetched into L1 before its K loop, so the epilogue's scale loads hit
-    L1 instead of waiting on L2 after the last MMA."""
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    gi, lo, hi, first, ends, total = group_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD)
-    for t_glob in tl.range(pid, total, num_programs, flatten=FLATTEN):
-        g, start, stop, t0 = find_tile(t_glob, gi, lo, hi, first, ends)
-        pid_m, pid_n = _tile_coords(t_glob - t0, tl.cdiv(stop - start, BLOCK_M), num_pid_n,
-                                    GROUP_M)  # fmt: skip
-        row0 = start + pid_m * BLOCK_M
-        col0 = pid_n * BLOCK_N
-        rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M).to(tl.int64)
-        rn = col0 + tl.arange(0, BLOCK_N)
-        mask_m = rows < stop
-        mask_n = rn < N
-        if PREFETCH:
-            _prefetch_l1(sa_ptr + rows * stride_sa, mask_m)
-            _prefetch_l1(sb_ptr + tl.cast(g, tl.int64) * stride_sbg + rn.to(tl.int64) * stride_sbn,
-                         mask_n)  # fmt: skip
-        acc = desc_tile_mma(a_desc, b_desc, g, row0, col0, N, K, k_tiles,
-                            BLOCK_M, BLOCK_N, BLOCK_K, True, UPCAST)  # fmt: skip
-        acc = scale_tile(acc, sa_ptr, sb_ptr, g, rows, rn, mask_m, mask_n,
-                         stride_sa, stride_sbg, stride_sbn)  # fmt: skip
-        if TMA_STORE:
-            store_tile(c_ptr, c_desc, acc, row0, col0, stop, N, stride_cm, stride_cn,
-                       BLOCK_M, BLOCK_N, True)  # fmt: skip
-        else:
-            store_rows(c_ptr, acc, rows, rn, mask_m, mask_n, stride_cm, stride_cn)
-    if ZERO_TAIL:
-        zero_tail(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn,
-                  BLOCK_M, BLOCK_N)  # fmt: skip
-
-
-def chunk_plan() -> tuple[str, GemmConfig]:
-    """The tile of the pipelined forward's chunks: the first ``f8tma`` / ``f8tmas`` candidate
-    (``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG`` applies; default ``f8tma`` 128x256 3 stages, the
-    tuner's choice for both DeepSeek-V3 shapes in H200 run 5.4)."""
-    from primus_turbo.pytorch.core.platform import triton_interpret
-
-    family = ArchFamily.CPU if triton_interpret() else ArchFamily.HOPPER
-    return fp8_tma_plans(family)[0]
-
-
-@functools.cache
-def fp8_prefetch() -> bool:
-    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_PREFETCH``: ``1`` the chunk kernel prefetches each tile's
-    scales into L1 (CUDA); ``0`` (default) not."""
-    from primus_turbo.pytorch.core.checks import env_flag
-
-    return env_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_PREFETCH", False)
-
-
-def launch_fp8_chunk(
-    a, b, c, offs, sa, sb, plan, programs: int, zero_tail: bool, prefetch: bool | None = None
-) -> None:
-    """``c[rows of the chunk's groups] = (a * sa) @ (b * sb)^T`` for one chunk of experts:
-    ``b [Gc, N, K]`` fp8 / ``sb [Gc, N]`` the chunk's experts, ``offs [>= Gc + 1]`` the group
-    offsets from the chunk's first group on (absolute rows), ``c`` the whole output."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import _interpreting
-
-    variant, cfg = plan
-    tma_store = variant == "f8tmas" and c.element_size() == 2 and (c.shape[1] * 2) % 16 == 0
-    a_desc, b_desc, m, n, k, g = operand_descs(a, b, True, cfg)
-    c_desc = TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2]) if tma_store else None
-    interp = _interpreting()
-    prefetch = fp8_prefetch() if prefetch is None else prefetch
-    grouped_gemm_fp8_chunk_kernel[(programs,)](
-        a_desc, b_desc, c, offs, sa, sb, m, n, k, g, c.stride(0), c.stride(1),
-        sa.stride(0), sb.stride(0), sb.stride(1), programs, c_desc,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        G_PAD=triton.next_power_of_2(max(g, 2)), FLATTEN=not interp and not tma_store,
-        UPCAST=interp, TMA_STORE=tma_store, ZERO_TAIL=zero_tail,
-        PREFETCH=prefetch and c.is_cuda and torch.version.hip is None, **cfg.options,
-    )  # fmt: skip
-
-
 # ---- ahead-of-time check ---------------------------------------------------------------------
 
 
@@ -354,20 +240,5 @@ def aot_specs(target: str) -> list:
             specs.append(AotSpec(f"grouped_gemm_fp8_tmas_{cfg.name}",
                                  grouped_gemm_flat_tma_kernel, sig_s,
                                  {**consts, "TMA_STORE": True, "FLATTEN": False},
-                                 cfg.options))  # fmt: skip
-    for cfg in fp8_tma_configs(ArchFamily.HOPPER)[:1]:  # the pipelined forward's chunks
-        bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-        sig = {"a_desc": f"tensordesc<fp8e4nv[{bm},{bk}]>",
-               "b_desc": f"tensordesc<fp8e4nv[{bn},{bk}]>", "c_ptr": "*bf16", "offs_ptr": "*i64",
-               "sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32", "N": "i32:16", "K": "i32:16",
-               "G": "i32", "stride_cm": "i32:16", "stride_cn": "i32:1", "stride_sa": "i32",
-               "stride_sbg": "i32:16", "stride_sbn": "i32:1", "num_programs": "i32"}  # fmt: skip
-        for zero, pf in ((False, False), (True, False), (False, True)):
-            consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
-                      "G_PAD": 8, "FLATTEN": True, "UPCAST": False, "TMA_STORE": False,
-                      "ZERO_TAIL": zero, "c_desc": None, "PREFETCH": pf}  # fmt: skip
-            tag = f"z{int(zero)}{'_pf' if pf else ''}"
-            specs.append(AotSpec(f"grouped_gemm_fp8_chunk_{tag}_{cfg.name}",
-                                 grouped_gemm_fp8_chunk_kernel, sig, consts,
                                  cfg.options))  # fmt: skip
     return specs

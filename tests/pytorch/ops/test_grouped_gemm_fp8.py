@@ -226,11 +226,11 @@ def test_grouped_gemm_fp8_tma_usable_and_env(monkeypatch, device):
         with pytest.raises(ValueError, match="PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG"):
             mod.fp8_tma_plans(ArchFamily.HOPPER)
         monkeypatch.setenv(
-            "PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG", "m128n256k128g8w8s4,f8tmas:m256n128k128g8w8s3"
+            "PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG", "m128n128k128g8w4s3,f8tmas:m128n256k128g8w8s3"
         )
         mod.fp8_config_filter.cache_clear()
         got = [f"{v}:{c.name}" for v, c in mod.fp8_tma_plans(ArchFamily.HOPPER)]
-        assert got == ["f8tma:m128n256k128g8w8s4", "f8tmas:m256n128k128g8w8s3"]
+        assert got == ["f8tma:m128n128k128g8w4s3", "f8tmas:m128n256k128g8w8s3"]
     finally:
         mod.fp8_tma_enabled.cache_clear()
         mod.fp8_config_filter.cache_clear()
@@ -323,183 +323,59 @@ def test_grouped_gemm_fp8_weight_cache(monkeypatch, device):
         mod._WEIGHT_CACHE.clear()
 
 
-# ---- the pipelined forward (PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE) --------------------------
+def test_grouped_gemm_fp8_weight_cache_never_stale(monkeypatch, device):
+    """The cached weight quantization is never reused after the weight changed: an in-place
+    update through ``.detach()`` (version counter), a fused optimizer step (no version bump:
+    the step hook empties the cache), a ``.data`` write followed by ``clear_weight_cache``;
+    each output equals the uncached one. CUDA: a captured forward quantizes in the graph, so a
+    replay after an in-place update uses the new weights."""
+    import importlib
 
-
-def _pipe_env(monkeypatch, value):
-    from primus_turbo.pytorch.kernels.grouped_gemm import grouped_gemm_fp8_pipe as pipe
-
-    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE", value)
-    pipe.spec.cache_clear()
-    return pipe
-
-
-def test_grouped_gemm_fp8_pipeline_spec(monkeypatch, device):
-    """The env spec: off by default, chunks[:free_sms[:reserve_chunks]], bad values raise."""
-    pipe = _pipe_env(monkeypatch, "")
-    try:
-        assert pipe.spec() == (0, 0, 0, 0)
-        for raw, want in (("8", (8, 16, 7, 1)), ("4:24", (4, 24, 3, 1)),
-                          ("6:0:0", (6, 0, 0, 1)), ("6:8:2:0", (6, 8, 2, 0))):  # fmt: skip
-            _pipe_env(monkeypatch, raw)
-            assert pipe.spec() == want
-        for bad in ("1", "x", "4:-1", "2:3:4:5", "2:3:4:2", "2:3:4:1:0"):
-            _pipe_env(monkeypatch, bad)
-            with pytest.raises(ValueError, match="PRIMUS_TURBO_GROUPED_GEMM_FP8_PIPELINE"):
-                pipe.spec()
-    finally:
-        pipe.spec.cache_clear()
-
-
-def test_grouped_gemm_fp8_pipeline_chunks_interpreter(monkeypatch, device):
-    """The chunked kernel path alone (interpreter tiles): equal to the one-launch TMA kernel
-    on the same quantized operands, odd and empty groups (first and last), rows past the last
-    group zeroed by the last chunk only."""
-    from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
-
-    if device != "cpu":
-        pytest.skip("interpreter tiles; GPU: test_grouped_gemm_fp8_pipeline_gpu")
-    pipe = _pipe_env(monkeypatch, "3:0:1:0")  # a quantized up front (by qrows below)
-    try:
-        lens = [0, 5, 0, 20, 9, 0, 7]
-        a, b, sa, sb, offs, ref = _tma_case(lens, 24, 48, device, tail=3)
-        a_hp = a.float() * sa[:, None]  # re-quantized below to the same fp8 values per row
-
-        def qrows(x):
-            return a, sa
-
-        def qexp(w):  # the chunk's experts: slices of b and sb (identity of w's values)
-            i = next(j for j in range(b.shape[0]) if torch.equal(w[0], b[j].float()))
-            return b[i : i + w.shape[0]], sb[i : i + w.shape[0]]
-
-        assert pipe.usable(a_hp, b.float(), True, True)
-        f8 = torch.float8_e4m3fn
-        c = pipe.pipelined_forward(a_hp, b.float(), offs, True, torch.float32, f8, qrows, qexp)
-        torch.testing.assert_close(c, ref, rtol=1e-5, atol=1e-4)
-        plan = mod.chunk_plan()
-        c1 = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.float32, plan[1], plan[0])
-        torch.testing.assert_close(c, c1, rtol=0, atol=0)
-    finally:
-        pipe.spec.cache_clear()
-
-
-@pytest.mark.parametrize("trans_b", [True, False], ids=["NT", "NN"])
-def test_grouped_gemm_fp8_pipeline_op(trans_b, monkeypatch, device):
-    """The op with the pipelined forward equals the unpipelined one (rowwise scales are per
-    expert row, so chunking changes nothing), gradients included; tensorwise and the weight
-    cache keep the one-launch path."""
-    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel
-
-    _tma_skip(device)
-    monkeypatch.setattr(grouped_gemm_kernel, "_tune_min_work", lambda: 1 << 62)  # no tuning
-    fp8 = PrecisionType.FP8
-    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON, precision=fp8)
-    big = device != "cpu"
-    lens = [300, 0, 1000, 7, 0, 129, 512, 64] if big else [5, 0, 11, 3, 0]
-    k, n = (1024, 768) if big else (32, 16)
-    gl = torch.tensor(lens, device=device)
-    a = rand(sum(lens), k, dtype=torch.bfloat16, device=device, requires_grad=True)
-    shape = (len(lens), n, k) if trans_b else (len(lens), k, n)
-    b = rand(*shape, dtype=torch.bfloat16, device=device, requires_grad=True)
+    mod = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm_fp8")
     cfg = Float8QuantConfig(granularity=ScalingGranularity.ROWWISE)
-    grad = rand(sum(lens), n, dtype=torch.bfloat16, device=device)
-    outs = []
-    pipe = _pipe_env(monkeypatch, "0")
+    gl = torch.tensor([5, 0, 11], device=device)
+    a = rand(16, 32, dtype=torch.bfloat16, device=device)
+    b = torch.nn.Parameter(rand(3, 24, 32, dtype=torch.bfloat16, device=device))
+
+    def run(cache: str):
+        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE", cache)
+        mod._weight_cache_on.cache_clear()
+        with torch.no_grad():
+            return turbo.ops.grouped_gemm_fp8(a, b, gl, config=cfg)
+
+    def check_fresh():
+        torch.testing.assert_close(run("1"), run("0"), rtol=0, atol=0)
+
     try:
-        for value in ("0", "3:0:1", "4:16:2:0"):
-            _pipe_env(monkeypatch, value)
-            a.grad = b.grad = None
-            out = turbo.ops.grouped_gemm_fp8(a, b, gl, trans_b=trans_b, config=cfg)
-            out.backward(grad)
-            outs.append((out.detach(), a.grad.clone(), b.grad.clone()))
-        for got in outs[1:]:
-            for x, y in zip(outs[0], got, strict=True):
-                torch.testing.assert_close(x, y, rtol=1e-2, atol=1e-2)
+        check_fresh()
+        with torch.no_grad():
+            b.detach().mul_(-1.5)
+        check_fresh()
+        b.grad = rand(*b.shape, dtype=torch.bfloat16, device=device)
+        try:
+            torch.optim.AdamW([b], lr=0.5, fused=True).step()
+        except RuntimeError:  # no fused kernel for this device / dtype
+            torch.optim.SGD([b], lr=0.5).step()
+        check_fresh()
+        run("1")
+        b.data.mul_(0.25)  # no version bump
+        mod.clear_weight_cache()
+        check_fresh()
+        if device != "cpu":
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                run("0")  # warm-up off the default stream
+                run("1")  # cache filled: the capture below must not use it
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=stream), torch.no_grad():
+                    captured = turbo.ops.grouped_gemm_fp8(a, b, gl, config=cfg)
+            torch.cuda.current_stream().wait_stream(stream)
+            with torch.no_grad():
+                b.mul_(3.0)
+            graph.replay()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(captured, run("0"), rtol=0, atol=0)
     finally:
-        pipe.spec.cache_clear()
-
-
-def test_grouped_gemm_fp8_quant_rows_window(device):
-    """The row-window quantization: the rows of the window equal ``quantize_fp8`` ROWWISE
-    bitwise (data and scales), rows outside the window untouched; an empty window and a
-    window ending at a tail (rows past the last group) too."""
-    from primus_turbo.pytorch.ops.quantization import quantize_fp8
-    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_quant import quant_rows_window
-
-    _tma_skip(device)
-    f8 = torch.float8_e4m3fn
-    m, k = (5000, 7168) if device != "cpu" else (40, 48)
-    x = rand(m, k, dtype=torch.bfloat16, device=device)
-    x[3, 5] = float("inf") if m > 3 else 0.0  # a row with inf: finite amax, inf clamped
-    q_ref, s_ref = quantize_fp8(x, f8, ScalingGranularity.ROWWISE, axis=-1)
-    for lo, hi in ((0, m // 3), (m // 3, m // 3), (m // 2, m - 3)):
-        offs = torch.tensor([lo, (lo + hi) // 2, hi], dtype=torch.int64, device=device)
-        q = torch.zeros(m, k, dtype=f8, device=device)
-        s = torch.full((m,), -1.0, device=device)
-        quant_rows_window(x, q, s, offs)
-        assert torch.equal(q[lo:hi].view(torch.uint8), q_ref[lo:hi].view(torch.uint8))
-        assert torch.equal(s[lo:hi], s_ref.reshape(-1)[lo:hi])
-        assert not q[:lo].view(torch.uint8).any() and not q[hi:].view(torch.uint8).any()
-        assert (s[:lo] == -1).all() and (s[hi:] == -1).all()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("value", ["4:16:2", "8:0:0", "8:24:8", "8:16:4:0"])
-def test_grouped_gemm_fp8_pipeline_gpu(value, monkeypatch, device):
-    """GPU: the pipelined forward (side stream) eager and replayed from a CUDA graph equals the
-    unpipelined forward; 16 experts with empty and ragged groups."""
-    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel
-
-    _tma_skip(device)
-    if device == "cpu":
-        pytest.skip("side stream: CUDA only")
-    monkeypatch.setattr(grouped_gemm_kernel, "_tune_min_work", lambda: 1 << 62)
-    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON, precision=PrecisionType.FP8)
-    torch.manual_seed(5)
-    lens = [700, 0, 1300, 5, 0, 256, 2048, 129, 0, 0, 900, 64, 1, 511, 3000, 0]
-    k, n = 1024, 1536
-    gl = torch.tensor(lens, device=device)
-    a = rand(sum(lens), k, dtype=torch.bfloat16, device=device)
-    b = rand(len(lens), n, k, dtype=torch.bfloat16, device=device)
-    cfg = Float8QuantConfig(granularity=ScalingGranularity.ROWWISE)
-    pipe = _pipe_env(monkeypatch, "0")
-    try:
-        want = turbo.ops.grouped_gemm_fp8(a, b, gl, config=cfg)
-        _pipe_env(monkeypatch, value)
-        got = turbo.ops.grouped_gemm_fp8(a, b, gl, config=cfg)
-        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            turbo.ops.grouped_gemm_fp8(a, b, gl, config=cfg)  # warm-up off the default stream
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream):
-                captured = turbo.ops.grouped_gemm_fp8(a, b, gl, config=cfg)
-        torch.cuda.current_stream().wait_stream(stream)
-        captured.zero_()
-        graph.replay()
-        torch.cuda.synchronize()
-        torch.testing.assert_close(captured, want, rtol=1e-2, atol=1e-2)
-    finally:
-        pipe.spec.cache_clear()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
-def test_grouped_gemm_fp8_chunk_kernel_gpu(prefetch, device):
-    """GPU: the chunk kernel over all experts in one launch (and with the L1 prefetch of the
-    scales, ``PRIMUS_TURBO_GROUPED_GEMM_FP8_PREFETCH``) equals the flat TMA kernel on the same
-    tile; rows past the groups zeroed."""
-    from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
-
-    _tma_skip(device)
-    if device == "cpu":
-        pytest.skip("GPU tiles (interpreter: test_grouped_gemm_fp8_pipeline_chunks_interpreter)")
-    lens = [512, 0, 1000, 3, 2048, 129, 0]
-    a, b, sa, sb, offs, ref = _tma_case(lens, 768, 1024, device, tail=5)
-    plan = mod.chunk_plan()
-    want = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.bfloat16, plan[1], plan[0])
-    c = torch.full_like(want, 7.0)
-    mod.launch_fp8_chunk(a, b, c, offs, sa, sb, plan, 132, True, prefetch)
-    torch.testing.assert_close(c, want, rtol=0, atol=0)
-    assert not c[sum(lens) :].any()
+        mod._weight_cache_on.cache_clear()
+        mod.clear_weight_cache()
