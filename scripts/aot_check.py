@@ -191,10 +191,7 @@ def compile_spec(
         if dropped:
             rec["notes"].append("dropped " + ",".join(dropped))
         signature, constexprs, attrs = specialization(spec, target.backend, jit_hints)
-        source = ASTSource
-        if getattr(spec.fn, "is_gluon", lambda: False)():  # a @gluon.jit kernel
-            from triton.experimental.gluon._runtime import GluonASTSource as source
-        src = source(fn=spec.fn, signature=signature, constexprs=constexprs, attrs=attrs)
+        src = ASTSource(fn=spec.fn, signature=signature, constexprs=constexprs, attrs=attrs)
         compiled = triton.compile(src, target=target, options=options)
         rec["compile_s"] = round(time.perf_counter() - t0, 2)
         shared = int(getattr(compiled.metadata, "shared", 0) or 0)

@@ -151,14 +151,11 @@ def kernel_variant() -> str:
     ``grouped_gemm_kernel``), ``flat`` (``grouped_gemm_flat``: flattened, pipelined tile loop
     and a one-pass tile lookup), ``tma`` (the flat walk with TMA operand loads,
     ``grouped_gemm_flat_tma_kernel``; CUDA sm_90+ with aligned contiguous operands, else
-    ``flat``), ``gluon`` (session 6, ``grouped_gemm_gluon_fwd``: the Gluon kernel pipelined
-    across tiles, plans ``glf`` / ``glfs``; Hopper where usable, else as ``tma``), or ``tune``
-    (default): the config tuner times every variant's configs on the first call per shape
-    (``table`` with the heuristic's config where nothing is timed; session-6 plans only with
-    ``..._CANDIDATES=s6`` / ``all`` or a ``..._CONFIG`` that names them)."""
-    return _env_choice(
-        "PRIMUS_TURBO_GROUPED_GEMM_KERNEL", "tune", ("table", "flat", "tma", "gluon", "tune")
-    )
+    ``flat``), or ``tune`` (default): the config tuner times every variant's configs on the
+    first call per shape (``table`` with the heuristic's config where nothing is timed).
+    (Session 6's Gluon forward/dgrad ``glf`` / ``glfs`` and the 4-stage flat plan ``flat4``
+    were removed: 7.5-7.9 ms and 5.26 ms vs flat 5.14 ms, DeepSeek-V3 gate_up, H200 run 6.2.)"""
+    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_KERNEL", "tune", ("table", "flat", "tma", "tune"))
 
 
 @functools.cache
@@ -166,13 +163,11 @@ def variable_k_variant() -> str:
     """``PRIMUS_TURBO_GROUPED_GEMM_VK``: the wgrad kernel. ``table`` (``variable_k_kernel``,
     pointer loads masked every step), ``tma`` (``variable_k_tma_kernel``: TMA loads for the
     whole K steps of a group, one masked pointer step for its last rows; where usable, else
-    ``table``), ``gluon`` (session 6, ``grouped_gemm_gluon``: the Gluon wgrad pipelined across
-    tiles, plans ``gl`` / ``gls``; Hopper where usable, else as ``tma``), or ``tune``
-    (default): timed on the first call per shape (the Gluon plans only with
-    ``..._CANDIDATES=s6`` / ``all`` or a ``..._VK_CONFIG`` that names them). (A "fused"
-    one-loop TMA wgrad was tried in session 4 and removed: 2x slower than ``tma`` on every key
-    of the H200 run 4.3.)"""
-    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_VK", "tune", ("table", "tma", "gluon", "tune"))
+    ``table``), or ``tune`` (default): timed on the first call per shape. (A "fused" one-loop
+    TMA wgrad was tried in session 4 and removed: 2x slower than ``tma`` on every key of the
+    H200 run 4.3; session 6's Gluon wgrad ``gl`` / ``gls`` too: 6.75-7.5 ms vs tma 5.51 ms,
+    DeepSeek-V3 gate_up, run 6.2.)"""
+    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_VK", "tune", ("table", "tma", "tune"))
 
 
 @functools.cache
@@ -222,8 +217,9 @@ def _tma_extra_ok(cfg: GemmConfig) -> bool:
 #   and 1.06 vs 0.92 / 0.98 with TMA; DeepSeek-V3 down forward);
 #   wgrad: tma 256x128 w8 (DeepSeek-V3 gate_up), tma 128x128 w4 (Qwen3), table 128x128 w4
 #   (DeepSeek-V3 down), tma 256x128 w8 s4 (run 4.3: best wgrad on both DeepSeek-V3 shapes).
-# Session 5 adds new kernels' plans for DeepSeek-V3: warp-specialised 128x256 (``ws`` s3/s4),
-# and the flat TMA kernel with a TMA-store epilogue / N-major walk. They are NOT default
+# Session 5 adds the flat TMA kernel with a TMA-store epilogue / N-major walk for DeepSeek-V3
+# (its warp-specialised plans ``ws`` were removed in session 6: the kernel deadlocked on the
+# H200, run 6.1). They are NOT default
 # candidates (the tuner would keep a wrong-but-fast kernel):
 # ``PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES=s5`` adds them to the timed winners until they are
 # verified and measured. Session 5's warp-specialised wgrad plans (``ws`` / ``wsm``) were
@@ -242,9 +238,6 @@ HOPPER_WINNERS = {
         ("table", "m128n128k64g8w4s3"),
     ),
 }
-# The bf16 warp-specialised forward plans (``ws``) were removed in session 6: the kernel
-# deadlocked on the H200 (run 6.1: its GPU test and the tuner's first ws launch at DeepSeek-V3
-# sizes never finished); ``grouped_gemm_ws`` stays for the fp8 ``f8ws`` plans only.
 HOPPER_S5_PLANS = {
     "fwd": (
         ("tmas", "m128n256k64g8w8s3"),
@@ -253,12 +246,7 @@ HOPPER_S5_PLANS = {
     "vk": (),
 }
 # plan kinds of session 5 (opt-in, see HOPPER_S5_PLANS)
-S5_VARIANTS = ("ws", *TMA_EXTRA_VARIANTS)
-# plan kinds of session 6 (opt-in: ``..._CANDIDATES=s6``): the Gluon wgrad and forward, and
-# the flat pointer kernel with a 4-stage ring (``flat4``: 224 KiB of shared memory with the
-# epilogue's 32 KiB layout buffer, 255 registers and no spills on sm_90)
-S6_VARIANTS = ("gl", "gls", "glf", "glfs", "flat4")
-FLAT4_CONFIG = GemmConfig(128, 256, 64, 8, 8, 4)
+S5_VARIANTS = TMA_EXTRA_VARIANTS
 
 
 @functools.cache
@@ -267,10 +255,9 @@ def candidate_set() -> str:
     times only ``HOPPER_WINNERS``; no session-5 plan anywhere, also not for small groups),
     ``s4`` (the same; the name of session 5 round 1), ``s5`` (the winners plus the unverified
     session-5 plans ``HOPPER_S5_PLANS``; every plan, session-5 ones included, for small
-    groups), ``s6`` (the winners plus the session-6 Gluon wgrad plans ``gluon_vk_plans``; not
-    yet verified on the GPU) or ``all`` (every plan of the mode, session-5/6 ones included)."""
+    groups) or ``all`` (every plan of the mode, session-5 ones included)."""
     return _env_choice(
-        "PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "winners", ("winners", "s4", "s5", "s6", "all")
+        "PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "winners", ("winners", "s4", "s5", "all")
     )
 
 
@@ -287,15 +274,11 @@ def _winners(plans: list, family: ArchFamily, gemm: str, avg_rows: int) -> list:
     cands = candidate_set()
     if cands not in ("s5", "all"):  # unverified on the GPU: opt-in only
         plans = [p for p in plans if p[0] not in S5_VARIANTS]
-    if cands not in ("s6", "all"):
-        plans = [p for p in plans if p[0] not in S6_VARIANTS]
     if family != ArchFamily.HOPPER or cands == "all":
         return plans
     if avg_rows < WINNERS_MIN_AVG_ROWS:
         return plans
     allowed = HOPPER_WINNERS[gemm] + (HOPPER_S5_PLANS[gemm] if cands == "s5" else ())
-    if cands == "s6":
-        allowed += tuple((v, c.name) for v, c in plans if v in S6_VARIANTS)
     kept = [p for p in plans if (p[0], p[1].name) in allowed]
     return kept or plans
 
@@ -308,30 +291,23 @@ def forward_plans(
     trans_b: bool,
     avg_rows: int = 1 << 30,
     n: int | None = None,
-    gluon_ok=None,
 ) -> list[tuple[str, GemmConfig]]:
     """The (kernel, config) candidates the tuner times for the forward/dgrad (``avg_rows``:
     ``M // G``, see ``WINNERS_MIN_AVG_ROWS``; ``n``: output columns, the TMA-store variants
-    need ``n % 8 == 0``, ``None``: not checked; ``gluon_ok(variant, cfg)``: whether a Gluon
-    plan can take this call's operands, ``None``: none can)."""
+    need ``n % 8 == 0``, ``None``: not checked). ``trans_b`` False (NN: ``b`` read as
+    ``[G, K, N]``, the GroupedLinear dgrad) takes ``DGRAD_CONFIG_VAR``'s filter where set."""
     configs = grouped_gemm_configs(family)
-    gluon = []
-    if mode in ("gluon", "tune") and tma_ok and gluon_ok is not None:
-        gluon = [(v, cfg) for v, cfg in gluon_fwd_plans(family) if gluon_ok(v, cfg)]
-    if mode == "gluon" and gluon:  # a fixed kernel: all its plans (or the filter's)
-        names = config_filter("PRIMUS_TURBO_GROUPED_GEMM_CONFIG")
-        kept = [p for p in gluon if p[1].name in names or f"{p[0]}:{p[1].name}" in names]
-        return kept or gluon
-    if mode == "gluon":  # not usable here: as ``tma``
-        mode = "tma"
+    var = "PRIMUS_TURBO_GROUPED_GEMM_CONFIG"
+    if not trans_b and config_filter(DGRAD_CONFIG_VAR):
+        var = DGRAD_CONFIG_VAR
     # tune: the table kernel lost every forward/dgrad key to flat on the H200 (session 3), so
-    # with TMA candidates present it is left out (fewer compiles on the first call)
-    table = mode == "table" or (mode == "tune" and not tma_ok)
+    # with TMA candidates present it is left out (fewer compiles on the first call) unless the
+    # filter names a table plan
+    named_table = any(x.startswith("table:") for x in config_filter(var))
+    table = mode == "table" or (mode == "tune" and (not tma_ok or named_table))
     plans = [("table", cfg) for cfg in configs] if table else []
     if mode in ("flat", "tune") or (mode == "tma" and not tma_ok):
         plans += [("flat", cfg) for cfg in configs if flat_config_ok(cfg)]
-    if mode == "tune" and family in (ArchFamily.HOPPER, ArchFamily.OTHER_GPU):
-        plans.append(("flat4", FLAT4_CONFIG))
     if mode in ("tma", "tune") and tma_ok:
         tma = [("tma", cfg) for cfg in tma_configs(family) if trans_b or k % cfg.block_k == 0]
         if tma and mode == "tune":
@@ -339,29 +315,28 @@ def forward_plans(
             tma += [(v, cfg) for v in TMA_EXTRA_VARIANTS for _, cfg in list(tma)
                     if _tma_extra_ok(cfg) and (store_ok or v == "tman")]  # fmt: skip
         if tma:
-            plans += tma + gluon
+            plans += tma
         elif mode == "tma":  # NN with K not a multiple of any tile's BLOCK_K
             plans += [("flat", cfg) for cfg in configs if flat_config_ok(cfg)]
-    return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_CONFIG", family, "fwd", avg_rows)
+    return _filtered(plans, var, family, "fwd", avg_rows)
+
+
+# ``PRIMUS_TURBO_GROUPED_GEMM_DGRAD_CONFIG``: as ``..._CONFIG`` but for the NN calls only
+# (``trans_b`` False: the dgrad ``grad @ b[g]`` of a ``[G, N, K]`` weight), where set it
+# replaces ``..._CONFIG`` there. For A/B runs of the dgrad plan alone (session 6: the
+# DeepSeek-V3 gate_up dgrad ran 6.77 ms in the benchmark while the tuner timed its plan at
+# 5.26 ms); ``table:`` plans are candidates when named.
+DGRAD_CONFIG_VAR = "PRIMUS_TURBO_GROUPED_GEMM_DGRAD_CONFIG"
 
 
 def variable_k_plans(
-    family: ArchFamily, mode: str, tma_ok: bool, avg_rows: int = 1 << 30, gluon_ok=None
+    family: ArchFamily, mode: str, tma_ok: bool, avg_rows: int = 1 << 30
 ) -> list[tuple[str, GemmConfig]]:
-    """The (kernel, config) candidates the tuner times for the wgrad (``gluon_ok(variant,
-    cfg)``: whether a Gluon plan can take this call's operands; ``None``: none can)."""
+    """The (kernel, config) candidates the tuner times for the wgrad."""
     configs = grouped_gemm_configs(family)
     plans = [("table", cfg) for cfg in configs] if mode in ("table", "tune") or not tma_ok else []
-    gluon = []
-    if mode in ("gluon", "tune") and tma_ok and gluon_ok is not None:
-        gluon = [(v, cfg) for v, cfg in gluon_vk_plans(family) if gluon_ok(v, cfg)]
-    if mode == "gluon" and gluon:  # a fixed kernel: all its plans (or the filter's)
-        names = config_filter("PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG")
-        kept = [p for p in gluon if p[1].name in names or f"{p[0]}:{p[1].name}" in names]
-        return kept or gluon
-    if mode in ("tma", "tune", "gluon") and tma_ok:
+    if mode in ("tma", "tune") and tma_ok:
         plans += [("tma", cfg) for cfg in tma_configs(family)]
-    plans += gluon
     return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG", family, "vk", avg_rows)
 
 
@@ -372,41 +347,8 @@ def _filtered(plans: list, var: str, family: ArchFamily, gemm: str, avg_rows: in
     if not names:
         tuning = len({v for v, _ in plans}) > 1
         return _winners(plans, family, gemm, avg_rows) if tuning else plans
-    # a bare tile name selects a session-6 plan only where those are candidates (s6 / all);
-    # ``variant:name`` always
-    s6 = candidate_set() in ("s6", "all")
-    kept = [p for p in plans if f"{p[0]}:{p[1].name}" in names
-            or (p[1].name in names and (s6 or p[0] not in S6_VARIANTS))]  # fmt: skip
+    kept = [p for p in plans if f"{p[0]}:{p[1].name}" in names or p[1].name in names]
     if not kept:
         have = sorted({p[1].name for p in plans} | {f"{p[0]}:{p[1].name}" for p in plans})
         raise ValueError(f"primus_turbo: {var} expected config names in {have}, got {names}")
     return kept
-
-
-# ---- session 6: the Gluon wgrad (grouped_gemm_gluon), plans ``gl`` (pointer store, deeper
-# ring) and ``gls`` (TMA-store epilogue: one stage less, the 64 KiB output buffer) ----------
-
-
-def gluon_vk_plans(family: ArchFamily) -> tuple[tuple[str, GemmConfig], ...]:
-    """The Gluon wgrad's (variant, config) plans: Hopper only (Gluon's wgmma / TMA ops)."""
-    if family not in (ArchFamily.HOPPER, ArchFamily.OTHER_GPU):
-        return ()
-    return (
-        ("gl", GemmConfig(256, 128, 64, 8, 8, 4)),
-        ("gls", GemmConfig(256, 128, 64, 8, 8, 3)),
-        ("gl", GemmConfig(128, 256, 64, 8, 8, 4)),
-        ("gl", GemmConfig(128, 128, 64, 8, 4, 4)),
-    )
-
-
-def gluon_fwd_plans(family: ArchFamily) -> tuple[tuple[str, GemmConfig], ...]:
-    """The Gluon forward/dgrad's (variant, config) plans (``grouped_gemm_gluon_fwd``): Hopper
-    only; ``glf`` masked pointer stores (4-stage ring: 192 KiB), ``glfs`` TMA-store epilogue
-    (3 stages + the 64 KiB output buffer)."""
-    if family not in (ArchFamily.HOPPER, ArchFamily.OTHER_GPU):
-        return ()
-    return (
-        ("glf", GemmConfig(128, 256, 64, 8, 8, 4)),
-        ("glfs", GemmConfig(128, 256, 64, 8, 8, 3)),
-        ("glf", GemmConfig(128, 256, 64, 8, 8, 3)),
-    )

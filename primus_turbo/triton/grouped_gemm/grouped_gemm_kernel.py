@@ -336,11 +336,7 @@ def grouped_gemm_triton(
             return launch_flat_tma(
                 a, b, c, group_offs, trans_b, cfg, programs, flatten, upcast, variant
             )
-        if variant in ("glf", "glfs"):  # grouped_gemm_gluon_fwd.GLUON_FWD_VARIANTS
-            from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon_fwd import launch_gluon_fwd
-
-            return launch_gluon_fwd(a, b, c, group_offs, trans_b, cfg, programs, variant)
-        if variant in ("flat", "flat4"):
+        if variant == "flat":
             from primus_turbo.triton.grouped_gemm.grouped_gemm_flat import launch_flat
 
             strides = (a.stride(0), a.stride(1), b.stride(0), sbk, sbn, c.stride(0), c.stride(1))
@@ -360,21 +356,12 @@ def grouped_gemm_triton(
         )  # fmt: skip
 
     mode = "table" if use_tma else kernel_variant()
-    tma_ok = mode in ("tma", "gluon", "tune") and _flat_tma_usable(
-        a, b, trans_b, scales is not None
-    )
+    tma_ok = mode in ("tma", "tune") and _flat_tma_usable(a, b, trans_b, scales is not None)
     if config is not None:
         plan = ("flat" if mode == "flat" else "table", config)
     else:
         cfg = select_grouped_config(m, n, k, g, family, num_compute_units(a.device))
-        gluon_ok = None
-        if tma_ok and family == ArchFamily.HOPPER and mode in ("gluon", "tune"):
-            from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon_fwd import gluon_fwd_usable
-
-            def gluon_ok(variant, cfg):  # (the kernel stores in a's dtype)
-                return c.dtype == a.dtype and gluon_fwd_usable(a, b, trans_b, variant, cfg)
-
-        plans = forward_plans(family, mode, tma_ok, k, trans_b, m // g, n, gluon_ok)
+        plans = forward_plans(family, mode, tma_ok, k, trans_b, m // g, n)
         default = ("table", cfg) if mode == "tune" else plans[0]
         if mode != "tune" and any(p[1] == cfg for p in plans):
             default = next(p for p in plans if p[1] == cfg)  # the heuristic's tile, this kernel
@@ -425,12 +412,6 @@ def variable_k_triton(
             from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import launch_variable_k_tma
 
             return launch_variable_k_tma(x, y, c, group_offs, num_groups, cfg, programs, upcast)
-        if variant in ("gl", "gls"):  # grouped_gemm_gluon.GLUON_VK_VARIANTS
-            from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import (
-                launch_variable_k_gluon,
-            )
-
-            return launch_variable_k_gluon(x, y, c, group_offs, num_groups, cfg, programs, variant)
         variable_k_kernel[(programs,)](
             x,
             y,
@@ -467,14 +448,7 @@ def variable_k_triton(
 
     mode = variable_k_variant()
     tma_ok = mode != "table" and variable_k_tma_usable(x, y, scales is not None)
-    gluon_ok = None
-    if tma_ok and family == ArchFamily.HOPPER and mode in ("gluon", "tune"):
-        from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import gluon_vk_usable
-
-        def gluon_ok(variant, cfg):
-            return gluon_vk_usable(x, y, c, variant, cfg)
-
-    plans = variable_k_plans(family, mode, tma_ok, m // num_groups, gluon_ok)
+    plans = variable_k_plans(family, mode, tma_ok, m // num_groups)
     cfg = select_variable_k_config(p, q, m, num_groups, family, num_compute_units(x.device))
     default = next((pl for pl in plans if pl[1] == cfg), plans[0])
     if mode == "tune":
@@ -587,12 +561,9 @@ def aot_specs(target: str) -> list[AotSpec]:
         specs.append(AotSpec(name, spec.fn, sig, constexprs, spec.options))
     specs += _flat_aot_specs(target, [s for s in specs if s.fn is grouped_gemm_kernel])
     from primus_turbo.triton.grouped_gemm.grouped_gemm_fixup import aot_specs as fixup_specs
-    from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import aot_specs as gluon_specs
-    from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon_fwd import aot_specs as gfwd_specs
     from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import aot_specs as tma_specs
 
-    specs += fixup_specs(target) + tma_specs(target) + gluon_specs(target)
-    return specs + gfwd_specs(target)
+    return specs + fixup_specs(target) + tma_specs(target)
 
 
 def _flat_aot_specs(target: str, forward_specs: list[AotSpec]) -> list[AotSpec]:
@@ -609,10 +580,4 @@ def _flat_aot_specs(target: str, forward_specs: list[AotSpec]) -> list[AotSpec]:
         name = spec.name.replace("grouped_gemm_", "grouped_gemm_flat_", 1)
         out.append(AotSpec(name, grouped_gemm_flat_kernel, spec.signature, constexprs,
                            spec.options))  # fmt: skip
-        if target == "sm_90" and spec.name.endswith("_m128n256k64g8w8s3") and "fp8" not in name:
-            # plan flat4 (FLAT4_CONFIG): the same kernel with a 4-stage ring
-            name4 = name.replace("_flat_", "_flat4_", 1)[: -len("s3")] + "s4"
-            options = {**spec.options, "num_stages": 4}
-            out.append(AotSpec(name4, grouped_gemm_flat_kernel, spec.signature, constexprs,
-                               options))  # fmt: skip
     return out

@@ -1,9 +1,9 @@
 """Pieces shared by the persistent grouped GEMM forward kernels (``grouped_gemm_flat``,
-``grouped_gemm_tma``, ``grouped_gemm_ws``, ``grouped_gemm_fp8_tma``): the in-kernel group
-table and one-pass tile lookup of the flat walks, the per-group row range of the scalar
-walks, the TMA-descriptor K loop, the tile stores, the zeroing of the rows past ``offs[G]``,
-and the host-side operand descriptors. ``@triton.jit`` helpers are inlined into each kernel,
-so every kernel compiles to the same code as when these lines were written out in it.
+``grouped_gemm_tma``, ``grouped_gemm_fp8_tma``): the in-kernel group table and one-pass
+tile lookup of the flat walks, the TMA-descriptor K loop, the tile stores, the zeroing of the
+rows past ``offs[G]``, and the host-side operand descriptors. ``@triton.jit`` helpers are
+inlined into each kernel, so every kernel compiles to the same code as when these lines were
+written out in it.
 No kernels here (nothing for ``aot_specs``: the kernels' modules compile these).
 """
 
@@ -52,14 +52,6 @@ def find_tile(t_glob, gi, lo, hi, first, ends):
         _add4,
     )
     return g, start, stop, t0
-
-
-@triton.jit
-def group_bounds(offs_ptr, g, M):
-    """Rows ``[start, stop)`` of group ``g`` (int32), clamped to ``[0, M]``."""
-    start = tl.minimum(tl.maximum(tl.load(offs_ptr + g), 0), M).to(tl.int32)
-    stop = tl.minimum(tl.maximum(tl.load(offs_ptr + g + 1), start), M).to(tl.int32)
-    return start, stop
 
 
 @triton.jit

@@ -495,6 +495,56 @@ def test_grouped_gemm_config_filter(var, monkeypatch):
         gc.config_filter.cache_clear()
 
 
+def test_grouped_gemm_dgrad_config_filter(monkeypatch):
+    """``..._DGRAD_CONFIG`` restricts the NN calls (the dgrad of a ``[G, N, K]`` weight) only,
+    over ``..._CONFIG`` there; a named ``table:`` plan is a candidate next to the TMA ones."""
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
+
+    def plans(trans_b):
+        return gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, trans_b)
+
+    gc.config_filter.cache_clear()
+    try:
+        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_CONFIG", "flat:m128n256k64g8w8s3")
+        monkeypatch.setenv(gc.DGRAD_CONFIG_VAR, "table:m128n256k64g8w8s3,tma:m128n256k64g8w8s4")
+        gc.config_filter.cache_clear()
+        cfg3, cfg4 = gc.GemmConfig(128, 256, 64, 8, 8, 3), gc.GemmConfig(128, 256, 64, 8, 8, 4)
+        assert plans(True) == [("flat", cfg3)]
+        assert plans(False) == [("table", cfg3), ("tma", cfg4)]
+        monkeypatch.setenv(gc.DGRAD_CONFIG_VAR, "m1n1k1")
+        gc.config_filter.cache_clear()
+        with pytest.raises(ValueError, match=gc.DGRAD_CONFIG_VAR):
+            plans(False)
+        monkeypatch.delenv(gc.DGRAD_CONFIG_VAR)
+        gc.config_filter.cache_clear()
+        assert plans(False) == [("flat", cfg3)]  # unset: ..._CONFIG for both layouts
+    finally:
+        monkeypatch.delenv(gc.DGRAD_CONFIG_VAR, raising=False)
+        gc.config_filter.cache_clear()
+
+
+@pytest.mark.parametrize("plan", ["table:m32n32k32g4w4s1", "flat:m16n16k16g2w1s1"])
+def test_grouped_gemm_dgrad_config_forced(plan, monkeypatch, device):
+    """A plan forced by ``..._DGRAD_CONFIG`` runs the NN GEMMs (the dgrad of NT, the forward
+    of NN) and matches the reference; the other layout keeps its default."""
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as gk
+
+    if device != "cpu":
+        pytest.skip("interpreter tiles; on a GPU the benchmark's A/B forces the real ones")
+    monkeypatch.setenv(gc.DGRAD_CONFIG_VAR, plan)
+    monkeypatch.setattr(gk, "kernel_variant", lambda: "tune")
+    gc.config_filter.cache_clear()
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
+    try:
+        for trans_b in (True, False):
+            _check_fwd_bwd([3, 0, 20, 7], 32, 16, trans_b, torch.bfloat16, device)
+    finally:
+        GlobalBackendManager.reset()
+        monkeypatch.delenv(gc.DGRAD_CONFIG_VAR, raising=False)
+        gc.config_filter.cache_clear()
+
+
 def test_grouped_gemm_candidates_winners(monkeypatch):
     """Hopper tune mode times only the measured winners (HOPPER_WINNERS) unless
     PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES=all or the groups are small (M // G below
