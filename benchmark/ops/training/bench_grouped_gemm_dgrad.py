@@ -9,7 +9,10 @@ The TRITON dgrad ``grad @ b[g]`` (``grouped_gemm_triton(grad, b, offs, False)``:
   median; what the op benchmark reports);
 * ``eager``: ``do_bench`` (L2 flushed, no graph);
 * ``b2b``: the config tuner's way (``grouped_gemm_tune.time_rounds``: best of 3 rounds, each the
-  mean of back-to-back launches, no flush).
+  mean of back-to-back launches, no flush);
+* ``b2b_long``: one round of 50 back-to-back launches (~300 ms of sustained load: if this is
+  near ``graph`` and far from ``b2b``, clocks under sustained load explain the gap, not the
+  graph or the L2 flush).
 
 The peer is timed before and after the plans (clock / power drift shows as a difference). A
 plan's output is checked against the peer's (relative max error). One line per plan with the
@@ -51,6 +54,7 @@ def _times(fn, args) -> dict[str, float]:
         set_timing(mode)
         out[mode] = time_ms(fn, args.warmup_ms, args.rep_ms).median_ms
     out["b2b"] = _b2b_ms(fn)
+    out["b2b_long"] = _b2b_ms(fn, rounds=1, budget_ms=300.0)  # 50 launches: sustained load
     return out
 
 
