@@ -1,34 +1,7 @@
-"""Pieces shared by the quantization kernel modules: the ``RCP`` scale helper of the sliced
-kernel and the AOT signature of the ``(x, q, s, qt, st)`` tile kernels (v2/v3 and sliced)."""
+"""Pieces shared by the quantization kernel modules: the AOT signature of the
+``(x, q, s, qt, st)`` tile kernels (v2/v3, sliced and words)."""
 
 from __future__ import annotations
-
-import triton
-import triton.language as tl
-
-from primus_turbo.triton.quantization.quant_kernel import _scale_of
-
-
-@triton.jit
-def _rcp(x):
-    """``rcp.approx.ftz.f32`` (one MUFU.RCP on sm_90)."""
-    return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x],
-                                     dtype=tl.float32, is_pure=True, pack=1)  # fmt: skip
-
-
-@triton.jit
-def _scale_rcp(amax, FMAX: tl.constexpr, RCP: tl.constexpr):
-    """``_scale_of(amax, FMAX, False, 0)``; with ``RCP`` (NVIDIA compiled kernels) the two
-    ``div.full.f32`` (range checks + scaling + MUFU.RCP + multiply, ~9 SASS each, evaluated
-    per replicated row / column) become ``(FMAX / 4) * rcp(amax / 4)`` and ``rcp(scale)``.
-    Same bits as ``div.full``: for a divisor in [2^-126, 2^126] ``div.full(x, y) =
-    x * rcp(y)``; ``amax / 4`` is in that range for every amax in [1e-12, bf16/fp32 max],
-    ``rcp`` scales exactly by powers of two on normal values and the product rounds the same
-    real; ``scale`` is in [1e-36, 5e14]."""
-    if RCP:
-        scale = (FMAX * 0.25) * _rcp(tl.maximum(amax, 1e-12) * 0.25)
-        return scale, _rcp(scale)
-    return _scale_of(amax, FMAX, False, 0)
 
 
 def aot_fp8(target: str) -> tuple[str, float]:

@@ -363,9 +363,6 @@ def quant_blockwise(x: torch.Tensor, dtype: torch.dtype, block: int, axis, dual:
     qt = _empty_like_t(x, dtype)
     st = _outer_major(n, _cdiv(m, block), dev)  # scales of x.T: [N, ceil(M/b)]
     st_strides = (st.stride(1), st.stride(0))  # the kernel indexes (m-block, n)
-    if block == 128 and _use_v2(x) and sliced_on("block_dual"):  # quant_dual_launch
-        launch_sliced(x, q, s, qt, st, "block_dual", dtype, s.stride(), st_strides)
-        return q, s, qt, st
     if block == 128 and _use_v2(x):
         _tile_v2(x, q, s, qt, st, "block_dual", dtype, s.stride(), st_strides)
         return q, s, qt, st

@@ -416,16 +416,11 @@ def test_quant_v3_even_shapes_match_v2(monkeypatch, case, special):
     _assert_q_close(outs["v3"][0], q1, outs["v3"][1], s1)
 
 
-@pytest.mark.parametrize("var", ["PRIMUS_TURBO_QUANT_FAST", "PRIMUS_TURBO_QUANT_EVEN",
-                                 "PRIMUS_TURBO_QUANT_RCP"])  # fmt: skip
+@pytest.mark.parametrize("var", ["PRIMUS_TURBO_QUANT_FAST", "PRIMUS_TURBO_QUANT_EVEN"])
 def test_quant_flag_env_validated(monkeypatch, var):
     """The 0/1 kernel switches raise naming the variable and the value."""
     monkeypatch.setenv(var, "yes")
     x = _x(128, 128)
-    if var == "PRIMUS_TURBO_QUANT_RCP":  # read by the sliced kernel's launcher (MX dual)
-        with pytest.raises(ValueError, match=rf"{var} expected 0 or 1, got 'yes'"):
-            quantize_fp8_with_trans(x, E4M3, G.MX_BLOCKWISE, block_size=32)
-        return
     with pytest.raises(ValueError, match=rf"{var} expected 0 or 1, got 'yes'"):
         quantize_fp8_with_trans(x, E4M3, G.BLOCKWISE, block_size=128)
 
@@ -440,6 +435,7 @@ def test_quant_v3_mx_kernels_match_reference(monkeypatch, mx4d, dual, tile):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_MX4D", mx4d)
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "0")  # MX defaults to the sliced kernel
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_MX", "0")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "0")  # bf16 MX defaults to quant_words
     for name in ("MX_DUAL", "MX_ROWS", "MX4_DUAL", "MX4_ROWS"):
         if tile:
             monkeypatch.setenv(f"PRIMUS_TURBO_QUANT_TILE_{name}", tile)

@@ -1,7 +1,7 @@
-"""PRIMUS_TURBO_QUANT_SLICED (quant_dual.py) and PRIMUS_TURBO_QUANT_WORDS (quant_words.py): the
-sliced 1x128-dual / MX and the word-sliced MX kernels give the same bits and scales as the v3 tile
-kernels, one tile per program and persistent, even and masked (odd) shapes, with inf/-inf/NaN
-and all-zero rows/columns; zero-size inputs; routing; env validation."""
+"""PRIMUS_TURBO_QUANT_WORDS (quant_words.py, the default MX kernel for bf16) and the sliced MX
+kernel (quant_dual.py, the fallback; WORDS=0): the same bits and scales as the v3 tile kernels,
+even and masked (odd) shapes and tiles, with inf/-inf/NaN and all-zero rows/columns; zero-size
+inputs; routing; env validation."""
 
 from __future__ import annotations
 
@@ -17,10 +17,7 @@ pytestmark = pytest.mark.quantization
 DEV = "cuda" if HAS_GPU else "cpu"
 G = ScalingGranularity
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-_ENV = ("PRIMUS_TURBO_QUANT_SLICED", "PRIMUS_TURBO_QUANT_SLICED_MX",
-        "PRIMUS_TURBO_QUANT_SLICED_BN", "PRIMUS_TURBO_QUANT_SLICED_PERSIST",
-        "PRIMUS_TURBO_QUANT_SLICED_BM", "PRIMUS_TURBO_QUANT_SLICED_IE8",
-        "PRIMUS_TURBO_QUANT_SLICED_OFF32", "PRIMUS_TURBO_QUANT_WORDS",
+_ENV = ("PRIMUS_TURBO_QUANT_SLICED", "PRIMUS_TURBO_QUANT_SLICED_MX", "PRIMUS_TURBO_QUANT_WORDS",
         "PRIMUS_TURBO_QUANT_WORDS_OFF32", "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_ROWS",
         "PRIMUS_TURBO_QUANT_WORDS_TILE", "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_DUAL")  # fmt: skip
 
@@ -50,52 +47,31 @@ def _quant(recipe, x, dtype):
     return quantize_fp8(x, dtype, G.MX_BLOCKWISE, block_size=32)
 
 
-# (recipe, extra PRIMUS_TURBO_QUANT_* "KEY=VALUE"s or None, SLICED_PERSIST); the candidate runs
-# with SLICED=1 SLICED_MX=1 WORDS=0 unless the extras say otherwise; the CPU tier keeps the
-# interpreter cases few
-CASES = [("block1x128", None, "0"), ("block1x128", None, "2"), ("mx_dual", "SLICED_BN=64", "0"),
-         ("mx_dual", "SLICED_BM=64", "0"), ("mx_dual", "SLICED_IE8=1", "0"),
-         ("mx_dual", "SLICED_OFF32=1", "0"), ("mx_dual", "WORDS=1", "0"),
-         ("mx_rows", "WORDS=1", "0"), ("mx_dual", "WORDS=1 WORDS_TILE=32x256", "0"),
-         ("mx_dual", "WORDS=1 WORDS_TILE=128x128", "0")]  # fmt: skip
-_ODD_ONLY = (
-    "SLICED_BM=64",
-    "SLICED_BN=64",
-    "WORDS=1 WORDS_TILE=32x256",
-    "WORDS=1 WORDS_TILE=128x128",
-)  # CPU: masked shapes only
-if HAS_GPU:  # the default tiles, one tile per program and persistent; the round-2 variants
-    CASES += [("mx_dual", None, "0"), ("mx_dual", None, "4"), ("mx_rows", None, "0"),
-              ("mx_dual", "SLICED_BN=128", "3"), ("mx_rows", "SLICED_BN=64", "1"),
-              ("block1x128", None, "1"), ("mx_dual", "SLICED_BN=512", "0"),
-              ("mx_rows", "SLICED_BN=512", "0"), ("mx_rows", "SLICED_BM=64", "0"),
-              ("mx_rows", "SLICED_OFF32=1", "0"), ("mx_dual", "WORDS=1 WORDS_OFF32=1", "0"),
-              ("mx_dual", "WORDS=1 WORDS_TILE=128x256", "0"),
-              ("mx_dual", "WORDS=1 MAXNREG_WORDS_MX_DUAL=80", "0")]  # fmt: skip
+# (recipe, extra PRIMUS_TURBO_QUANT_* "KEY=VALUE"s or None): the candidate runs with the
+# defaults plus the extras (WORDS=0: the sliced kernel); the CPU tier keeps the interpreter
+# cases few
+CASES = [("mx_dual", None), ("mx_rows", None), ("mx_dual", "WORDS=0"), ("mx_rows", "WORDS=0"),
+         ("mx_dual", "WORDS_TILE=32x256"), ("mx_dual", "WORDS_TILE=128x128")]  # fmt: skip
+_ODD_ONLY = ("WORDS_TILE=32x256", "WORDS_TILE=128x128")  # CPU: masked shapes only
+if HAS_GPU:  # run 6.3's A/B variants
+    CASES += [("mx_dual", "WORDS_OFF32=1"), ("mx_rows", "WORDS_OFF32=1"),
+              ("mx_dual", "WORDS_TILE=128x256"),
+              ("mx_dual", "MAXNREG_WORDS_MX_DUAL=80")]  # fmt: skip
 
 
-@pytest.mark.parametrize("recipe,extra,persist", CASES, ids=["-".join(map(str, c)) for c in CASES])
+@pytest.mark.parametrize("recipe,extra", CASES, ids=["-".join(map(str, c)) for c in CASES])
 @pytest.mark.parametrize("shape", ["even", "odd"])
-def test_sliced_kernel_bitwise(monkeypatch, recipe, extra, persist, shape):
-    if not HAS_GPU and shape == "even" and (persist != "0" or extra in _ODD_ONLY):
+def test_sliced_kernel_bitwise(monkeypatch, recipe, extra, shape):
+    if not HAS_GPU and shape == "even" and extra in _ODD_ONLY:
         pytest.skip("CPU time budget: these cases run the masked (odd) shapes only")
-    if not HAS_GPU and shape == "odd" and extra == "SLICED_IE8=1":
-        pytest.skip("CPU time budget: IE8 runs the even shape only")
-    if not HAS_GPU and shape == "even" and extra == "SLICED_OFF32=1":
-        pytest.skip("CPU time budget: OFF32 runs the masked (odd) shape only")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", "v3")
-    for var in _ENV:
-        monkeypatch.delenv(var, raising=False)
-    if HAS_GPU:
-        m, n = (4096, 2048) if shape == "even" else (4096 + 72, 2048 + 40)
+    if HAS_GPU:  # MX: multiples of 32 (odd: edge tiles along N, and along M for tall tiles)
+        m, n = (4096, 2048) if shape == "even" else (4096 + 96, 2048 - 32)
     else:
-        m, n = (128, 256) if shape == "even" else (136, 264)
-    if recipe != "block1x128":  # MX: multiples of 32 (odd: edge tiles along N, and along M
-        # for 64-row tiles)
-        m, n = (m, n) if shape == "even" else ((m // 32 + 1) * 32, (n // 32 - 2) * 32)
+        m, n = (128, 256) if shape == "even" else (160, 192)
     for special in (True, False) if HAS_GPU else (True,):  # CPU time budget
         x = _x(m, n, special)
-        e5m2 = HAS_GPU and special and extra is None and persist == "0"  # compile time
+        e5m2 = HAS_GPU and special and extra is None  # compile time
         for dtype in (E4M3, E5M2) if e5m2 else (E4M3,):
             for var in _ENV:
                 monkeypatch.delenv(var, raising=False)
@@ -103,9 +79,8 @@ def test_sliced_kernel_bitwise(monkeypatch, recipe, extra, persist, shape):
             monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_MX", "0")
             monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "0")
             ref = _quant(recipe, x, dtype)
-            monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "1")
-            monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_MX", "1")
-            monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_PERSIST", persist)
+            for var in _ENV:
+                monkeypatch.delenv(var, raising=False)
             for item in (extra or "").split():
                 key, value = item.split("=")
                 monkeypatch.setenv("PRIMUS_TURBO_QUANT_" + key, value)
@@ -131,8 +106,8 @@ def test_sliced_kernel_zero_size(monkeypatch, recipe, shape, words):
 
 def test_sliced_kernel_is_routed(monkeypatch):
     """Defaults: the word-sliced kernel for MX rows and MX dual of bf16 inputs
-    (PRIMUS_TURBO_QUANT_WORDS unset), the 1x128 dual on v3; other inputs and WORDS=0 take the
-    H200 run 5.2 routing: MX dual and MX rows sliced, the 1x128 dual v3."""
+    (PRIMUS_TURBO_QUANT_WORDS unset), the 1x128 dual always on v3; other inputs and WORDS=0
+    take the sliced kernel (SLICED / SLICED_MX = 0: v3)."""
     from primus_turbo.triton.quantization import quant_launch as ql
 
     called = []
@@ -155,13 +130,14 @@ def test_sliced_kernel_is_routed(monkeypatch):
     assert run() == ["mx_dual", "w_mx_rows"]
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1")
     assert run(x.float()) == ["mx_dual", "mx_rows"]  # word loads need bf16
+    assert run(x.half()) == ["mx_dual", "mx_rows"]
     assert run(_x(128, 258, False)[:, 1:257]) == ["mx_dual", "mx_rows"]  # not 4-byte aligned
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "0")
     assert run() == ["mx_dual", "mx_rows"]
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "mx")
     assert run() == ["mx_dual", "mx_rows"]
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "1")
-    assert run() == ["mx_dual", "mx_rows", "block_dual"]
+    assert run() == ["mx_dual", "mx_rows"]
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "0")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_MX", "0")
     assert run() == []
@@ -201,18 +177,13 @@ def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch):
 
 
 @pytest.mark.parametrize("var,value", [("PRIMUS_TURBO_QUANT_SLICED", "2"),
-                                       ("PRIMUS_TURBO_QUANT_SLICED_BN", "96"),
-                                       ("PRIMUS_TURBO_QUANT_SLICED_BM", "48"),
                                        ("PRIMUS_TURBO_QUANT_SLICED_MX", "2"),
-                                       ("PRIMUS_TURBO_QUANT_SLICED_IE8", "yes"),
-                                       ("PRIMUS_TURBO_QUANT_SLICED_PERSIST", "-1"),
                                        ("PRIMUS_TURBO_QUANT_WORDS", "mx"),
                                        ("PRIMUS_TURBO_QUANT_WORDS_OFF32", "2"),
                                        ("PRIMUS_TURBO_QUANT_WORDS", "block_dual"),
                                        ("PRIMUS_TURBO_QUANT_WORDS_TILE", "48x256"),
                                        ("PRIMUS_TURBO_QUANT_WORDS_TILE", "128x512")])  # fmt: skip
 def test_sliced_env_validated(monkeypatch, var, value):
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "1")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1" if "WORDS" in var else "0")
     monkeypatch.setenv(var, value)
     with pytest.raises(ValueError, match=var):
