@@ -4,10 +4,11 @@
 * ``PRIMUS_TURBO_QUANT_WORDS`` (session 6): unset / ``1`` = the word-sliced kernel for the
   MX rows and MX dual recipes of bf16 inputs with an even ``N`` (see ``words_on`` /
   ``launch_words``; H200 run 6.2, 8192x4096, x of copy: MX rows 0.866 vs sliced 0.846, MX dual
-  0.779 (64x256 tile) vs 0.720), ``0`` = the sliced kernel (A/B only), or a comma list of
-  ``mx_rows`` / ``mx_dual``. Other row-contiguous inputs (fp16 / fp32, odd ``N``, unaligned)
-  take the sliced kernel. The 1x128 dual stays on the v3 tile kernel (run 6.2: words 0.58,
-  v3 0.695; run 5.2: sliced 0.645, v3 0.696): its words and sliced paths were removed.
+  0.779 (64x256 tile) vs 0.720; run 6.3, 8192x4096 / 6144x4096: MX dual 128x128 tile, now the
+  default, 0.791 / 0.793, 64x256 0.785 / 0.779), ``0`` = the sliced kernel (A/B only), or a
+  comma list of ``mx_rows`` / ``mx_dual``. Other row-contiguous inputs (fp16 / fp32, odd ``N``,
+  unaligned) take the sliced kernel. The 1x128 dual stays on the v3 tile kernel (run 6.2: words
+  0.58, v3 0.695; run 5.2: sliced 0.645, v3 0.696): its words and sliced paths were removed.
 * ``PRIMUS_TURBO_QUANT_SLICED_MX`` (rows) / ``PRIMUS_TURBO_QUANT_SLICED`` (dual): ``0`` sends
   the inputs the words kernel does not take to the v3 tile kernels instead of the sliced one
   (default ``1``; ``mx`` is accepted for the dual one, as before). Run 5.2: MX dual sliced
@@ -120,11 +121,12 @@ def words_on(name: str, x: torch.Tensor) -> bool:
 
 def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     """Quantize ``x`` into ``q``/``s`` (and ``qt``/``st``) with ``WORDS_CONFIGS[name]``;
-    ``PRIMUS_TURBO_QUANT_WARPS`` / ``_MAXNREG`` (or ``_MAXNREG_WORDS_<NAME>``), ``_EVEN``,
-    ``PRIMUS_TURBO_QUANT_WORDS_OFF32`` (``1``: 32-bit element offsets where they fit; run 6.2
-    MX dual 32x256: 0.733 vs 0.725 of copy, to re-measure on the 64x256 tile) and
-    ``PRIMUS_TURBO_QUANT_WORDS_TILE=BMxBN`` (BM 32, 64 or 128, BN 64..512, at most 32768
-    elements; default 64x256 dual, 32x256 rows; warps follow) apply."""
+    ``PRIMUS_TURBO_QUANT_WARPS`` / ``_MAXNREG`` (or ``_MAXNREG_WORDS_<NAME>``), ``_EVEN`` and
+    ``PRIMUS_TURBO_QUANT_WORDS_TILE=BMxBN`` (A/B: BM 32, 64 or 128, BN 64..512, at most 16384
+    elements; default 128x128 dual, 32x256 rows; warps follow) apply. Every offset is 64-bit
+    (run 6.3, MX dual 64x256: 32-bit offsets 0.780 / 0.776 vs 0.785 / 0.779 of copy: the
+    OFF32 knob was removed); tiles over 16384 elements (16 warps) are refused (128x256:
+    0.767 / 0.750)."""
     from primus_turbo.triton.quantization import quant_launch as ql
 
     bm, bn, dual = WORDS_CONFIGS[name]
@@ -137,10 +139,10 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
             bm, bn = (int(v) for v in raw.split("x"))
         except ValueError:
             bm = bn = 0
-        if bm not in (32, 64, 128) or bn not in (64, 128, 256, 512) or bm * bn > 32768:
+        if bm not in (32, 64, 128) or bn not in (64, 128, 256, 512) or bm * bn > 16384:
             raise ValueError(
                 "primus_turbo: PRIMUS_TURBO_QUANT_WORDS_TILE expected BMxBN with BM 32, 64 or "
-                f"128, BN 64, 128, 256 or 512 and BM * BN <= 32768, got {raw!r}"
+                f"128, BN 64, 128, 256 or 512 and BM * BN <= 16384, got {raw!r}"
             )
     interp = triton_interpret()
     gpu = not interp and x.device.type == "cuda"
@@ -151,8 +153,6 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     extra = {"maxnreg": nreg} if nvidia else {}
     even = ql._env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0
     ql._env_flag("PRIMUS_TURBO_QUANT_FAST", True)  # validated only: the key amax needs no filter
-    reach = max(x.stride(0), q.stride(0)) * (m + bm) + (qt.stride(0) * (n + bn) if dual else 0)
-    off32 = _flag("PRIMUS_TURBO_QUANT_WORDS_OFF32") and reach + m + n + bm + bn < 2**31
     grid_m, grid_n = ql._cdiv(m, bm), ql._cdiv(n, bn)
     grid2d = grid_m <= 65535
     quant_words_kernel[(grid_n, grid_m) if grid2d else (grid_m * grid_n,)](
@@ -160,5 +160,5 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
         m, n, x.stride(0) // 2, q.stride(0), qt.stride(0) if dual else 0, *s_strides,
         *st_strides, BM=bm, BN=bn, DUAL=dual, FMAX=ql._fmax(dtype), EMAX=ql._EMAX[dtype],
         FMT=ql._interp_fmt(dtype), SAT=nvidia and ql._hw_satfinite(x.device.index), EVEN=even,
-        I64=not off32, GRID2D=grid2d, num_warps=warps, **extra,
+        GRID2D=grid2d, num_warps=warps, **extra,
     )  # fmt: skip

@@ -22,9 +22,12 @@ Slice ``k``'s pointers are slice 0's plus ``k`` rows; the grid is 2-D (no intege
 the tile coordinates) unless the tile rows exceed a grid axis. sm_90 SASS per element (even
 32x256 tiles): MX dual 11.75 (sliced 18.6), MX rows 7.4 (10.5). H200 run 6.2 (8192x4096, x of
 copy): MX rows 0.866 (sliced 0.846), MX dual 0.779 with the 64x256 tile (32x256 0.725, sliced
-0.720). The 1x128 dual had a words path too; it lost to the v3 tile kernel (0.58 vs 0.695) and
-was removed. Results are bitwise those of ``quant_sliced_kernel`` / ``quant_tile_v2_kernel``.
-The launcher checks what word loads need: an even ``N`` and row stride, a 4-byte aligned input.
+0.720). H200 run 6.3 (8192x4096 / 6144x4096), MX dual tiles: 128x128 (the default) 0.791 /
+0.793, 64x256 0.785 / 0.779, 128x256 0.767 / 0.750 (removed); 32-bit offsets (OFF32, removed)
+0.780 / 0.776 on 64x256: every offset is 64-bit. The 1x128 dual had a words path too; it lost to
+the v3 tile kernel (0.58 vs 0.695) and was removed. Results are bitwise those of
+``quant_sliced_kernel`` / ``quant_tile_v2_kernel``. The launcher checks what word loads need: an
+even ``N`` and row stride, a 4-byte aligned input.
 """
 
 from __future__ import annotations
@@ -85,20 +88,15 @@ def _join2(lo, hi):
 
 
 @triton.jit
-def _koff(k: tl.constexpr, stride, I64: tl.constexpr):
-    """Offset of slice ``k`` from slice 0 (``k`` rows of ``stride`` elements)."""
-    if I64:  # (one return per function: Triton checks the types of every return)
-        off = stride.to(tl.int64) * k
-    else:
-        off = stride * k
-    return off
+def _koff(k: tl.constexpr, stride):
+    """64-bit offset of slice ``k`` from slice 0 (``k`` rows of ``stride`` elements)."""
+    return stride.to(tl.int64) * k
 
 
 @triton.jit
-def _wld(xb, k: tl.constexpr, rows, wcols, M, NW, stride_w, EVEN: tl.constexpr,
-         I64: tl.constexpr):  # fmt: skip
+def _wld(xb, k: tl.constexpr, rows, wcols, M, NW, stride_w, EVEN: tl.constexpr):
     """Words of slice ``k`` (``xb``: slice 0's pointers, ``rows`` its rows)."""
-    ptrs = xb + _koff(k, stride_w, I64)
+    ptrs = xb + _koff(k, stride_w)
     if EVEN:
         w = tl.load(ptrs)
     else:
@@ -117,15 +115,15 @@ def _st(ptrs, v, mask, EVEN: tl.constexpr):
 
 @triton.jit
 def _row_out(w, kmax, k: tl.constexpr, rows, cols, qb, M, N, stride_qm, FMAX: tl.constexpr,
-             EMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr, EVEN: tl.constexpr,
-             I64: tl.constexpr):  # fmt: skip
+             EMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr,
+             EVEN: tl.constexpr):  # fmt: skip
     """Row-quantize slice ``k``'s words ``w`` ``[R, G, W]`` (``kmax`` its per-(row, group) key
     max ``[R, G]``), store it at columns ``cols`` ``[1, G, 2 W]`` (``qb``: slice 0's output
     pointers, ``rows`` its rows); its stored scales."""
     scale, sinv = _scales(kmax, EMAX)
     lo, hi = _unpack(w)
     q = _conv(_join2(lo, hi) * scale[:, :, None], FMAX, qb.dtype.element_ty, FMT, SAT)
-    _st(qb + _koff(k, stride_qm, I64), q, (rows + k < M) & (cols < N), EVEN)
+    _st(qb + _koff(k, stride_qm), q, (rows + k < M) & (cols < N), EVEN)
     return sinv
 
 
@@ -171,8 +169,7 @@ def quant_words_kernel(
     x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xw, stride_qm, stride_qtn, stride_sm,
     stride_sn, stride_stm, stride_stn, BM: tl.constexpr, BN: tl.constexpr, DUAL: tl.constexpr,
     FMAX: tl.constexpr, EMAX: tl.constexpr = 8, FMT: tl.constexpr = (0, 0, 0, 0),
-    SAT: tl.constexpr = False, EVEN: tl.constexpr = False, I64: tl.constexpr = True,
-    GRID2D: tl.constexpr = False,
+    SAT: tl.constexpr = False, EVEN: tl.constexpr = False, GRID2D: tl.constexpr = False,
 ):  # fmt: skip
     """``x`` [M, N] bf16 (unit column stride, ``stride_xw`` its row stride in 32-bit words) ->
     ``q`` [M, N] and, with ``DUAL``, ``qt`` [N, M]; E8M0 scales ``s`` [M, N/32] / ``st``
@@ -194,15 +191,15 @@ def quant_words_kernel(
     rows = pid_m * BM + tl.arange(0, R)[:, None, None] * 8
     wc = pid_n * (BN // 2) + tl.arange(0, G)[None, :, None] * W + tl.arange(0, W)[None, None, :]
     cols = pid_n * BN + tl.arange(0, G)[None, :, None] * C + tl.arange(0, 2 * W)[None, None, :]
-    xb = _ptrs(xw_ptr, rows, stride_xw, wc, I64)  # slice 0; slice k at + k rows
-    w0 = _wld(xb, 0, rows, wc, M, NW, stride_xw, EVEN, I64)
-    w1 = _wld(xb, 1, rows, wc, M, NW, stride_xw, EVEN, I64)
-    w2 = _wld(xb, 2, rows, wc, M, NW, stride_xw, EVEN, I64)
-    w3 = _wld(xb, 3, rows, wc, M, NW, stride_xw, EVEN, I64)
-    w4 = _wld(xb, 4, rows, wc, M, NW, stride_xw, EVEN, I64)
-    w5 = _wld(xb, 5, rows, wc, M, NW, stride_xw, EVEN, I64)
-    w6 = _wld(xb, 6, rows, wc, M, NW, stride_xw, EVEN, I64)
-    w7 = _wld(xb, 7, rows, wc, M, NW, stride_xw, EVEN, I64)
+    xb = _ptrs(xw_ptr, rows, stride_xw, wc, True)  # slice 0; slice k at + k rows
+    w0 = _wld(xb, 0, rows, wc, M, NW, stride_xw, EVEN)
+    w1 = _wld(xb, 1, rows, wc, M, NW, stride_xw, EVEN)
+    w2 = _wld(xb, 2, rows, wc, M, NW, stride_xw, EVEN)
+    w3 = _wld(xb, 3, rows, wc, M, NW, stride_xw, EVEN)
+    w4 = _wld(xb, 4, rows, wc, M, NW, stride_xw, EVEN)
+    w5 = _wld(xb, 5, rows, wc, M, NW, stride_xw, EVEN)
+    w6 = _wld(xb, 6, rows, wc, M, NW, stride_xw, EVEN)
+    w7 = _wld(xb, 7, rows, wc, M, NW, stride_xw, EVEN)
     l0, h0 = _keys(w0)
     l1, h1 = _keys(w1)
     l2, h2 = _keys(w2)
@@ -221,23 +218,23 @@ def quant_words_kernel(
                      tl.maximum(tl.maximum(l4, l5), tl.maximum(l6, l7)))  # fmt: skip
     khi = tl.maximum(tl.maximum(tl.maximum(h0, h1), tl.maximum(h2, h3)),
                      tl.maximum(tl.maximum(h4, h5), tl.maximum(h6, h7)))  # fmt: skip
-    qb = _ptrs(q_ptr, rows, stride_qm, cols, I64)
+    qb = _ptrs(q_ptr, rows, stride_qm, cols, True)
     s0 = _row_out(w0, r0, 0, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, I64)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     s1 = _row_out(w1, r1, 1, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, I64)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     s2 = _row_out(w2, r2, 2, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, I64)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     s3 = _row_out(w3, r3, 3, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, I64)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     s4 = _row_out(w4, r4, 4, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, I64)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     s5 = _row_out(w5, r5, 5, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, I64)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     s6 = _row_out(w6, r6, 6, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, I64)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     s7 = _row_out(w7, r7, 7, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, I64)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     sv = _join8(s0[:, :, None], s1[:, :, None], s2[:, :, None], s3[:, :, None],
                 s4[:, :, None], s5[:, :, None], s6[:, :, None], s7[:, :, None])  # fmt: skip
     sv = tl.reshape(sv, (R, G, 8)).to(s_ptr.dtype.element_ty)
@@ -274,15 +271,16 @@ def quant_words_kernel(
         )
         m5 = (pid_m * BM + tl.arange(0, R)[None, :, None, None, None] * 8
               + i8[None, None, None, None, :])  # fmt: skip
-        _st(_ptrs(qt_ptr, n5, stride_qtn, m5, I64), qt, (m5 < M) & (n5 < N), EVEN)
+        _st(_ptrs(qt_ptr, n5, stride_qtn, m5, True), qt, (m5 < M) & (n5 < N), EVEN)
 
 
 # ---- ahead-of-time check -------------------------------------------------------------------
 
-# (name: BM, BN, dual): the default tiles (H200 run 6.2, MX dual: 64x256 0.779 of copy vs
-# 32x256 0.725 / 32x128 0.707); PRIMUS_TURBO_QUANT_WORDS_TILE overrides them for A/B runs
+# (name: BM, BN, dual): the default tiles (MX dual 128x128, 8 warps: H200 run 6.3 0.791 /
+# 0.793 of copy at 8192x4096 / 6144x4096 vs 64x256 0.785 / 0.779, 128x256 0.767 / 0.750; run
+# 6.2: 32x256 0.725, 32x128 0.707); PRIMUS_TURBO_QUANT_WORDS_TILE overrides them for A/B runs
 WORDS_CONFIGS = {
-    "mx_dual": (64, 256, True),
+    "mx_dual": (128, 128, True),
     "mx_rows": (32, 256, False),
 }
 
@@ -297,10 +295,9 @@ def words_warps(bm: int, bn: int, lanes: int) -> int:
     return max(1, bm * bn // (64 * lanes))
 
 
-# AOT only, even: the MX dual tiles PRIMUS_TURBO_QUANT_WORDS_TILE offers for run 6.3's A/B
-# (name: base, BM, BN): 128x128 (full 128-byte row segments of the transposed copy, the same
-# 8 warps as 64x256), 128x256 (16 warps)
-_AOT_TILES = {"mx_dual_128x128": ("mx_dual", 128, 128), "mx_dual_128x256": ("mx_dual", 128, 256)}
+# AOT only, even: the previous MX dual default (64x256, run 6.3 0.785 / 0.779 of copy), kept
+# as the PRIMUS_TURBO_QUANT_WORDS_TILE A/B variant (name: base, BM, BN)
+_AOT_TILES = {"mx_dual_64x256": ("mx_dual", 64, 256)}
 
 
 def aot_specs(target: str) -> list[AotSpec]:
@@ -323,7 +320,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                                    "stride_sn", "stride_stm", "stride_stn")}  # fmt: skip
         for even in evens:
             cx = {"BM": bm, "BN": bn, "DUAL": dual, "FMAX": fmax, "EMAX": 8, "FMT": (0, 0, 0, 0),
-                  "SAT": target == "sm_90", "EVEN": even, "I64": True, "GRID2D": True}  # fmt: skip
+                  "SAT": target == "sm_90", "EVEN": even, "GRID2D": True}  # fmt: skip
             opts = {"num_warps": words_warps(bm, bn, lanes)}
             if target == "sm_90":
                 opts["maxnreg"] = WORDS_MAXNREG[base]

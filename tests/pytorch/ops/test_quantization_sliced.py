@@ -18,8 +18,8 @@ DEV = "cuda" if HAS_GPU else "cpu"
 G = ScalingGranularity
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 _ENV = ("PRIMUS_TURBO_QUANT_SLICED", "PRIMUS_TURBO_QUANT_SLICED_MX", "PRIMUS_TURBO_QUANT_WORDS",
-        "PRIMUS_TURBO_QUANT_WORDS_OFF32", "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_ROWS",
-        "PRIMUS_TURBO_QUANT_WORDS_TILE", "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_DUAL")  # fmt: skip
+        "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_ROWS", "PRIMUS_TURBO_QUANT_WORDS_TILE",
+        "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_DUAL")  # fmt: skip
 
 
 def _same_bits(a, b):
@@ -49,14 +49,13 @@ def _quant(recipe, x, dtype):
 
 # (recipe, extra PRIMUS_TURBO_QUANT_* "KEY=VALUE"s or None): the candidate runs with the
 # defaults plus the extras (WORDS=0: the sliced kernel); the CPU tier keeps the interpreter
-# cases few
+# cases few. MX dual tiles: the default 128x128 (run 6.3), 32x256 and the previous default
+# 64x256 (the WORDS_TILE A/B variant)
 CASES = [("mx_dual", None), ("mx_rows", None), ("mx_dual", "WORDS=0"), ("mx_rows", "WORDS=0"),
-         ("mx_dual", "WORDS_TILE=32x256"), ("mx_dual", "WORDS_TILE=128x128")]  # fmt: skip
-_ODD_ONLY = ("WORDS_TILE=32x256", "WORDS_TILE=128x128")  # CPU: masked shapes only
-if HAS_GPU:  # run 6.3's A/B variants
-    CASES += [("mx_dual", "WORDS_OFF32=1"), ("mx_rows", "WORDS_OFF32=1"),
-              ("mx_dual", "WORDS_TILE=128x256"),
-              ("mx_dual", "MAXNREG_WORDS_MX_DUAL=80")]  # fmt: skip
+         ("mx_dual", "WORDS_TILE=32x256"), ("mx_dual", "WORDS_TILE=64x256")]  # fmt: skip
+_ODD_ONLY = ("WORDS_TILE=32x256", "WORDS_TILE=64x256")  # CPU: masked shapes only
+if HAS_GPU:
+    CASES += [("mx_dual", "MAXNREG_WORDS_MX_DUAL=80")]
 
 
 @pytest.mark.parametrize("recipe,extra", CASES, ids=["-".join(map(str, c)) for c in CASES])
@@ -179,10 +178,9 @@ def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch):
 @pytest.mark.parametrize("var,value", [("PRIMUS_TURBO_QUANT_SLICED", "2"),
                                        ("PRIMUS_TURBO_QUANT_SLICED_MX", "2"),
                                        ("PRIMUS_TURBO_QUANT_WORDS", "mx"),
-                                       ("PRIMUS_TURBO_QUANT_WORDS_OFF32", "2"),
                                        ("PRIMUS_TURBO_QUANT_WORDS", "block_dual"),
                                        ("PRIMUS_TURBO_QUANT_WORDS_TILE", "48x256"),
-                                       ("PRIMUS_TURBO_QUANT_WORDS_TILE", "128x512")])  # fmt: skip
+                                       ("PRIMUS_TURBO_QUANT_WORDS_TILE", "128x256")])  # fmt: skip
 def test_sliced_env_validated(monkeypatch, var, value):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1" if "WORDS" in var else "0")
     monkeypatch.setenv(var, value)
