@@ -10,7 +10,8 @@ programs per SM). The last prefetch of a program is masked off (no extra traffic
 Variants (``B128_VARIANTS``: warps, register cap, programs per SM):
 * ``pf16``: 16 warps, cap 128, one program per SM (16 warps per SM, as v3's two 8-warp ones;
   half the values per thread leave room for the prefetched tile);
-* ``pf1``: 8 warps, cap 240, one program per SM.
+* ``pf32``: 32 warps, cap 64, one program per SM (32 warps per SM, twice v3's); shapes that
+  are not multiples of 128 take pf16's plan (``_MASKED_PLAN``).
 Same math as v3 (``_tile_amaxes`` / ``_scale_of`` / ``_cast2`` of quant_kernel(_v2)), so
 bitwise equal; masked for any shape (``EVEN`` drops the masks when M and N are multiples
 of 128); 64-bit row offsets. AMD keeps v3 (no specs for gfx942 / gfx950: the variants are
@@ -30,9 +31,13 @@ from primus_turbo.triton.quantization.quant_kernel import _scale_of
 from primus_turbo.triton.quantization.quant_kernel_v2 import _cast2, _tile_amaxes
 
 # variant -> (warps, maxnreg, programs per SM)
-# (sm_90 AOT: pf16 123 / 125 registers even / masked, pf1 225 / 229, no spill; an 8-warp cap-128
-# variant, two programs per SM as v3, spilled 128 B and was dropped)
-B128_VARIANTS = {"pf16": (16, 128, 1), "pf1": (8, 240, 1)}
+# (sm_90 AOT, even / masked: pf16 123 / 125 registers, pf32 64 / 64, no spill. Not kept: 8 warps
+# at cap 128, two programs per SM as v3, spilled 128 B; 8 warps at cap 240 (225 registers, one
+# program of 8 warps per SM) has half v3's warps per SM)
+B128_VARIANTS = {"pf16": (16, 128, 1), "pf32": (32, 64, 1)}
+# masked shapes (M or N not a multiple of 128) of a variant launch another's plan: pf32's
+# masked kernel spills 4 B at cap 64 on sm_90
+_MASKED_PLAN = {"pf32": "pf16"}
 
 
 @triton.jit
@@ -144,10 +149,11 @@ def b128_variant() -> str | None:
 def launch_b128(x, q, s, qt, st, variant, fmax, emax, fmt, sat, interp, cus, u8):
     """Launch ``quant_b128_pf_kernel`` (``u8`` views fp8 outputs as bytes under the
     interpreter; ``cus``: SMs; ``s`` / ``st`` as quant_blockwise allocates them)."""
-    warps, nreg, per_sm = B128_VARIANTS[variant]
     m, n = x.shape
     if m == 0 or n == 0:
         return
+    even = m % 128 == 0 and n % 128 == 0
+    warps, nreg, per_sm = B128_VARIANTS[variant if even else _MASKED_PLAN.get(variant, variant)]
     ntiles = -(-m // 128) * -(-n // 128)
     grid = min(ntiles, per_sm * cus)
     extra = {} if interp else {"maxnreg": nreg}
@@ -155,19 +161,20 @@ def launch_b128(x, q, s, qt, st, variant, fmax, emax, fmt, sat, interp, cus, u8)
         x, u8(q), s, u8(qt), st, m, n, x.stride(0), q.stride(0), qt.stride(0),
         s.stride(0), s.stride(1), st.stride(1), st.stride(0),
         FMAX=fmax, EMAX=emax, FMT=fmt, SAT=sat, FAST=False,
-        EVEN=m % 128 == 0 and n % 128 == 0, num_warps=warps, **extra,
+        EVEN=even, num_warps=warps, **extra,
     )  # fmt: skip
 
 
 def aot_specs(target: str) -> list[AotSpec]:
-    """sm_90 only (the launcher routes NVIDIA devices only): each variant, EVEN and masked."""
+    """sm_90 only (the launcher routes NVIDIA devices only): each variant, EVEN and masked
+    (the masked one only where ``_MASKED_PLAN`` does not replace it)."""
     assert target in AOT_TARGETS, target
     if target != "sm_90":
         return []
     fp8, fmax = aot_fp8(target)
     specs = []
     for name, (warps, nreg, _) in B128_VARIANTS.items():
-        for even in (True, False):
+        for even in (True, False) if name not in _MASKED_PLAN else (True,):
             cx = {"FMAX": fmax, "EMAX": 8, "FMT": (0, 0, 0, 0), "SAT": True, "FAST": False,
                   "EVEN": even}  # fmt: skip
             specs.append(AotSpec(f"quant_b128_{name}_{'even' if even else 'mask'}_{fp8}",
