@@ -109,11 +109,11 @@ lane() { # gpu, test-set (may be empty), tests-last (0/1), lines file, bench nam
   shift 4
   export CUDA_VISIBLE_DEVICES=$gpu
   # shellcheck disable=SC2086
-  [ -n "$tests" ] && [ "$last" != 1 ] && run_tests "tests_gpu$gpu" $tests
+  [ -n "${tests// /}" ] && [ "$last" != 1 ] && run_tests "tests_gpu$gpu" $tests
   for name in "$@"; do run_bench "$name"; done
   run_lines "$lines"
   # shellcheck disable=SC2086
-  [ -n "$tests" ] && [ "$last" = 1 ] && run_tests "tests_gpu$gpu" $tests
+  [ -n "${tests// /}" ] && [ "$last" = 1 ] && run_tests "tests_gpu$gpu" $tests
   return 0
 }
 
