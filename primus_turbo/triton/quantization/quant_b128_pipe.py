@@ -16,6 +16,11 @@ Same math as v3 (``_tile_amaxes`` / ``_scale_of`` / ``_cast2`` of quant_kernel(_
 bitwise equal; masked for any shape (``EVEN`` drops the masks when M and N are multiples
 of 128); 64-bit row offsets. AMD keeps v3 (no specs for gfx942 / gfx950: the variants are
 NVIDIA register plans); TRITON_INTERPRET=1 runs the kernel (tests).
+
+Status (end of session 6): bitwise equal to v3 in the interpreter tests only. It has NOT run on
+a GPU yet (the session's device time ran out before its A/B, see benchmark/RESULTS.md run 6.5):
+first thing to do with it is ``test_quantization_b128.py`` on the H200 and the A/B line in
+scripts/gpu_lines/s6_r3_qb128.txt; remove it if it does not beat v3 (0.689 / 0.665 of copy).
 """
 
 from __future__ import annotations
