@@ -37,7 +37,7 @@ import triton.language as tl
 
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
 from primus_turbo.triton.quantization.quant_common import aot_fp8, tile_signature
-from primus_turbo.triton.quantization.quant_dual import _join8, _ptrs
+from primus_turbo.triton.quantization.quant_dual import _join8, _ptrs, _store_row_scales
 from primus_turbo.triton.quantization.quant_kernel import _fp8_bits
 
 KEY0 = 1 << 24  # the key of |x| = 0 (see the module docstring)
@@ -235,16 +235,8 @@ def quant_words_kernel(
                   stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     s7 = _row_out(w7, r7, 7, rows, cols, qb, M, N,
                   stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
-    sv = _join8(s0[:, :, None], s1[:, :, None], s2[:, :, None], s3[:, :, None],
-                s4[:, :, None], s5[:, :, None], s6[:, :, None], s7[:, :, None])  # fmt: skip
-    sv = tl.reshape(sv, (R, G, 8)).to(s_ptr.dtype.element_ty)
-    r8 = tl.reshape(rows, (R, 1, 1)) + tl.arange(0, 8)[None, None, :]
-    g8 = pid_n * G + tl.arange(0, G)[None, :, None]
-    s_ptrs = s_ptr + r8.to(tl.int64) * stride_sm + g8 * stride_sn
-    if EVEN:
-        tl.store(s_ptrs, sv)
-    else:
-        tl.store(s_ptrs, sv, mask=(r8 < M) & (g8 * C < N))
+    _store_row_scales(s0, s1, s2, s3, s4, s5, s6, s7, rows, pid_n, s_ptr, M, N, stride_sm,
+                      stride_sn, C, EVEN)  # fmt: skip
     if DUAL:
         NB: tl.constexpr = BM // 32  # 32-row column blocks per tile
         slo, stlo = _scales(_col_reduce(klo, NB), EMAX)  # [NB, G, W]
