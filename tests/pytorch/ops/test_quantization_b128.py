@@ -11,29 +11,13 @@ from primus_turbo.pytorch.core.low_precision import ScalingGranularity
 from primus_turbo.pytorch.ops.quantization import quantize_fp8_with_trans
 from primus_turbo.triton.quantization.quant_b128_pipe import B128_VARIANTS
 from tests.conftest import HAS_GPU
+from tests.pytorch.test_utils import bf16_specials, same_bits
 
 pytestmark = pytest.mark.quantization
 
 DEV = "cuda" if HAS_GPU else "cpu"
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 VARIANTS = sorted(B128_VARIANTS)
-
-
-def _same_bits(a, b):
-    assert a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
-    if a.dtype == torch.float32:
-        return torch.equal(a, b)
-    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-
-
-def _x(m, n, special):
-    x = (torch.randn(m, n, device=DEV) * 3.0).to(torch.bfloat16)
-    if special:
-        x[1, 3], x[2, 4], x[3, 5] = float("inf"), float("-inf"), float("nan")
-        x[9, :] = 0.0
-        x[:, min(40, n - 1)] = 0.0
-        x[min(20, m - 1), min(50, n - 1)] = 1e38
-    return x
 
 
 def _quant(monkeypatch, x, dtype, variant):
@@ -50,7 +34,7 @@ def _check(monkeypatch, x, dtype, variant):
     got = _quant(monkeypatch, x, dtype, variant)
     assert len(ref) == len(got) == 4
     for i, (a, b) in enumerate(zip(ref, got, strict=True)):
-        assert _same_bits(a, b), f"output {i} differs from v3 ({variant}, {tuple(x.shape)})"
+        assert same_bits(a, b), f"output {i} differs from v3 ({variant}, {tuple(x.shape)})"
 
 
 # CPU (interpreter, grid = 2 programs per core: the persistent loop and the masked last
@@ -66,7 +50,7 @@ else:
 def test_b128_matches_v3_bitwise(monkeypatch, variant, shape):
     m, n = shape
     for special in (True, False) if HAS_GPU else (True,):  # CPU time budget
-        x = _x(m, n, special)
+        x = bf16_specials(m, n, special, DEV)
         # e5m2 on the GPU's small masked shape only (cold compiles: the lead's line budget)
         dtypes = (E4M3, E5M2) if HAS_GPU and special and m * n < 10**6 else (E4M3,)
         for dtype in dtypes:
@@ -75,7 +59,7 @@ def test_b128_matches_v3_bitwise(monkeypatch, variant, shape):
 
 def test_b128_cpu_e5m2_and_short(monkeypatch):
     """e5m2 and a shape with fewer tiles than programs (prefetch masked from the start)."""
-    x = _x(72, 136, True)
+    x = bf16_specials(72, 136, True, DEV)
     _check(monkeypatch, x, E5M2, "pf16")
 
 
@@ -89,7 +73,7 @@ def test_b128_zero_size(monkeypatch):
 
 
 def test_b128_env_validation(monkeypatch):
-    x = _x(128, 128, False)
+    x = bf16_specials(128, 128, False, DEV)
     with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_B128"):
         _quant(monkeypatch, x, E4M3, "bogus")
     _check(monkeypatch, x, E4M3, "v3")  # explicit v3 == unset

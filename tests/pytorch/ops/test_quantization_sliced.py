@@ -11,6 +11,7 @@ import torch
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity
 from primus_turbo.pytorch.ops.quantization import quantize_fp8, quantize_fp8_with_trans
 from tests.conftest import HAS_GPU
+from tests.pytorch.test_utils import bf16_specials, same_bits
 
 pytestmark = pytest.mark.quantization
 
@@ -20,23 +21,6 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 _ENV = ("PRIMUS_TURBO_QUANT_SLICED", "PRIMUS_TURBO_QUANT_SLICED_MX", "PRIMUS_TURBO_QUANT_WORDS",
         "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_ROWS", "PRIMUS_TURBO_QUANT_WORDS_TILE",
         "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_DUAL")  # fmt: skip
-
-
-def _same_bits(a, b):
-    assert a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
-    if a.dtype in (torch.float32, torch.uint8):
-        return torch.equal(a, b)
-    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-
-
-def _x(m, n, special):
-    x = (torch.randn(m, n, device=DEV) * 3.0).to(torch.bfloat16)
-    if special:
-        x[1, 3], x[2, 4], x[3, 5] = float("inf"), float("-inf"), float("nan")
-        x[9, :] = 0.0
-        x[:, 40] = 0.0
-        x[20, 50] = 1e38
-    return x
 
 
 def _quant(recipe, x, dtype):
@@ -69,7 +53,7 @@ def test_sliced_kernel_bitwise(monkeypatch, recipe, extra, shape):
     else:
         m, n = (128, 256) if shape == "even" else (160, 192)
     for special in (True, False) if HAS_GPU else (True,):  # CPU time budget
-        x = _x(m, n, special)
+        x = bf16_specials(m, n, special, DEV)
         e5m2 = HAS_GPU and special and extra is None  # compile time
         for dtype in (E4M3, E5M2) if e5m2 else (E4M3,):
             for var in _ENV:
@@ -86,7 +70,7 @@ def test_sliced_kernel_bitwise(monkeypatch, recipe, extra, shape):
             out = _quant(recipe, x, dtype)
             assert len(out) == len(ref)
             for a, b in zip(out, ref, strict=True):
-                assert _same_bits(a, b)
+                assert same_bits(a, b)
 
 
 @pytest.mark.parametrize("words", ["0", "1"])
@@ -115,7 +99,7 @@ def test_sliced_kernel_is_routed(monkeypatch):
     for var in _ENV:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.delenv("PRIMUS_TURBO_QUANT_IMPL", raising=False)
-    x = _x(128, 256, False)
+    x = bf16_specials(128, 256, False, DEV)
 
     def run(xx=x):
         called.clear()
@@ -130,7 +114,8 @@ def test_sliced_kernel_is_routed(monkeypatch):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1")
     assert run(x.float()) == ["mx_dual", "mx_rows"]  # word loads need bf16
     assert run(x.half()) == ["mx_dual", "mx_rows"]
-    assert run(_x(128, 258, False)[:, 1:257]) == ["mx_dual", "mx_rows"]  # not 4-byte aligned
+    unaligned = bf16_specials(128, 258, False, DEV)[:, 1:257]  # not 4-byte aligned
+    assert run(unaligned) == ["mx_dual", "mx_rows"]
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "0")
     assert run() == ["mx_dual", "mx_rows"]
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "mx")
@@ -157,7 +142,7 @@ def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch):
     for var in _ENV:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1")
-    x = _x(64, 256, False)
+    x = bf16_specials(64, 256, False, DEV)
     x[0, 0:32] = 1e-39  # subnormal block
     x[1, 32:64] = float("nan")
     x[2, 64:96] = float("inf")
@@ -185,4 +170,5 @@ def test_sliced_env_validated(monkeypatch, var, value):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1" if "WORDS" in var else "0")
     monkeypatch.setenv(var, value)
     with pytest.raises(ValueError, match=var):
-        _quant("mx_rows" if var.endswith("_MX") else "mx_dual", _x(64, 256, False), E4M3)
+        recipe = "mx_rows" if var.endswith("_MX") else "mx_dual"
+        _quant(recipe, bf16_specials(64, 256, False, DEV), E4M3)
