@@ -69,46 +69,43 @@ def _offsets(t, grid_n, BM: tl.constexpr, BN: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _ptrs(base, outer, stride, inner, I64: tl.constexpr):
-    """``base + outer * stride + inner``: 64-bit offsets, or with ``I64 = False`` (OFF32)
-    32-bit ones (the launcher checked that every offset fits)."""
-    if I64:
-        return base + outer.to(tl.int64) * stride + inner
-    return base + (outer * stride + inner)
+def _ptrs(base, outer, stride, inner):
+    """``base + outer * stride + inner`` with 64-bit offsets."""
+    return base + outer.to(tl.int64) * stride + inner
 
 
 @triton.jit
-def _ld(x_ptr, rows, cols, M, N, stride_xm, EVEN: tl.constexpr, I64: tl.constexpr = True):
-    ptrs = _ptrs(x_ptr, rows, stride_xm, cols, I64)
+def _ld(x_ptr, rows, cols, M, N, stride_xm, EVEN: tl.constexpr):
+    ptrs = _ptrs(x_ptr, rows, stride_xm, cols)
     if EVEN:
         return tl.load(ptrs)
     return tl.load(ptrs, mask=(rows < M) & (cols < N), other=0.0)
 
 
 @triton.jit
-def _ld8(x_ptr, rows, cols, M, N, stride_xm, EVEN: tl.constexpr, I64: tl.constexpr):
+def _ld8(x_ptr, rows, cols, M, N, stride_xm, EVEN: tl.constexpr):
     """The tile's 8 row slices (rows ``rows + k``), as 8 ``_ld`` calls."""
-    return (_ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN, I64),
-            _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN, I64),
-            _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN, I64),
-            _ld(x_ptr, rows + 3, cols, M, N, stride_xm, EVEN, I64),
-            _ld(x_ptr, rows + 4, cols, M, N, stride_xm, EVEN, I64),
-            _ld(x_ptr, rows + 5, cols, M, N, stride_xm, EVEN, I64),
-            _ld(x_ptr, rows + 6, cols, M, N, stride_xm, EVEN, I64),
-            _ld(x_ptr, rows + 7, cols, M, N, stride_xm, EVEN, I64))  # fmt: skip
+    return (_ld(x_ptr, rows + 0, cols, M, N, stride_xm, EVEN),
+            _ld(x_ptr, rows + 1, cols, M, N, stride_xm, EVEN),
+            _ld(x_ptr, rows + 2, cols, M, N, stride_xm, EVEN),
+            _ld(x_ptr, rows + 3, cols, M, N, stride_xm, EVEN),
+            _ld(x_ptr, rows + 4, cols, M, N, stride_xm, EVEN),
+            _ld(x_ptr, rows + 5, cols, M, N, stride_xm, EVEN),
+            _ld(x_ptr, rows + 6, cols, M, N, stride_xm, EVEN),
+            _ld(x_ptr, rows + 7, cols, M, N, stride_xm, EVEN))  # fmt: skip
 
 
 @triton.jit
 def _row_out(x, a, k: tl.constexpr, rows0, cols, q_ptr, M, N, stride_qm, FMAX: tl.constexpr,
-             EMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr, EVEN: tl.constexpr,
-             I64: tl.constexpr):  # fmt: skip
+             EMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr,
+             EVEN: tl.constexpr):  # fmt: skip
     """Row-quantize slice ``k`` (fp32 ``x``, its finite ``|x|`` ``a``), store it and return its
     E8M0 scales ``[R, G]``, one per row and 32-column group (stored by the caller, all slices
     at once)."""
     rows = rows0 + k
     scale, sinv = _e8m0_scale(tl.max(a, axis=2), EMAX)
     q = _cast2(x, scale[:, :, None], FMAX, q_ptr.dtype.element_ty, FMT, SAT)
-    ptrs = _ptrs(q_ptr, rows, stride_qm, cols, I64)
+    ptrs = _ptrs(q_ptr, rows, stride_qm, cols)
     if EVEN:
         tl.store(ptrs, q)
     else:
@@ -119,16 +116,16 @@ def _row_out(x, a, k: tl.constexpr, rows0, cols, q_ptr, M, N, stride_qm, FMAX: t
 @triton.jit
 def _row_out8(f0, f1, f2, f3, f4, f5, f6, f7, a0, a1, a2, a3, a4, a5, a6, a7, r, c, q, M, N, sq,
               FMAX: tl.constexpr, EMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr,
-              EVEN: tl.constexpr, I64: tl.constexpr):  # fmt: skip
+              EVEN: tl.constexpr):  # fmt: skip
     """``_row_out`` of the 8 slices, in slice order; their row scales."""
-    return (_row_out(f0, a0, 0, r, c, q, M, N, sq, FMAX, EMAX, FMT, SAT, EVEN, I64),
-            _row_out(f1, a1, 1, r, c, q, M, N, sq, FMAX, EMAX, FMT, SAT, EVEN, I64),
-            _row_out(f2, a2, 2, r, c, q, M, N, sq, FMAX, EMAX, FMT, SAT, EVEN, I64),
-            _row_out(f3, a3, 3, r, c, q, M, N, sq, FMAX, EMAX, FMT, SAT, EVEN, I64),
-            _row_out(f4, a4, 4, r, c, q, M, N, sq, FMAX, EMAX, FMT, SAT, EVEN, I64),
-            _row_out(f5, a5, 5, r, c, q, M, N, sq, FMAX, EMAX, FMT, SAT, EVEN, I64),
-            _row_out(f6, a6, 6, r, c, q, M, N, sq, FMAX, EMAX, FMT, SAT, EVEN, I64),
-            _row_out(f7, a7, 7, r, c, q, M, N, sq, FMAX, EMAX, FMT, SAT, EVEN, I64))  # fmt: skip
+    return (_row_out(f0, a0, 0, r, c, q, M, N, sq, FMAX, EMAX, FMT, SAT, EVEN),
+            _row_out(f1, a1, 1, r, c, q, M, N, sq, FMAX, EMAX, FMT, SAT, EVEN),
+            _row_out(f2, a2, 2, r, c, q, M, N, sq, FMAX, EMAX, FMT, SAT, EVEN),
+            _row_out(f3, a3, 3, r, c, q, M, N, sq, FMAX, EMAX, FMT, SAT, EVEN),
+            _row_out(f4, a4, 4, r, c, q, M, N, sq, FMAX, EMAX, FMT, SAT, EVEN),
+            _row_out(f5, a5, 5, r, c, q, M, N, sq, FMAX, EMAX, FMT, SAT, EVEN),
+            _row_out(f6, a6, 6, r, c, q, M, N, sq, FMAX, EMAX, FMT, SAT, EVEN),
+            _row_out(f7, a7, 7, r, c, q, M, N, sq, FMAX, EMAX, FMT, SAT, EVEN))  # fmt: skip
 
 
 @triton.jit
@@ -155,7 +152,7 @@ def _quant_tile(
     x0, x1, x2, x3, x4, x5, x6, x7, t, grid_n, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_qm,
     stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn, BM: tl.constexpr,
     BN: tl.constexpr, DUAL: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr,
-    FMT: tl.constexpr, SAT: tl.constexpr, EVEN: tl.constexpr, I64: tl.constexpr,
+    FMT: tl.constexpr, SAT: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
     """Quantize one tile given as its 8 slices (see the module docstring)."""
     C: tl.constexpr = 32
@@ -168,8 +165,8 @@ def _quant_tile(
     a4, a5, a6, a7 = _finite_abs(f4), _finite_abs(f5), _finite_abs(f6), _finite_abs(f7)
     s0, s1, s2, s3, s4, s5, s6, s7 = _row_out8(f0, f1, f2, f3, f4, f5, f6, f7, a0, a1, a2, a3,
                                                a4, a5, a6, a7, rows, cols, q_ptr, M, N,
-                                               stride_qm, FMAX, EMAX, FMT, SAT, EVEN,
-                                               I64)  # fmt: skip
+                                               stride_qm, FMAX, EMAX, FMT, SAT,
+                                               EVEN)  # fmt: skip
     _store_row_scales(s0, s1, s2, s3, s4, s5, s6, s7, rows, pid_n, s_ptr, M, N, stride_sm,
                       stride_sn, C, EVEN)  # fmt: skip
     if DUAL:  # NB = BM / 32 column groups per tile
@@ -209,7 +206,7 @@ def _quant_tile(
         )  # fmt: skip
         m4 = rows[:, :, :, None] + tl.arange(0, 8)[None, None, None, :]
         n4 = cols[:, :, :, None]
-        qt_ptrs = _ptrs(qt_ptr, n4, stride_qtn, m4, I64)
+        qt_ptrs = _ptrs(qt_ptr, n4, stride_qtn, m4)
         if EVEN:
             tl.store(qt_ptrs, qt)
         else:
@@ -229,10 +226,10 @@ def quant_sliced_kernel(
     pid = tl.program_id(0)
     grid_n = tl.cdiv(N, BN)
     rows, cols = _offsets(pid, grid_n, BM, BN, 32)
-    x0, x1, x2, x3, x4, x5, x6, x7 = _ld8(x_ptr, rows, cols, M, N, stride_xm, EVEN, True)
+    x0, x1, x2, x3, x4, x5, x6, x7 = _ld8(x_ptr, rows, cols, M, N, stride_xm, EVEN)
     _quant_tile(x0, x1, x2, x3, x4, x5, x6, x7, pid, grid_n, q_ptr, s_ptr, qt_ptr, st_ptr,
                 M, N, stride_qm, stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn,
-                BM, BN, DUAL, FMAX, EMAX, FMT, SAT, EVEN, True)  # fmt: skip
+                BM, BN, DUAL, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
 
 
 # ---- ahead-of-time check -------------------------------------------------------------------

@@ -191,7 +191,7 @@ def quant_words_kernel(
     rows = pid_m * BM + tl.arange(0, R)[:, None, None] * 8
     wc = pid_n * (BN // 2) + tl.arange(0, G)[None, :, None] * W + tl.arange(0, W)[None, None, :]
     cols = pid_n * BN + tl.arange(0, G)[None, :, None] * C + tl.arange(0, 2 * W)[None, None, :]
-    xb = _ptrs(xw_ptr, rows, stride_xw, wc, True)  # slice 0; slice k at + k rows
+    xb = _ptrs(xw_ptr, rows, stride_xw, wc)  # slice 0; slice k at + k rows
     w0 = _wld(xb, 0, rows, wc, M, NW, stride_xw, EVEN)
     w1 = _wld(xb, 1, rows, wc, M, NW, stride_xw, EVEN)
     w2 = _wld(xb, 2, rows, wc, M, NW, stride_xw, EVEN)
@@ -218,7 +218,7 @@ def quant_words_kernel(
                      tl.maximum(tl.maximum(l4, l5), tl.maximum(l6, l7)))  # fmt: skip
     khi = tl.maximum(tl.maximum(tl.maximum(h0, h1), tl.maximum(h2, h3)),
                      tl.maximum(tl.maximum(h4, h5), tl.maximum(h6, h7)))  # fmt: skip
-    qb = _ptrs(q_ptr, rows, stride_qm, cols, True)
+    qb = _ptrs(q_ptr, rows, stride_qm, cols)
     s0 = _row_out(w0, r0, 0, rows, cols, qb, M, N,
                   stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     s1 = _row_out(w1, r1, 1, rows, cols, qb, M, N,
@@ -263,7 +263,7 @@ def quant_words_kernel(
         )
         m5 = (pid_m * BM + tl.arange(0, R)[None, :, None, None, None] * 8
               + i8[None, None, None, None, :])  # fmt: skip
-        _st(_ptrs(qt_ptr, n5, stride_qtn, m5, True), qt, (m5 < M) & (n5 < N), EVEN)
+        _st(_ptrs(qt_ptr, n5, stride_qtn, m5), qt, (m5 < M) & (n5 < N), EVEN)
 
 
 # ---- ahead-of-time check -------------------------------------------------------------------
