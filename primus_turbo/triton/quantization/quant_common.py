@@ -1,5 +1,6 @@
 """Pieces shared by the quantization kernel modules: the AOT signature of the
-``(x, q, s, qt, st)`` tile kernels (v2/v3, sliced and words)."""
+``(x, q, s, qt, st)`` tile kernels (v2/v3, sliced and words) and the warps of the 8-slice MX
+kernels."""
 
 from __future__ import annotations
 
@@ -18,3 +19,9 @@ def tile_signature(fp8: str, mx: bool = False) -> dict[str, str]:
             "M": "i32:16", "N": "i32:16", "stride_xm": "i32:16", "stride_qm": "i32:16",
             "stride_qtn": "i32:16", "stride_sm": "i32", "stride_sn": "i32", "stride_stm": "i32",
             "stride_stn": "i32"}  # fmt: skip
+
+
+def slice_warps(bm: int, bn: int, lanes: int) -> int:
+    """Warps of a ``bm x bn`` tile of the 8-slice MX kernels (sliced and words): one 16-byte
+    vector of bf16 per thread and slice, i.e. ``bm * bn / 64`` threads of ``lanes`` each."""
+    return max(1, bm * bn // (64 * lanes))

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
-from primus_turbo.triton.quantization.quant_common import aot_fp8, tile_signature
+from primus_turbo.triton.quantization.quant_common import aot_fp8, slice_warps, tile_signature
 from primus_turbo.triton.quantization.quant_kernel import _finite_abs
 from primus_turbo.triton.quantization.quant_kernel_v2 import MAXNREG, _cast2, _e8m0_scale
 
@@ -242,11 +242,6 @@ SLICED_CONFIGS = {
 }
 
 
-def sliced_warps(bm: int, bn: int, lanes: int) -> int:
-    """One 16-byte vector per thread and slice: ``BM * BN / (8 slices * 8 values)`` threads."""
-    return max(1, bm * bn // (64 * lanes))
-
-
 def aot_specs(target: str) -> list[AotSpec]:
     """bf16 input, the target's e4m3 output (MX: gfx950 / sm_90 only); even (no masks) and
     masked."""
@@ -264,6 +259,6 @@ def aot_specs(target: str) -> list[AotSpec]:
             specs.append(
                 AotSpec(f"quant_sliced_{name}{'_even' if even else ''}_{fp8}", quant_sliced_kernel,
                         tile_signature(fp8, True), cx,
-                        {"num_warps": sliced_warps(bm, bn, lanes), **nv}, default=even)
+                        {"num_warps": slice_warps(bm, bn, lanes), **nv}, default=even)
             )  # fmt: skip
     return specs

@@ -24,16 +24,12 @@ import os
 import torch
 
 from primus_turbo.pytorch.core.platform import triton_interpret
-from primus_turbo.triton.quantization.quant_dual import (
-    SLICED_CONFIGS,
-    quant_sliced_kernel,
-    sliced_warps,
-)
+from primus_turbo.triton.quantization.quant_common import slice_warps
+from primus_turbo.triton.quantization.quant_dual import SLICED_CONFIGS, quant_sliced_kernel
 from primus_turbo.triton.quantization.quant_words import (
     WORDS_CONFIGS,
     WORDS_MAXNREG,
     quant_words_kernel,
-    words_warps,
 )
 
 
@@ -76,7 +72,7 @@ def launch_sliced(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     gpu = not interp and x.device.type == "cuda"
     nvidia = gpu and torch.version.hip is None
     lanes = 64 if gpu and torch.version.hip is not None else 32
-    warps = ql._knob("WARPS", f"sliced_{name}", sliced_warps(bm, bn, lanes))
+    warps = ql._knob("WARPS", f"sliced_{name}", slice_warps(bm, bn, lanes))
     extra = {"maxnreg": ql._knob("MAXNREG", f"sliced_{name}", ql.MAXNREG)} if nvidia else {}
     even = ql._env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0
     quant_sliced_kernel[(ql._cdiv(m, bm) * ql._cdiv(n, bn),)](
@@ -148,7 +144,7 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     gpu = not interp and x.device.type == "cuda"
     nvidia = gpu and torch.version.hip is None
     lanes = 64 if gpu and torch.version.hip is not None else 32
-    warps = ql._knob("WARPS", f"words_{name}", words_warps(bm, bn, lanes))
+    warps = ql._knob("WARPS", f"words_{name}", slice_warps(bm, bn, lanes))
     nreg = ql._knob("MAXNREG", f"words_{name}", WORDS_MAXNREG[name])
     extra = {"maxnreg": nreg} if nvidia else {}
     even = ql._env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
-from primus_turbo.triton.quantization.quant_common import aot_fp8, tile_signature
+from primus_turbo.triton.quantization.quant_common import aot_fp8, slice_warps, tile_signature
 from primus_turbo.triton.quantization.quant_dual import _join8, _ptrs, _store_row_scales
 from primus_turbo.triton.quantization.quant_kernel import _fp8_bits
 
@@ -282,11 +282,6 @@ WORDS_CONFIGS = {
 WORDS_MAXNREG = {"mx_rows": 64, "mx_dual": 96}
 
 
-def words_warps(bm: int, bn: int, lanes: int) -> int:
-    """One 16-byte vector (4 words) per thread and slice."""
-    return max(1, bm * bn // (64 * lanes))
-
-
 # AOT only, even: the previous MX dual default (64x256, run 6.3 0.785 / 0.779 of copy), kept
 # as the PRIMUS_TURBO_QUANT_WORDS_TILE A/B variant (name: base, BM, BN)
 _AOT_TILES = {"mx_dual_64x256": ("mx_dual", 64, 256)}
@@ -313,7 +308,7 @@ def aot_specs(target: str) -> list[AotSpec]:
         for even in evens:
             cx = {"BM": bm, "BN": bn, "DUAL": dual, "FMAX": fmax, "EMAX": 8, "FMT": (0, 0, 0, 0),
                   "SAT": target == "sm_90", "EVEN": even, "GRID2D": True}  # fmt: skip
-            opts = {"num_warps": words_warps(bm, bn, lanes)}
+            opts = {"num_warps": slice_warps(bm, bn, lanes)}
             if target == "sm_90":
                 opts["maxnreg"] = WORDS_MAXNREG[base]
             specs.append(
