@@ -38,6 +38,11 @@ from primus_turbo.pytorch.core.low_precision import (
     ScalingGranularity,
     fp8_dtype_for_format,
 )
+from primus_turbo.pytorch.core.quantized_tensor import (
+    QuantizedTensor,
+    QuantizedTensorPair,
+    check_quantized_tensor,
+)
 from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_fp8_impl import (
     GroupedGemmFp8Dispatcher,
 )
@@ -50,7 +55,7 @@ from primus_turbo.pytorch.ops.grouped_gemm import _check_group_values
 from primus_turbo.pytorch.ops.quantization import quantize_fp8
 from primus_turbo.pytorch.reference.grouped_gemm import group_offsets
 
-__all__ = ["grouped_gemm_fp8"]
+__all__ = ["grouped_gemm_fp8", "quantize_grouped_weight"]
 
 _OP = "grouped_gemm_fp8"
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32)
@@ -140,14 +145,33 @@ def _weight_cache_on() -> bool:
 # id(b) -> (weakref to b, signature, (qb, sb)): the last forward quantization of each weight
 _WEIGHT_CACHE: dict[int, tuple] = {}
 _STEP_HOOK: list = []  # the handle of the optimizer step hook, registered on the first use
+_GENERATION = [0]  # bumped by every optimizer step and clear_weight_cache()
 
 
 def clear_weight_cache() -> None:
-    """Drop every cached weight quantization (``PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE``).
-    Called after every ``torch.optim.Optimizer`` step; call it yourself after updating weights
-    outside an optimizer step through ``.data`` or a raw storage write (neither bumps the
-    parameter's version counter)."""
+    """Drop every cached weight quantization (``PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE``,
+    ``GroupedLinear(fp8_weight_cache=True)``). Called after every ``torch.optim.Optimizer``
+    step; call it yourself after updating weights outside an optimizer step through ``.data``
+    or a raw storage write (neither bumps the parameter's version counter)."""
     _WEIGHT_CACHE.clear()
+    _GENERATION[0] += 1
+
+
+def weight_generation() -> int:
+    """A counter bumped by every optimizer step (a global step post-hook, registered on the
+    first call) and every :func:`clear_weight_cache`: a cached weight quantization taken at
+    another generation is stale."""
+    if not _STEP_HOOK:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _STEP_HOOK.append(register_optimizer_step_post_hook(_on_optimizer_step))
+    return _GENERATION[0]
+
+
+def weight_signature(b: torch.Tensor) -> tuple:
+    """What must be unchanged for a weight quantization to be reused (besides the generation):
+    storage address, version counter (bumped by every in-place op), shape, strides, dtype."""
+    return (b.data_ptr(), b._version, tuple(b.shape), b.stride(), b.dtype, b.device)
 
 
 def _on_optimizer_step(_opt, _args, _kwargs) -> None:
@@ -181,12 +205,8 @@ def _forward_weights(b: torch.Tensor, trans_b: bool, dtype: torch.dtype, gran):
         return quant()
     if b.is_cuda and torch.cuda.is_current_stream_capturing():
         return quant()
-    if not _STEP_HOOK:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        _STEP_HOOK.append(register_optimizer_step_post_hook(_on_optimizer_step))
-    sig = (b.data_ptr(), b._version, tuple(b.shape), b.stride(), b.dtype, b.device, trans_b,
-           dtype, gran)  # fmt: skip
+    weight_generation()  # registers the optimizer step hook
+    sig = (*weight_signature(b), trans_b, dtype, gran)
     key = id(b)
     hit = _WEIGHT_CACHE.get(key)
     if hit is not None and hit[0]() is b and hit[1] == sig:
@@ -198,33 +218,54 @@ def _forward_weights(b: torch.Tensor, trans_b: bool, dtype: torch.dtype, gran):
 
 
 class GroupedGemmFp8Function(torch.autograd.Function):
+    """Inputs: ``b`` the high-precision weights (or None: a pre-quantized operand without a
+    source, no weight gradient); ``qb``/``sb`` the forward's fp8 weights ``[G, N, K]`` / ``[G, N]``
+    when pre-quantized (else None: quantized here from ``b``); ``qbt``/``sbt`` the dgrad's
+    ``[G, K, N]`` / ``[G, K]`` when pre-quantized (a ``QuantizedTensorPair``'s ``data_t``)."""
+
     @staticmethod
-    def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, config, backend_value):
+    def forward(ctx, a, b, qb, sb, qbt, sbt, group_lens, group_offs, trans_b, out_dtype, config,
+                backend_value):  # fmt: skip
         gran = config.granularity
         fwd_dtype = fp8_dtype_for_format(config.format, a.device)
         impl = GroupedGemmFp8Dispatcher.backend_class(BackendType(backend_value))
-        ctx.save_for_backward(a, b, group_lens, group_offs)
+        prequant = qb is not None
+        ctx.save_for_backward(a, b, group_lens, group_offs, qbt, sbt,
+                              qb if prequant else None, sb if prequant else None)  # fmt: skip
         ctx.trans_b, ctx.config, ctx.backend_value = trans_b, config, backend_value
         qa, sa = _quant_rows(a.contiguous(), fwd_dtype, gran)
-        qb, sb = _forward_weights(b, trans_b, fwd_dtype, gran)
+        if not prequant:
+            qb, sb = _forward_weights(b, trans_b, fwd_dtype, gran)
         return impl.execute(qa, sa, qb, sb, group_offs, group_lens, out_dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
-        a, b, group_lens, group_offs = ctx.saved_tensors
+        a, b, group_lens, group_offs, qbt, sbt, qb, sb = ctx.saved_tensors
         trans_b, config = ctx.trans_b, ctx.config
         gran = config.granularity
         dtype = fp8_dtype_for_format(config.format, a.device, grad=True)
         impl = GroupedGemmFp8Dispatcher.backend_class(BackendType(ctx.backend_value))
         g = grad_out.contiguous()
         grad_a = grad_b = None
-        if ctx.needs_input_grad[0] and _mode("DGRAD", "fp8") == "hp":
-            grad_a = _dgrad_high_precision(a, b, g, group_lens, group_offs, trans_b, ctx)
-        elif ctx.needs_input_grad[0]:  # grad [M, N] @ b_g [N, K]: b as [G, K, N] rows along N
-            b_kn = (b.transpose(1, 2) if trans_b else b).contiguous()
-            qg, sg = _quant_rows(g, dtype, gran)
-            qb, sb = _quant_experts(b_kn, dtype, gran)
-            grad_a = impl.execute(qg, sg, qb, sb, group_offs, group_lens, a.dtype)
+        if ctx.needs_input_grad[0]:
+            # the weights in high precision when needed: the source, else the fp8 forward
+            # weights dequantized ([G, N, K] -> b's layout)
+            def hp_b():
+                if b is not None:
+                    return b
+                deq = (qb.float() * sb.float()[:, :, None]).to(a.dtype)
+                return deq if trans_b else deq.transpose(1, 2)
+
+            if _mode("DGRAD", "fp8") == "hp":
+                grad_a = _dgrad_high_precision(a, hp_b(), g, group_lens, group_offs, trans_b,
+                                               ctx)  # fmt: skip
+            else:  # grad [M, N] @ b_g [N, K]: b as [G, K, N] rows along N
+                qg, sg = _quant_rows(g, dtype, gran)
+                if qbt is None:
+                    hb = hp_b()
+                    b_kn = (hb.transpose(1, 2) if trans_b else hb).contiguous()
+                    qbt, sbt = _quant_experts(b_kn, dtype, gran)
+                grad_a = impl.execute(qg, sg, qbt, sbt, group_offs, group_lens, a.dtype)
         if ctx.needs_input_grad[1] and _mode("WGRAD", "hp") == "hp":
             grad_b = _wgrad_high_precision(a, g, group_lens, group_offs, trans_b, b.dtype, ctx)
         elif ctx.needs_input_grad[1]:
@@ -234,13 +275,77 @@ class GroupedGemmFp8Function(torch.autograd.Function):
                 grad_b = impl.variable_k(qg, sg, qa, sa, group_offs, group_lens, b.dtype)
             else:  # [G, K, N] = a_g^T @ grad_g
                 grad_b = impl.variable_k(qa, sa, qg, sg, group_offs, group_lens, b.dtype)
-        return grad_a, grad_b, None, None, None, None, None, None
+        return (grad_a, grad_b) + (None,) * 10
+
+
+def _prequantized(b, trans_b: bool, config: Float8QuantConfig, a: torch.Tensor):
+    """``(source or None, qb [G, N, K], sb [G, N], qbt [G, K, N] or None, sbt [G, K] or None,
+    b's logical shape)`` of a pre-quantized ``b`` (``QuantizedTensor`` or
+    ``QuantizedTensorPair``), each checked against the recipe this op builds."""
+    pair = b if isinstance(b, QuantizedTensorPair) else QuantizedTensorPair(b)
+    data, data_t = pair.data, pair.data_t
+    gran = config.granularity
+    k_axis, n_axis = (2, 1) if trans_b else (1, 2)
+    fwd = fp8_dtype_for_format(config.format, a.device)
+    check_quantized_tensor(_OP, "b", data, dtype=fwd, granularity=gran, axis=k_axis)
+    check(data.dim() == 3, _OP, "b", "a 3-D quantized tensor", f"shape {tuple(data.shape)}")
+    check(data.device == a.device, _OP, "b", f"a tensor on {a.device}", data.device)
+    g = data.shape[0]
+
+    def operand(qt: QuantizedTensor, axis: int):  # -> [G, R, C] rows scaled along C = axis
+        q = qt.qdata if axis == 2 else qt.qdata.transpose(1, 2)
+        rows = q.shape[1]
+        s = qt.scale_inv.float()
+        s = s.reshape(1, 1).expand(g, rows) if s.numel() == 1 else s.reshape(g, rows)
+        return q.contiguous(), s
+
+    qb, sb = operand(data, k_axis)
+    qbt = sbt = None
+    if data_t is not None:
+        gdt = fp8_dtype_for_format(config.format, a.device, grad=True)
+        check_quantized_tensor(_OP, "b.data_t", data_t, dtype=gdt, granularity=gran,
+                               axis=n_axis, shape=tuple(data.shape))  # fmt: skip
+        qbt, sbt = operand(data_t, n_axis)
+    src = pair.source
+    if src is not None:
+        check(tuple(src.shape) == tuple(data.shape), _OP, "b.source",
+              f"shape {tuple(data.shape)}", tuple(src.shape))  # fmt: skip
+    return src, qb, sb, qbt, sbt, tuple(data.shape)
+
+
+def quantize_grouped_weight(
+    b: torch.Tensor,
+    config: Float8QuantConfig | None = None,
+    trans_b: bool = True,
+    with_dgrad: bool = True,
+    keep_source: bool | None = None,
+) -> QuantizedTensorPair:
+    """The weights ``b`` (``[G, N, K]`` when ``trans_b``, else ``[G, K, N]``) quantized as
+    :func:`grouped_gemm_fp8` would quantize them (same kernels: its outputs are bitwise equal),
+    for reuse across calls (e.g. once per optimizer step): ``data`` scaled along K for the
+    forward; with ``with_dgrad`` also ``data_t`` scaled along N in the gradient fp8 dtype for
+    the dgrad (``PRIMUS_TURBO_GROUPED_GEMM_FP8_DGRAD=fp8``), else the dgrad re-quantizes the
+    source (or, without one, the dequantized forward weights). ``keep_source`` (default
+    ``b.requires_grad``): gradients flow to ``b``."""
+    config = config or Float8QuantConfig()
+    if not isinstance(config, Float8QuantConfig):
+        fail(_OP, "config", "a Float8QuantConfig", type(config).__name__, TypeError)
+    check_tensor(_OP, "b", b, ndim=3, dtypes=_FLOAT)
+    gran = config.granularity
+    k_axis, n_axis = (2, 1) if trans_b else (1, 2)
+    fwd = fp8_dtype_for_format(config.format, b.device)
+    data = QuantizedTensor.quantize(b, fwd, gran, axis=k_axis, keep_source=keep_source)
+    data_t = None
+    if with_dgrad:
+        gdt = fp8_dtype_for_format(config.format, b.device, grad=True)
+        data_t = QuantizedTensor.quantize(b, gdt, gran, axis=n_axis, keep_source=False)
+    return QuantizedTensorPair(data, data_t)
 
 
 @torch._dynamo.disable
 def grouped_gemm_fp8(
     a: torch.Tensor,
-    b: torch.Tensor,
+    b: torch.Tensor | QuantizedTensor | QuantizedTensorPair,
     group_lens: torch.Tensor,
     group_offs: torch.Tensor | None = None,
     trans_b: bool = True,
@@ -251,7 +356,13 @@ def grouped_gemm_fp8(
 
     Args:
         a: ``[M, K]`` fp16/bf16/fp32 (quantized here), rows packed by group.
-        b: ``[G, N, K]`` when ``trans_b`` (the default, as upstream), else ``[G, K, N]``.
+        b: ``[G, N, K]`` when ``trans_b`` (the default, as upstream), else ``[G, K, N]``; a
+            tensor (quantized here), or pre-quantized (:func:`quantize_grouped_weight`): a
+            ``QuantizedTensor`` scaled along K, or a ``QuantizedTensorPair`` whose ``data_t``
+            (scaled along N, gradient fp8 dtype) serves the dgrad. They must match ``config``
+            (fp8 dtype, granularity, axis: else TypeError/ValueError). The weight gradient goes
+            to their ``source`` (none without one). Without ``data_t`` the dgrad quantizes the
+            source along N (or the forward's fp8 weights dequantized, without a source).
         group_lens: int64 ``[G]`` on a's device; group_offs: optional int64 ``[G + 1]``.
         out_dtype: default ``a.dtype``.
         config: ``Float8QuantConfig`` (default TENSORWISE E4M3); TENSORWISE and ROWWISE.
@@ -270,14 +381,20 @@ def grouped_gemm_fp8(
             NotImplementedError,
         )
     check_tensor(_OP, "a", a, ndim=2, dtypes=_FLOAT)
-    check_tensor(_OP, "b", b, ndim=3, dtypes=_FLOAT)
+    qb = sb = qbt = sbt = None
+    if isinstance(b, (QuantizedTensor, QuantizedTensorPair)):
+        src, qb, sb, qbt, sbt, b_shape = _prequantized(b, trans_b, config, a)
+        b, b_dev = src, qb.device
+    else:
+        check_tensor(_OP, "b", b, ndim=3, dtypes=_FLOAT)
+        b_shape, b_dev = tuple(b.shape), b.device
     check_tensor(_OP, "group_lens", group_lens, ndim=1, dtypes=(torch.int64,))
-    if b.device != a.device or group_lens.device != a.device:
-        fail(_OP, "b/group_lens", f"tensors on {a.device}", f"{b.device}/{group_lens.device}")
+    if b_dev != a.device or group_lens.device != a.device:
+        fail(_OP, "b/group_lens", f"tensors on {a.device}", f"{b_dev}/{group_lens.device}")
     m, k = a.shape
-    g = b.shape[0]
-    k_b = b.shape[2] if trans_b else b.shape[1]
-    check(k_b == k, _OP, "b", f"a reduction size K={k}", f"shape {tuple(b.shape)}")
+    g = b_shape[0]
+    k_b = b_shape[2] if trans_b else b_shape[1]
+    check(k_b == k, _OP, "b", f"a reduction size K={k}", f"shape {b_shape}")
     check(group_lens.shape[0] == g, _OP, "group_lens", f"{g} sizes", group_lens.shape[0])
     if group_offs is None:
         group_offs = group_offsets(group_lens)
@@ -289,7 +406,8 @@ def grouped_gemm_fp8(
     out_dtype = out_dtype or a.dtype
     check_dtype_arg(_OP, "out_dtype", out_dtype, _OUT)
     _check_group_values(group_lens, m, _OP)
-    backend = GroupedGemmFp8Dispatcher.resolve(a=a, b=b, out_dtype=out_dtype)
+    rb = b if b is not None else qb
+    backend = GroupedGemmFp8Dispatcher.resolve(a=a, b=rb, out_dtype=out_dtype)
     return GroupedGemmFp8Function.apply(
-        a, b, group_lens, group_offs, trans_b, out_dtype, config, backend.value
+        a, b, qb, sb, qbt, sbt, group_lens, group_offs, trans_b, out_dtype, config, backend.value
     )
