@@ -22,6 +22,18 @@ grouped GEMM (``turbo_bf16``: the target is a forward ratio >= 1.5), ``torch._gr
 where torch has it and the GPU runs it, ``torch._scaled_grouped_mm`` (``scaled_grouped_mm``:
 rowwise E4M3 GEMM alone on operands quantized beforehand, forward only, so a strict bound); the
 gate is SNR only (25 dB, E4M3).
+
+``--fp8-weights prequant``: the weights are quantized once outside the timing
+(``quantize_grouped_weight``, as a training step reuses them across micro-batches until the
+optimizer step; ``GroupedLinear(fp8_weight_cache=True)``), so ``--timing graph`` times the
+activation quantization and the fp8 GEMM; peer ``turbo_fp8`` (forward only) is the same op
+quantizing the weights in every call (the A/B in one process). Every fp8 case also prints the
+bounds of the forward ratio to our bf16 forward from bytes and FLOPs alone (``fp8_bounds``:
+quantization at ``--hbm-tbps``, the GEMM at ``--fp8-peak-tflops`` or, with ``--fp8-kernels``,
+its measured time). At 4 TB/s and 1979 TFLOPS (the H200's HBM copy speed and fp8 peak) and the
+bf16 times of run 7.1, quantizing b in every call caps the ratio at ~1.10 / 1.20 (Qwen3-30B-A3B
+gate_up / down: quant b alone is >= 0.30 / 0.15 ms against bf16 0.67 / 0.38 ms) and ~1.6 on
+gpt-oss-20b (~1.2 with the measured fp8 GEMM); pre-quantized weights lift the caps above 2.
 """
 
 from __future__ import annotations
@@ -64,7 +76,7 @@ from primus_turbo.pytorch.reference import grouped_gemm_ref  # noqa: E402
 
 BACKENDS = ("auto", "TRITON", "HIPBLASLT", "TORCH")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-PEERS = ("grouped_mm", "loop", "turbo_bf16", "scaled_grouped_mm")
+PEERS = ("grouped_mm", "loop", "turbo_bf16", "scaled_grouped_mm", "turbo_fp8")
 FP8 = ("none", "tensorwise", "rowwise")
 
 TABLE_COLUMNS = [
@@ -82,12 +94,14 @@ TABLE_COLUMNS = [
     "loop Forward TFLOPS",
     "turbo_bf16 Forward TFLOPS",
     "scaled_grouped_mm Forward TFLOPS",
+    "turbo_fp8 Forward TFLOPS",
     "Forward Ratio grouped_mm",
     "Step Ratio grouped_mm",
     "Forward Ratio loop",
     "Step Ratio loop",
     "Forward Ratio turbo_bf16",
     "Forward Ratio scaled_grouped_mm",
+    "Forward Ratio turbo_fp8",
     "out_snr",
     "da_snr",
     "db_snr",
@@ -303,11 +317,17 @@ def run_case(
             if scaled is not None and (not args.peers or "scaled_grouped_mm" in args.peers):
                 peers["scaled_grouped_mm"] = scaled
                 fwd_only.add("scaled_grouped_mm")
+            if args.fp8_weights == "prequant" and (not args.peers or "turbo_fp8" in args.peers):
+                cfg8 = _fp8_config(args.fp8)  # the same op quantizing b in every call
+                f8 = turbo.ops.grouped_gemm_fp8
+                peers["turbo_fp8"] = lambda ap, bp: f8(ap, bp, gl, config=cfg8)
+                fwd_only.add("turbo_fp8")
         timings = {}
         for name, fn in peers.items():
             ap = a.detach().clone().requires_grad_()
             bp = b.detach().clone().requires_grad_()
-            modes = (Mode.FWD,) if name in fwd_only else (Mode.FWD, Mode.BWD)
+            fwd = name in fwd_only or args.fwd_only
+            modes = (Mode.FWD,) if fwd else (Mode.FWD, Mode.BWD)
             try:
                 t, p = bench_pair(
                     ours,
@@ -321,7 +341,7 @@ def run_case(
             except Exception as e:  # e.g. torch._grouped_mm absent or not for this device
                 print(f"  peer {name} unavailable: {type(e).__name__}: {str(e)[:200]}")
                 continue
-            if Mode.BWD in t:
+            if Mode.BWD in t or args.fwd_only:
                 timings.setdefault("ours", t)
             timings[name] = p
     except Exception as e:
@@ -345,7 +365,8 @@ def run_case(
     if "ours" in timings:
         t = timings["ours"]
         row["Forward Time (ms)"] = t[Mode.FWD].median_ms
-        row["Backward Time (ms)"] = t[Mode.BWD].median_ms
+        if Mode.BWD in t:
+            row["Backward Time (ms)"] = t[Mode.BWD].median_ms
         _fill("", t)
     for name in PEERS:
         if name in timings:
@@ -554,6 +575,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--skip-check", action="store_true", help="time only (no fp32 reference)")
     p.add_argument(
+        "--fwd-only", action="store_true", help="time forwards only (ours and every peer)"
+    )
+    p.add_argument(
         "--kernels",
         action="store_true",
         help="also time the TRITON forward, dgrad and wgrad kernels alone vs the same three "
@@ -617,6 +641,11 @@ def main(argv: list[str] | None = None) -> int:
                 f" | vs _scaled_grouped_mm (GEMM only) x"
                 f"{row['Forward Ratio scaled_grouped_mm']:.3f}"
                 if args.fp8 != "none"
+                else ""
+            )
+            + (
+                f" | vs fp8 quantizing b per call x{row['Forward Ratio turbo_fp8']:.3f}"
+                if args.fp8 != "none" and args.fp8_weights == "prequant"
                 else ""
             )
         )
