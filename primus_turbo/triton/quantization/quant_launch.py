@@ -373,19 +373,18 @@ def quant_blockwise(x: torch.Tensor, dtype: torch.dtype, block: int, axis, dual:
 
 
 def _b128(x, q, s, qt, st, dtype) -> bool:
-    """The 1x128 dual through quant_b128_pipe when ``PRIMUS_TURBO_QUANT_B128`` names a variant
-    (NVIDIA or the interpreter; AMD keeps v3). False: not taken."""
-    from primus_turbo.triton.quantization import quant_b128_pipe as b128
+    """The 1x128 dual through quant_b128 (q^T in 32-bit words) when ``PRIMUS_TURBO_QUANT_B128``
+    names a variant and ``M % 4 == 0``. False: not taken (v3)."""
+    from primus_turbo.triton.quantization import quant_b128 as b128
 
     variant = b128.b128_variant()
+    if variant is None:
+        return False
     interp = triton_interpret()
     nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
-    if variant is None or not (nvidia or interp):
-        return False
-    b128.launch_b128(x, q, s, qt, st, variant, _fmax(dtype), _EMAX[dtype], _interp_fmt(dtype),
-                     _nvidia_sat(x), interp, num_compute_units(None if interp else x.device),
-                     _u8)  # fmt: skip
-    return True
+    return b128.launch_b128(x, q, s, qt, st, variant, _fmax(dtype), _EMAX[dtype],
+                            _interp_fmt(dtype), _nvidia_sat(x), nvidia,
+                            num_compute_units(None if interp else x.device), _u8)  # fmt: skip
 
 
 # MX tiles (BM, BN, warps): several 32-blocks per program in both directions (a 32x32 tile per

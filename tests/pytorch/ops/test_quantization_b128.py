@@ -1,6 +1,7 @@
-"""PRIMUS_TURBO_QUANT_B128 (quant_b128_pipe.py, the 1x128 dual recipe with the next tile's
-load in flight): the same bits and scales as the v3 tile kernel, even and masked (odd)
-shapes, inf/-inf/NaN and all-zero rows/columns, zero-size inputs, env validation."""
+"""PRIMUS_TURBO_QUANT_B128 (quant_b128.py, the 1x128 dual recipe with q^T packed in 32-bit
+words and integer amax keys): the same bits and scales as the v3 tile kernel, even and masked
+(odd) shapes, inf/-inf/NaN, all-NaN / all-inf / all-zero rows and columns, subnormals, e5m2,
+M % 4 != 0 (v3 keeps it), zero-size inputs, env validation."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity
 from primus_turbo.pytorch.ops.quantization import quantize_fp8_with_trans
-from primus_turbo.triton.quantization.quant_b128_pipe import B128_VARIANTS
+from primus_turbo.triton.quantization import quant_b128 as b128
+from primus_turbo.triton.quantization.quant_b128 import B128_VARIANTS
 from tests.conftest import HAS_GPU
 from tests.pytorch.test_utils import bf16_specials, same_bits
 
@@ -37,36 +39,75 @@ def _check(monkeypatch, x, dtype, variant):
         assert same_bits(a, b), f"output {i} differs from v3 ({variant}, {tuple(x.shape)})"
 
 
-# CPU (interpreter, grid = 2 programs per core: the persistent loop and the masked last
-# prefetch run): tiny shapes; GPU: the model shapes and an odd one
+def _extremes(m, n):
+    """bf16_specials plus an all-NaN row, an all-inf column, a row of +-inf and NaN only,
+    subnormals, -0.0 and a row at the bf16 maximum (m >= 16, n >= 8)."""
+    x = bf16_specials(m, n, True, DEV)
+    x[11, :] = float("nan")
+    x[:, 5] = float("inf")
+    x[12, :] = float("-inf")
+    x[12, ::3] = float("nan")
+    x[13, :] = 1e-40  # bf16 subnormals
+    x[13, ::2] = -0.0
+    x[14, :] = torch.finfo(torch.bfloat16).max
+    x[15, 1::2] = -torch.finfo(torch.bfloat16).tiny
+    return x
+
+
+# CPU (interpreter): tiny shapes, one with masked tiles; GPU: the model shapes and odd ones
 if HAS_GPU:
     SHAPES = [(8192, 4096), (6144, 4096), (4096 + 72, 2048 - 40), (300, 1000)]
+    VARIANTS_RUN = VARIANTS
 else:
     SHAPES = [(256, 384), (200, 136)]
+    VARIANTS_RUN = ["w8", "w8g", "h8g"]  # the interpreter ignores warps / register caps
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", VARIANTS_RUN)
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{m}x{n}" for m, n in SHAPES])
 def test_b128_matches_v3_bitwise(monkeypatch, variant, shape):
     m, n = shape
     for special in (True, False) if HAS_GPU else (True,):  # CPU time budget
-        x = bf16_specials(m, n, special, DEV)
+        x = _extremes(m, n) if special else bf16_specials(m, n, False, DEV)
         # e5m2 on the GPU's small masked shape only (cold compiles: the lead's line budget)
         dtypes = (E4M3, E5M2) if HAS_GPU and special and m * n < 10**6 else (E4M3,)
         for dtype in dtypes:
             _check(monkeypatch, x, dtype, variant)
 
 
-def test_b128_cpu_e5m2_and_short(monkeypatch):
-    """e5m2 and a shape with fewer tiles than programs (prefetch masked from the start)."""
-    x = bf16_specials(72, 136, True, DEV)
-    _check(monkeypatch, x, E5M2, "pf16")
+def test_b128_e5m2_masked(monkeypatch):
+    """e5m2 on a shape with masked tiles in both directions (4-row words and 2-row halves)."""
+    for variant in ("w8g", "h8g"):
+        _check(monkeypatch, _extremes(72, 136), E5M2, variant)
+
+
+def test_b128_rows_not_multiple_of_4(monkeypatch):
+    """M % 4 != 0: q^T rows cannot be stored as words; the launcher keeps v3 (same bits);
+    M % 4 == 2 runs the 2-row variants."""
+    for variant in ("w8g", "h8g"):
+        _check(monkeypatch, bf16_specials(130, 100, True, DEV), E4M3, variant)
+
+
+def test_b128_is_taken(monkeypatch):
+    """The variant really launches quant_b128_kernel (M % 4 == 0) and declines M % 4 != 0."""
+    taken = []
+    real = b128.launch_b128
+
+    def spy(*args, **kwargs):
+        taken.append(real(*args, **kwargs))
+        return taken[-1]
+
+    monkeypatch.setattr(b128, "launch_b128", spy)
+    _quant(monkeypatch, bf16_specials(64, 136, False, DEV), E4M3, "w8")
+    _quant(monkeypatch, bf16_specials(66, 136, False, DEV), E4M3, "w8")
+    _quant(monkeypatch, bf16_specials(66, 136, False, DEV), E4M3, "h8g")
+    assert taken == [True, False, True]
 
 
 def test_b128_zero_size(monkeypatch):
     for shape in ((0, 256), (128, 0)):
         x = torch.randn(shape, device=DEV).to(torch.bfloat16)
-        got = _quant(monkeypatch, x, E4M3, "pf16")
+        got = _quant(monkeypatch, x, E4M3, "w8g")
         ref = _quant(monkeypatch, x, E4M3, None)
         for a, b in zip(ref, got, strict=True):
             assert a.shape == b.shape and a.stride() == b.stride()
