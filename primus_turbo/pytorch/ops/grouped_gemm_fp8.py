@@ -17,6 +17,17 @@ is kept per weight tensor until the tensor changes (version counter) or an optim
 several micro-batches per optimizer step (gradient accumulation). H200, DeepSeek-V3 forward vs
 our bf16: gate_up 1.73x / down 1.63x with the cache, 1.41x / 1.40x without (runs 6.1 / 6.2);
 semantics and limits in ``_forward_weights``.
+Pre-quantized operands (``core.quantized_tensor``; checked against the recipe: fp8 dtype,
+granularity, scaled axis, shapes): ``b`` as :func:`quantize_grouped_weight` builds it (once per
+optimizer step; ``GroupedLinear(fp8_weight_cache=True)`` does this), ``a`` as
+``QuantizedTensor.quantize(a, dtype, granularity, axis=1)`` (e.g. quantized before an fp8
+permute). Same kernels as quantizing in the op, so the results are bitwise equal; gradients go
+to each operand's ``source`` (the high-precision tensor), and a backward GEMM that needs an
+operand without a source uses its dequantized fp8 values. Unlike the weight cache this also
+holds under CUDA-graph capture (the fp8 weights are inputs of the graph, refreshed outside it).
+H200 bounds of the forward ratio to our bf16 forward from bytes and FLOPs (``fp8_bounds`` of
+the benchmark): quantizing the weights in every call caps it at ~1.1 / 1.2 on Qwen3-30B-A3B
+(128 experts) and below 1.5 on gpt-oss-20b with the measured fp8 GEMM; pre-quantized, above 2.
 Both operands of a backward GEMM use the gradient fp8 dtype (E5M2 for ``Format.HYBRID``), so
 no kernel multiplies mixed fp8 formats. BLOCKWISE / MX_BLOCKWISE are not implemented here
 (NotImplementedError). Not traceable by torch.compile (graph break), as upstream.
@@ -99,15 +110,15 @@ def _mode(which: str, default: str) -> str:
     return mode
 
 
-def _hp_backend(ctx, a: torch.Tensor, g: torch.Tensor) -> tuple[BackendType, torch.dtype]:
-    """The bf16/fp16 grouped GEMM backend (and dtype) for a high-precision backward GEMM:
-    ``torch._grouped_mm`` for the vendor fp8 backend where it can run, else our Triton kernels;
-    the reference on the TORCH backend."""
+def _hp_backend(ctx, dtype: torch.dtype, k: int, n: int) -> tuple[BackendType, torch.dtype]:
+    """The bf16/fp16 grouped GEMM backend (and dtype) for a high-precision backward GEMM of
+    activations of ``dtype`` (``K = k``, ``N = n``): ``torch._grouped_mm`` for the vendor fp8
+    backend where it can run, else our Triton kernels; the reference on the TORCH backend."""
     fp8_backend = BackendType(ctx.backend_value)
     if fp8_backend == BackendType.TORCH:
-        return BackendType.TORCH, a.dtype
-    hp = torch.bfloat16 if a.dtype == torch.float32 else a.dtype
-    vendor_ok = hp == torch.bfloat16 and a.shape[1] % 8 == 0 and g.shape[1] % 8 == 0
+        return BackendType.TORCH, dtype
+    hp = torch.bfloat16 if dtype == torch.float32 else dtype
+    vendor_ok = hp == torch.bfloat16 and k % 8 == 0 and n % 8 == 0
     if fp8_backend == BackendType.HIPBLASLT and vendor_ok:
         return BackendType.HIPBLASLT, hp
     return BackendType.TRITON, hp
@@ -117,7 +128,7 @@ def _wgrad_high_precision(a, g, group_lens, group_offs, trans_b, out_dtype, ctx)
     """The weight gradient in high precision on the saved input and the incoming gradient,
     through the bf16 grouped GEMM (see ``_hp_backend``): no column quantization of the two
     ``[M, *]`` tensors and no fp8 variable-K kernel."""
-    backend, hp = _hp_backend(ctx, a, g)
+    backend, hp = _hp_backend(ctx, a.dtype, a.shape[1], g.shape[1])
     x, y = (g, a) if trans_b else (a, g)  # trans_b: [G, N, K] = grad_g^T @ a_g
     x, y = x.to(hp).contiguous(), y.to(hp).contiguous()
     offs = GroupedGemmDispatcher.backend_class(backend).prepare_offsets(group_lens, group_offs)
@@ -125,14 +136,15 @@ def _wgrad_high_precision(a, g, group_lens, group_offs, trans_b, out_dtype, ctx)
     return grouped_gemm_variable_k_impl(x, y, group_lens, offs, wdt, backend).to(out_dtype)
 
 
-def _dgrad_high_precision(a, b, g, group_lens, group_offs, trans_b, ctx):
-    """The input gradient ``g @ op(b)^T`` in high precision (no transposed copy and
-    re-quantization of the weights), through the bf16 grouped GEMM."""
-    backend, hp = _hp_backend(ctx, a, g)
+def _dgrad_high_precision(a_dtype, b, g, group_lens, group_offs, trans_b, ctx):
+    """The input gradient ``g @ op(b)^T`` (of ``a_dtype``) in high precision (no transposed
+    copy and re-quantization of the weights), through the bf16 grouped GEMM."""
+    k = b.shape[2] if trans_b else b.shape[1]
+    backend, hp = _hp_backend(ctx, a_dtype, k, g.shape[1])
     offs = GroupedGemmDispatcher.backend_class(backend).prepare_offsets(group_lens, group_offs)
-    odt = a.dtype if backend != BackendType.HIPBLASLT else torch.bfloat16
+    odt = a_dtype if backend != BackendType.HIPBLASLT else torch.bfloat16
     gh, bh = g.to(hp).contiguous(), b.to(hp).contiguous()
-    return grouped_gemm_impl(gh, bh, group_lens, offs, not trans_b, odt, backend).to(a.dtype)
+    return grouped_gemm_impl(gh, bh, group_lens, offs, not trans_b, odt, backend).to(a_dtype)
 
 
 @functools.cache
@@ -218,67 +230,75 @@ def _forward_weights(b: torch.Tensor, trans_b: bool, dtype: torch.dtype, gran):
 
 
 class GroupedGemmFp8Function(torch.autograd.Function):
-    """Inputs: ``b`` the high-precision weights (or None: a pre-quantized operand without a
-    source, no weight gradient); ``qb``/``sb`` the forward's fp8 weights ``[G, N, K]`` / ``[G, N]``
-    when pre-quantized (else None: quantized here from ``b``); ``qbt``/``sbt`` the dgrad's
-    ``[G, K, N]`` / ``[G, K]`` when pre-quantized (a ``QuantizedTensorPair``'s ``data_t``)."""
+    """Inputs: ``a`` / ``b`` the high-precision operands (None: pre-quantized without a source,
+    no gradient for it); ``qa``/``sa`` the fp8 activations ``[M, K]`` / ``[M]`` when
+    pre-quantized (else None: quantized here from ``a``); ``qb``/``sb`` the forward's fp8
+    weights ``[G, N, K]`` / ``[G, N]`` likewise; ``qbt``/``sbt`` the dgrad's ``[G, K, N]`` /
+    ``[G, K]`` when pre-quantized (a ``QuantizedTensorPair``'s ``data_t``); ``a_dtype`` the
+    activations' high-precision dtype (grad_a's)."""
 
     @staticmethod
-    def forward(ctx, a, b, qb, sb, qbt, sbt, group_lens, group_offs, trans_b, out_dtype, config,
-                backend_value):  # fmt: skip
+    def forward(ctx, a, qa, sa, b, qb, sb, qbt, sbt, group_lens, group_offs, trans_b, out_dtype,
+                config, backend_value, a_dtype):  # fmt: skip
         gran = config.granularity
-        fwd_dtype = fp8_dtype_for_format(config.format, a.device)
+        fwd_dtype = fp8_dtype_for_format(config.format, group_lens.device)
         impl = GroupedGemmFp8Dispatcher.backend_class(BackendType(backend_value))
-        prequant = qb is not None
+        pre_a, pre_b = qa is not None, qb is not None
         ctx.save_for_backward(a, b, group_lens, group_offs, qbt, sbt,
-                              qb if prequant else None, sb if prequant else None)  # fmt: skip
+                              qb if pre_b else None, sb if pre_b else None,
+                              qa if pre_a and a is None else None,
+                              sa if pre_a and a is None else None)  # fmt: skip
         ctx.trans_b, ctx.config, ctx.backend_value = trans_b, config, backend_value
-        qa, sa = _quant_rows(a.contiguous(), fwd_dtype, gran)
-        if not prequant:
+        ctx.a_dtype = a_dtype
+        if not pre_a:
+            qa, sa = _quant_rows(a.contiguous(), fwd_dtype, gran)
+        if not pre_b:
             qb, sb = _forward_weights(b, trans_b, fwd_dtype, gran)
         return impl.execute(qa, sa, qb, sb, group_offs, group_lens, out_dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
-        a, b, group_lens, group_offs, qbt, sbt, qb, sb = ctx.saved_tensors
+        a, b, group_lens, group_offs, qbt, sbt, qb, sb, qa, sa = ctx.saved_tensors
         trans_b, config = ctx.trans_b, ctx.config
         gran = config.granularity
-        dtype = fp8_dtype_for_format(config.format, a.device, grad=True)
+        dtype = fp8_dtype_for_format(config.format, grad_out.device, grad=True)
         impl = GroupedGemmFp8Dispatcher.backend_class(BackendType(ctx.backend_value))
         g = grad_out.contiguous()
         grad_a = grad_b = None
+        if a is None and ctx.needs_input_grad[3]:  # pre-quantized a without a source
+            a = (qa.float() * sa.float().reshape(-1, 1)).to(ctx.a_dtype)
         if ctx.needs_input_grad[0]:
             # the weights in high precision when needed: the source, else the fp8 forward
             # weights dequantized ([G, N, K] -> b's layout)
             def hp_b():
                 if b is not None:
                     return b
-                deq = (qb.float() * sb.float()[:, :, None]).to(a.dtype)
+                deq = (qb.float() * sb.float()[:, :, None]).to(ctx.a_dtype)
                 return deq if trans_b else deq.transpose(1, 2)
 
             if _mode("DGRAD", "fp8") == "hp":
-                grad_a = _dgrad_high_precision(a, hp_b(), g, group_lens, group_offs, trans_b,
-                                               ctx)  # fmt: skip
+                grad_a = _dgrad_high_precision(ctx.a_dtype, hp_b(), g, group_lens, group_offs,
+                                               trans_b, ctx)  # fmt: skip
             else:  # grad [M, N] @ b_g [N, K]: b as [G, K, N] rows along N
                 qg, sg = _quant_rows(g, dtype, gran)
                 if qbt is None:
                     hb = hp_b()
                     b_kn = (hb.transpose(1, 2) if trans_b else hb).contiguous()
                     qbt, sbt = _quant_experts(b_kn, dtype, gran)
-                grad_a = impl.execute(qg, sg, qbt, sbt, group_offs, group_lens, a.dtype)
-        if ctx.needs_input_grad[1] and _mode("WGRAD", "hp") == "hp":
+                grad_a = impl.execute(qg, sg, qbt, sbt, group_offs, group_lens, ctx.a_dtype)
+        if ctx.needs_input_grad[3] and _mode("WGRAD", "hp") == "hp":
             grad_b = _wgrad_high_precision(a, g, group_lens, group_offs, trans_b, b.dtype, ctx)
-        elif ctx.needs_input_grad[1]:
+        elif ctx.needs_input_grad[3]:
             qa, sa = _quant_cols(a, dtype, gran)
             qg, sg = _quant_cols(g, dtype, gran)
             if trans_b:  # [G, N, K] = grad_g^T @ a_g
                 grad_b = impl.variable_k(qg, sg, qa, sa, group_offs, group_lens, b.dtype)
             else:  # [G, K, N] = a_g^T @ grad_g
                 grad_b = impl.variable_k(qa, sa, qg, sg, group_offs, group_lens, b.dtype)
-        return (grad_a, grad_b) + (None,) * 10
+        return (grad_a, None, None, grad_b) + (None,) * 11
 
 
-def _prequantized(b, trans_b: bool, config: Float8QuantConfig, a: torch.Tensor):
+def _prequantized(b, trans_b: bool, config: Float8QuantConfig, device: torch.device):
     """``(source or None, qb [G, N, K], sb [G, N], qbt [G, K, N] or None, sbt [G, K] or None,
     b's logical shape)`` of a pre-quantized ``b`` (``QuantizedTensor`` or
     ``QuantizedTensorPair``), each checked against the recipe this op builds."""
@@ -286,10 +306,10 @@ def _prequantized(b, trans_b: bool, config: Float8QuantConfig, a: torch.Tensor):
     data, data_t = pair.data, pair.data_t
     gran = config.granularity
     k_axis, n_axis = (2, 1) if trans_b else (1, 2)
-    fwd = fp8_dtype_for_format(config.format, a.device)
-    check_quantized_tensor(_OP, "b", data, dtype=fwd, granularity=gran, axis=k_axis)
+    fwd = fp8_dtype_for_format(config.format, device)
     check(data.dim() == 3, _OP, "b", "a 3-D quantized tensor", f"shape {tuple(data.shape)}")
-    check(data.device == a.device, _OP, "b", f"a tensor on {a.device}", data.device)
+    check_quantized_tensor(_OP, "b", data, dtype=fwd, granularity=gran, axis=k_axis)
+    check(data.device == device, _OP, "b", f"a tensor on {device}", data.device)
     g = data.shape[0]
 
     def operand(qt: QuantizedTensor, axis: int):  # -> [G, R, C] rows scaled along C = axis
@@ -302,7 +322,7 @@ def _prequantized(b, trans_b: bool, config: Float8QuantConfig, a: torch.Tensor):
     qb, sb = operand(data, k_axis)
     qbt = sbt = None
     if data_t is not None:
-        gdt = fp8_dtype_for_format(config.format, a.device, grad=True)
+        gdt = fp8_dtype_for_format(config.format, device, grad=True)
         check_quantized_tensor(_OP, "b.data_t", data_t, dtype=gdt, granularity=gran,
                                axis=n_axis, shape=tuple(data.shape))  # fmt: skip
         qbt, sbt = operand(data_t, n_axis)
@@ -342,9 +362,26 @@ def quantize_grouped_weight(
     return QuantizedTensorPair(data, data_t)
 
 
+def _prequantized_a(a, config: Float8QuantConfig):
+    """``(source or None, qa [M, K], sa [M], dtype)`` of a pre-quantized activation operand
+    (``QuantizedTensor`` or a pair's ``data``: ROWWISE along K or TENSORWISE), checked."""
+    qt = a.data if isinstance(a, QuantizedTensorPair) else a
+    check(qt.dim() == 2, _OP, "a", "a 2-D quantized tensor", f"shape {tuple(qt.shape)}")
+    fwd = fp8_dtype_for_format(config.format, qt.device)
+    check_quantized_tensor(_OP, "a", qt, dtype=fwd, granularity=config.granularity, axis=1)
+    m = qt.shape[0]
+    s = qt.scale_inv.float()
+    s = s.reshape(1).expand(m) if s.numel() == 1 and config.granularity == _TENSOR else s
+    src = qt.source
+    if src is not None:
+        check(tuple(src.shape) == tuple(qt.shape), _OP, "a.source", f"shape {tuple(qt.shape)}",
+              tuple(src.shape))  # fmt: skip
+    return src, qt.qdata.contiguous(), s.reshape(-1), qt.dtype
+
+
 @torch._dynamo.disable
 def grouped_gemm_fp8(
-    a: torch.Tensor,
+    a: torch.Tensor | QuantizedTensor,
     b: torch.Tensor | QuantizedTensor | QuantizedTensorPair,
     group_lens: torch.Tensor,
     group_offs: torch.Tensor | None = None,
@@ -355,7 +392,10 @@ def grouped_gemm_fp8(
     """FP8 grouped GEMM ``out[rows of g] = a[rows of g] @ op(b[g])`` with autograd.
 
     Args:
-        a: ``[M, K]`` fp16/bf16/fp32 (quantized here), rows packed by group.
+        a: ``[M, K]`` fp16/bf16/fp32 (quantized here), rows packed by group; or pre-quantized
+            (``QuantizedTensor.quantize(a, fp8 dtype, granularity, axis=1)``, e.g. quantized
+            before an fp8 permute): the input gradient goes to its ``source`` (none without
+            one); the weight gradient then uses the source, or the dequantized fp8 values.
         b: ``[G, N, K]`` when ``trans_b`` (the default, as upstream), else ``[G, K, N]``; a
             tensor (quantized here), or pre-quantized (:func:`quantize_grouped_weight`): a
             ``QuantizedTensor`` scaled along K, or a ``QuantizedTensorPair`` whose ``data_t``
@@ -380,18 +420,23 @@ def grouped_gemm_fp8(
             config.granularity.name,
             NotImplementedError,
         )
-    check_tensor(_OP, "a", a, ndim=2, dtypes=_FLOAT)
+    qa = sa = None
+    if isinstance(a, (QuantizedTensor, QuantizedTensorPair)):
+        a, qa, sa, a_dtype = _prequantized_a(a, config)
+        (m, k), a_dev = qa.shape, qa.device
+    else:
+        check_tensor(_OP, "a", a, ndim=2, dtypes=_FLOAT)
+        (m, k), a_dev, a_dtype = a.shape, a.device, a.dtype
     qb = sb = qbt = sbt = None
     if isinstance(b, (QuantizedTensor, QuantizedTensorPair)):
-        src, qb, sb, qbt, sbt, b_shape = _prequantized(b, trans_b, config, a)
+        src, qb, sb, qbt, sbt, b_shape = _prequantized(b, trans_b, config, a_dev)
         b, b_dev = src, qb.device
     else:
         check_tensor(_OP, "b", b, ndim=3, dtypes=_FLOAT)
         b_shape, b_dev = tuple(b.shape), b.device
     check_tensor(_OP, "group_lens", group_lens, ndim=1, dtypes=(torch.int64,))
-    if b_dev != a.device or group_lens.device != a.device:
-        fail(_OP, "b/group_lens", f"tensors on {a.device}", f"{b_dev}/{group_lens.device}")
-    m, k = a.shape
+    if b_dev != a_dev or group_lens.device != a_dev:
+        fail(_OP, "b/group_lens", f"tensors on {a_dev}", f"{b_dev}/{group_lens.device}")
     g = b_shape[0]
     k_b = b_shape[2] if trans_b else b_shape[1]
     check(k_b == k, _OP, "b", f"a reduction size K={k}", f"shape {b_shape}")
@@ -400,14 +445,16 @@ def grouped_gemm_fp8(
         group_offs = group_offsets(group_lens)
     else:
         check_tensor(_OP, "group_offs", group_offs, ndim=1, dtypes=(torch.int64,))
-        check(group_offs.device == a.device, _OP, "group_offs", f"a tensor on {a.device}",
+        check(group_offs.device == a_dev, _OP, "group_offs", f"a tensor on {a_dev}",
               group_offs.device)  # fmt: skip
         check(group_offs.shape[0] == g + 1, _OP, "group_offs", f"[{g + 1}]", group_offs.shape)
-    out_dtype = out_dtype or a.dtype
+    out_dtype = out_dtype or a_dtype
     check_dtype_arg(_OP, "out_dtype", out_dtype, _OUT)
     _check_group_values(group_lens, m, _OP)
+    ra = a if a is not None else qa
     rb = b if b is not None else qb
-    backend = GroupedGemmFp8Dispatcher.resolve(a=a, b=rb, out_dtype=out_dtype)
+    backend = GroupedGemmFp8Dispatcher.resolve(a=ra, b=rb, out_dtype=out_dtype)
     return GroupedGemmFp8Function.apply(
-        a, b, qb, sb, qbt, sbt, group_lens, group_offs, trans_b, out_dtype, config, backend.value
-    )
+        a, qa, sa, b, qb, sb, qbt, sbt, group_lens, group_offs, trans_b, out_dtype, config,
+        backend.value, a_dtype,
+    )  # fmt: skip

@@ -78,6 +78,12 @@ def _compare(lens, k, n, trans_b, gran, fmt, device):
     # a bare QuantizedTensor (no pair) behaves as the pair without data_t
     got, (ga2, gb2) = _run(a, qb.data, gl, grad, trans_b, cfg, (a, b))
     assert torch.equal(got, want) and torch.equal(ga2, ga) and torch.equal(gb2, gb)
+    # pre-quantized activations too (rowwise along K / tensorwise), gradients to their source
+    qa = QuantizedTensor.quantize(a, fp8_dtype_for_format(fmt, device), gran, axis=1)
+    assert qa.source is a
+    for b_arg in (b, qb):
+        got, (ga2, gb2) = _run(qa, b_arg, gl, grad, trans_b, cfg, (a, b))
+        assert torch.equal(got, want) and torch.equal(ga2, ga) and torch.equal(gb2, gb)
 
 
 @pytest.mark.parametrize("gran", [ROW, TENSOR], ids=lambda g: g.name)
@@ -133,6 +139,24 @@ def test_prequant_without_source(dgrad, monkeypatch, device):
         mod._mode.cache_clear()
 
 
+def test_prequant_activation_without_source(device):
+    """Activations quantized without a source: no input gradient, the weight gradient from
+    the dequantized fp8 activations (close to the fp32 reference on them)."""
+    _pin(BackendType.TORCH)
+    cfg = Float8QuantConfig(granularity=ROW)
+    a, b, gl, grad = _inputs([9, 0, 14], 64, 32, True, device)
+    f8 = fp8_dtype_for_format(Format.E4M3, device)
+    qa = QuantizedTensor.quantize(a, f8, ROW, axis=1, keep_source=False)
+    out, (gb,) = _run(qa, b, gl, grad, True, cfg, (b,))
+    assert a.grad is None and out.dtype == torch.bfloat16
+    a_ref = qa.dequantize(torch.float32)
+    b_ref = b.detach().float().requires_grad_()
+    ref = grouped_gemm_ref(a_ref, b_ref, gl.cpu(), True, torch.float32)
+    ref.backward(grad.float())
+    assert snr_db(ref.detach().cpu(), out.float().cpu()) > 25
+    assert snr_db(b_ref.grad.cpu(), gb.float().cpu()) > 25
+
+
 def test_prequant_recipe_mismatch(device):
     """Pre-quantized weights that do not match the op's recipe raise clear errors."""
     e4m3 = Float8QuantConfig(granularity=ROW)
@@ -154,6 +178,10 @@ def test_prequant_recipe_mismatch(device):
     wrong_k = quantize_grouped_weight(rand(2, 16, 48, dtype=torch.bfloat16, device=device), e4m3)
     with pytest.raises(ValueError, match=r"reduction size K=32"):
         op(a, wrong_k, gl, config=e4m3)
+    with pytest.raises(ValueError, match=r"argument 'a' expected ROWWISE scales along axis 1"):
+        op(QuantizedTensor.quantize(a, f8, ROW, axis=0), b, gl, config=e4m3)
+    with pytest.raises(TypeError, match=r"argument 'a' expected fp8 data of dtype"):
+        op(QuantizedTensor.quantize(a, f5, ROW, axis=1), b, gl, config=e4m3)
     with pytest.raises(NotImplementedError, match="BLOCKWISE"):
         QuantizedTensor.quantize(b, f8, ScalingGranularity.BLOCKWISE)
     with pytest.raises(TypeError, match="an fp8 dtype"):
