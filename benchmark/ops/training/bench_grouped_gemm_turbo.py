@@ -31,9 +31,12 @@ quantizing the weights in every call (the A/B in one process). Every fp8 case al
 bounds of the forward ratio to our bf16 forward from bytes and FLOPs alone (``fp8_bounds``:
 quantization at ``--hbm-tbps``, the GEMM at ``--fp8-peak-tflops`` or, with ``--fp8-kernels``,
 its measured time). At 4 TB/s and 1979 TFLOPS (the H200's HBM copy speed and fp8 peak) and the
-bf16 times of run 7.1, quantizing b in every call caps the ratio at ~1.10 / 1.20 (Qwen3-30B-A3B
-gate_up / down: quant b alone is >= 0.30 / 0.15 ms against bf16 0.67 / 0.38 ms) and ~1.6 on
-gpt-oss-20b (~1.2 with the measured fp8 GEMM); pre-quantized weights lift the caps above 2.
+bf16 times of run 7.1 (pieces), quantizing b in every call caps the ratio at 1.15 / 1.18
+(Qwen3-30B-A3B gate_up / down: quant b alone is >= 0.302 / 0.151 ms against bf16 0.700 / 0.378
+ms), 1.78 / 1.66 on gpt-oss-20b and 1.95 / 2.23 on DeepSeek-V3; with the measured fp8 GEMM
+(0.365 / 0.235, 0.957 / 0.474, 2.627 / 1.539 ms) 0.91 / 0.89, 1.27 / 1.21, 1.59 / 1.59.
+Pre-quantized weights: roofline caps 2.25-2.96; with the measured GEMM and activation
+quantization 1.49 / 1.35 (Qwen3), 1.75 / 1.65 (gpt-oss), 1.96 / 1.93 (DeepSeek-V3).
 """
 
 from __future__ import annotations
