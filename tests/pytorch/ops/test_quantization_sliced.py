@@ -20,7 +20,8 @@ G = ScalingGranularity
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 _ENV = ("PRIMUS_TURBO_QUANT_SLICED", "PRIMUS_TURBO_QUANT_SLICED_MX", "PRIMUS_TURBO_QUANT_WORDS",
         "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_ROWS", "PRIMUS_TURBO_QUANT_WORDS_TILE",
-        "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_DUAL")  # fmt: skip
+        "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_DUAL", "PRIMUS_TURBO_QUANT_WORDS_PF",
+        "PRIMUS_TURBO_QUANT_WORDS_CS", "PRIMUS_TURBO_QUANT_WORDS_SLICES")  # fmt: skip
 
 
 def _quant(recipe, x, dtype):
@@ -34,12 +35,23 @@ def _quant(recipe, x, dtype):
 # (recipe, extra PRIMUS_TURBO_QUANT_* "KEY=VALUE"s or None): the candidate runs with the
 # defaults plus the extras (WORDS=0: the sliced kernel); the CPU tier keeps the interpreter
 # cases few. MX dual tiles: the default 128x128 (run 6.3), 32x256 and the previous default
-# 64x256 (the WORDS_TILE A/B variant)
+# 64x256 (the WORDS_TILE A/B variant); session-7 A/B variants: tiles 128x64 / 128x32, PF
+# (persistent, next tile prefetched), SLICES=4 (quant_words4_kernel), CS (NVIDIA only)
 CASES = [("mx_dual", None), ("mx_rows", None), ("mx_dual", "WORDS=0"), ("mx_rows", "WORDS=0"),
-         ("mx_dual", "WORDS_TILE=32x256"), ("mx_dual", "WORDS_TILE=64x256")]  # fmt: skip
-_ODD_ONLY = ("WORDS_TILE=32x256", "WORDS_TILE=64x256")  # CPU: masked shapes only
+         ("mx_dual", "WORDS_TILE=32x256"), ("mx_dual", "WORDS_TILE=64x256"),
+         ("mx_dual", "WORDS_TILE=128x64"), ("mx_dual", "WORDS_PF=2"),
+         ("mx_dual", "WORDS_TILE=128x64 WORDS_PF=3"), ("mx_dual", "WORDS_SLICES=4"),
+         ("mx_dual", "WORDS_SLICES=4 WORDS_TILE=128x128")]  # fmt: skip
+_ODD_ONLY = ("WORDS_TILE=32x256", "WORDS_TILE=64x256", "WORDS_TILE=128x64",
+             "WORDS_TILE=128x64 WORDS_PF=3", "WORDS_SLICES=4 WORDS_TILE=128x128")  # fmt: skip
 if HAS_GPU:
-    CASES += [("mx_dual", "MAXNREG_WORDS_MX_DUAL=80")]
+    CASES += [
+        ("mx_dual", "MAXNREG_WORDS_MX_DUAL=80"),
+        ("mx_dual", "WORDS_CS=1"),
+        ("mx_dual", "WORDS_TILE=128x32"),
+        ("mx_dual", "WORDS_SLICES=4 WORDS_CS=1"),
+        ("mx_dual", "WORDS_PF=2 WORDS_CS=1"),
+    ]
 
 
 @pytest.mark.parametrize("recipe,extra", CASES, ids=["-".join(map(str, c)) for c in CASES])
@@ -165,7 +177,11 @@ def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch):
                                        ("PRIMUS_TURBO_QUANT_WORDS", "mx"),
                                        ("PRIMUS_TURBO_QUANT_WORDS", "block_dual"),
                                        ("PRIMUS_TURBO_QUANT_WORDS_TILE", "48x256"),
-                                       ("PRIMUS_TURBO_QUANT_WORDS_TILE", "128x256")])  # fmt: skip
+                                       ("PRIMUS_TURBO_QUANT_WORDS_TILE", "128x256"),
+                                       ("PRIMUS_TURBO_QUANT_WORDS_TILE", "512x32"),
+                                       ("PRIMUS_TURBO_QUANT_WORDS_PF", "-1"),
+                                       ("PRIMUS_TURBO_QUANT_WORDS_CS", "2"),
+                                       ("PRIMUS_TURBO_QUANT_WORDS_SLICES", "2")])  # fmt: skip
 def test_sliced_env_validated(monkeypatch, var, value):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1" if "WORDS" in var else "0")
     monkeypatch.setenv(var, value)
