@@ -152,7 +152,8 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     ``PRIMUS_TURBO_QUANT_WORDS_CS=1``: evict-first loads and streaming (``.cs``) fp8 stores
     (NVIDIA only); ``PRIMUS_TURBO_QUANT_WORDS_SLICES=4`` (MX dual): ``quant_words4_kernel``
     (4 row slices per thread: half the registers, 32-bit transposed stores; default tile
-    ``WORDS4_TILE``, cap ``WORDS4_MAXNREG``; PF does not apply), ``8`` / unset: as before."""
+    ``WORDS4_TILE``, cap ``WORDS4_MAXNREG``; PF does not apply; over 65535 tile rows the
+    8-slice kernel), ``8`` / unset: as before."""
     from primus_turbo.triton.quantization import quant_launch as ql
 
     bm, bn, dual = WORDS_CONFIGS[name]
@@ -168,7 +169,7 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
         raise ValueError(
             f"primus_turbo: PRIMUS_TURBO_QUANT_WORDS_SLICES expected 4 or 8, got {slices!r}"
         )
-    if slices == "4" and dual:
+    if slices == "4" and dual and ql._cdiv(m, _words_tile(*WORDS4_TILE)[0]) <= 65535:
         _launch_words4(x, q, s, qt, st, name, dtype, s_strides, st_strides, nvidia, lanes)
         return
     bm, bn = _words_tile(bm, bn)
@@ -209,10 +210,7 @@ def _launch_words4(x, q, s, qt, st, name, dtype, s_strides, st_strides, nvidia, 
     nreg = ql._knob("MAXNREG", f"words_{name}", WORDS4_MAXNREG)
     extra = {"maxnreg": nreg} if nvidia else {}
     even = ql._env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0
-    grid_m, grid_n = ql._cdiv(m, bm), ql._cdiv(n, bn)
-    if grid_m > 65535:
-        raise ValueError(f"primus_turbo: PRIMUS_TURBO_QUANT_WORDS_SLICES=4 takes at most "
-                         f"65535 tile rows, got {grid_m}")  # fmt: skip
+    grid_m, grid_n = ql._cdiv(m, bm), ql._cdiv(n, bn)  # grid_m <= 65535: see launch_words
     quant_words4_kernel[(grid_n, grid_m)](
         x, ql._u8(q), s, ql._u8(qt), st, m, n, x.stride(0) // 2, q.stride(0), qt.stride(0),
         *s_strides, *st_strides, BM=bm, BN=bn, FMAX=ql._fmax(dtype), EMAX=ql._EMAX[dtype],

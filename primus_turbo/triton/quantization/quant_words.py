@@ -28,6 +28,17 @@ copy): MX rows 0.866 (sliced 0.846), MX dual 0.779 with the 64x256 tile (32x256 
 the v3 tile kernel (0.58 vs 0.695) and was removed. Results are bitwise those of
 ``quant_sliced_kernel`` / ``quant_tile_v2_kernel``. The launcher checks what word loads need: an
 even ``N`` and row stride, a 4-byte aligned input.
+
+Session 7 (H200 call 7.1, ncu at 8192x4096: MX dual 96 registers -> 2 blocks x 8 warps per SM,
+0.56 eligible warps per scheduler, 48% of stalls waiting on the loads: latency-bound), opt-in
+A/B variants, unmeasured (see quant_dual_launch):
+* ``PF``: persistent programs that issue the next tile's loads before quantizing the current
+  tile (166 registers on the 128x64 tile: 3 blocks per SM);
+* ``CS``: evict-first loads and streaming (``.cs``) fp8 stores;
+* ``quant_words4_kernel``: the MX dual with 4 row slices (rows ``4 r + k``) instead of 8: a
+  thread holds 4 rows x 8 columns, 64 registers (4 blocks x 8 warps per SM on the 64x128
+  tile), the transposed copy stored as one 32-bit word (4 consecutive M bytes) per column;
+  15.75 SASS per element (8 slices: 12.1).
 """
 
 from __future__ import annotations
