@@ -27,16 +27,19 @@ gate is SNR only (25 dB, E4M3).
 (``quantize_grouped_weight``, as a training step reuses them across micro-batches until the
 optimizer step; ``GroupedLinear(fp8_weight_cache=True)``), so ``--timing graph`` times the
 activation quantization and the fp8 GEMM; peer ``turbo_fp8`` (forward only) is the same op
-quantizing the weights in every call (the A/B in one process). Every fp8 case also prints the
+quantizing the weights in every call (the A/B in one process). ``--fp8-act prequant``: the
+activations pre-quantized as well (``QuantizedTensor``), i.e. the forward once their quantization
+is fused upstream; ``turbo_fp8`` then quantizes both in the op. Every fp8 case also prints the
 bounds of the forward ratio to our bf16 forward from bytes and FLOPs alone (``fp8_bounds``:
-quantization at ``--hbm-tbps``, the GEMM at ``--fp8-peak-tflops`` or, with ``--fp8-kernels``,
-its measured time). At 4 TB/s and 1979 TFLOPS (the H200's HBM copy speed and fp8 peak) and the
-bf16 times of run 7.1 (pieces), quantizing b in every call caps the ratio at 1.15 / 1.18
-(Qwen3-30B-A3B gate_up / down: quant b alone is >= 0.302 / 0.151 ms against bf16 0.700 / 0.378
-ms), 1.78 / 1.66 on gpt-oss-20b and 1.95 / 2.23 on DeepSeek-V3; with the measured fp8 GEMM
-(0.365 / 0.235, 0.957 / 0.474, 2.627 / 1.539 ms) 0.91 / 0.89, 1.27 / 1.21, 1.59 / 1.59.
-Pre-quantized weights: roofline caps 2.25-2.96; with the measured GEMM and activation
-quantization 1.49 / 1.35 (Qwen3), 1.75 / 1.65 (gpt-oss), 1.96 / 1.93 (DeepSeek-V3).
+quantization at ``--hbm-tbps``, the GEMM at ``--fp8-peak-tflops`` or, with ``--fp8-kernels``, its
+measured time). At 4 TB/s and 1979 TFLOPS (the H200's HBM copy speed and fp8 peak) and the bf16
+times of run 7.1 (pieces), quantizing b in every call caps the ratio at 1.15 / 1.18 (Qwen3-30B-A3B
+gate_up / down: quant b alone is >= 0.302 / 0.151 ms against bf16 0.700 / 0.378 ms), 1.78 / 1.66 on
+gpt-oss-20b and 1.95 / 2.23 on DeepSeek-V3; with the measured fp8 GEMM (0.365 / 0.235, 0.957 /
+0.474, 2.627 / 1.539 ms) 0.91 / 0.89, 1.27 / 1.21, 1.59 / 1.59.
+Pre-quantized weights: roofline caps 2.25-2.96; with the measured GEMM and activation quantization
+1.49 / 1.35 (Qwen3), 1.75 / 1.65 (gpt-oss), 1.96 / 1.93 (DeepSeek-V3); a and b both pre-quantized
+(the fp8 GEMM alone): 1.92 / 1.61, 1.89 / 1.90, 2.22 / 2.06.
 """
 
 from __future__ import annotations
@@ -167,20 +170,34 @@ def _fp8_config(kind: str):
     return Float8QuantConfig(granularity=gran)
 
 
-def _ours(args: argparse.Namespace, b: torch.Tensor | None = None):
+def _ours(args: argparse.Namespace, a: torch.Tensor | None = None, b: torch.Tensor | None = None):
     """The timed op. ``--fp8-weights prequant``: ``b`` quantized once here
     (``quantize_grouped_weight``: forward and dgrad copies, gradients to ``b``), outside the
     timing, as a training step reuses them across micro-batches; the op then quantizes only
-    the activations."""
+    the activations. ``--fp8-act prequant``: ``a`` too (rowwise along K, gradients to ``a``):
+    what the forward costs once the activation quantization is fused upstream (before an fp8
+    permute, into SwiGLU)."""
     if args.fp8 == "none":
         return lambda a, b, gl: turbo.ops.grouped_gemm(a, b, gl, trans_b=True)
     config = _fp8_config(args.fp8)
+    qa = qb = None
     if args.fp8_weights == "prequant" and b is not None:
         from primus_turbo.pytorch.ops.grouped_gemm_fp8 import quantize_grouped_weight
 
         qb = quantize_grouped_weight(b, config, trans_b=True, with_dgrad=True)
-        return lambda a, _b, gl: turbo.ops.grouped_gemm_fp8(a, qb, gl, config=config)
-    return lambda a, b, gl: turbo.ops.grouped_gemm_fp8(a, b, gl, trans_b=True, config=config)
+    if args.fp8_act == "prequant" and a is not None:
+        from primus_turbo.pytorch.core.low_precision import fp8_dtype_for_format
+        from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor
+
+        f8 = fp8_dtype_for_format(config.format, a.device)
+        qa = QuantizedTensor.quantize(a, f8, config.granularity, axis=1)
+
+    def op(a_, b_, gl):
+        a_ = a_ if qa is None else qa
+        b_ = b_ if qb is None else qb
+        return turbo.ops.grouped_gemm_fp8(a_, b_, gl, trans_b=True, config=config)
+
+    return op
 
 
 def fp8_bounds(g, m, n, k, bf16_ms, hbm_tbps, fp8_tflops, gemm_ms=None) -> dict[str, float]:
@@ -201,6 +218,7 @@ def fp8_bounds(g, m, n, k, bf16_ms, hbm_tbps, fp8_tflops, gemm_ms=None) -> dict[
         "gemm min ms": gemm_ms,
         "bound/call": bf16_ms / (qa + qb + gemm_ms),
         "bound prequant": bf16_ms / (qa + gemm_ms),
+        "bound prequant a+b": bf16_ms / gemm_ms,
     }
 
 
@@ -272,7 +290,7 @@ def run_case(
         gl = torch.tensor(lens, dtype=torch.int64, device=device)
         grad = torch.randn((m, n), dtype=dtype, device=device)
         row["Resolved Backend"] = resolved_backend(a, b, gl)
-        op = _ours(args, b)
+        op = _ours(args, a, b)
         if not args.skip_check:
             ok, snrs = check_case(op, a, b, gl, lens, grad, dtype, args.fp8 != "none")
             row.update(snrs)
@@ -320,7 +338,8 @@ def run_case(
             if scaled is not None and (not args.peers or "scaled_grouped_mm" in args.peers):
                 peers["scaled_grouped_mm"] = scaled
                 fwd_only.add("scaled_grouped_mm")
-            if args.fp8_weights == "prequant" and (not args.peers or "turbo_fp8" in args.peers):
+            prequant = "prequant" in (args.fp8_weights, args.fp8_act)
+            if prequant and (not args.peers or "turbo_fp8" in args.peers):
                 cfg8 = _fp8_config(args.fp8)  # the same op quantizing b in every call
                 f8 = turbo.ops.grouped_gemm_fp8
                 peers["turbo_fp8"] = lambda ap, bp: f8(ap, bp, gl, config=cfg8)
@@ -390,7 +409,7 @@ def run_case(
             f"{args.fp8_peak_tflops:.0f} fp8 TFLOPS): quant a >= {bnd['qa min ms']:.3f}, "
             f"quant b >= {bnd['qb min ms']:.3f}, fp8 GEMM >= {bnd['gemm min ms']:.3f} ms -> "
             f"x{bnd['bound/call']:.2f} quantizing b per call, x{bnd['bound prequant']:.2f} "
-            "pre-quantized"
+            f"b pre-quantized, x{bnd['bound prequant a+b']:.2f} a and b"
             + (
                 f" | with the measured fp8 GEMM ({best:.3f} ms): "
                 f"x{row['fp8 bound/call meas gemm']:.2f} / "
@@ -556,6 +575,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "reused across micro-batches between optimizer steps; graph timing sees it",
     )
     p.add_argument(
+        "--fp8-act",
+        choices=("quant", "prequant"),
+        default="quant",
+        help="with --fp8: quant = the op quantizes the activations (default); prequant = "
+        "quantized once outside the timing (the cost once fused upstream)",
+    )
+    p.add_argument(
         "--hbm-tbps",
         type=float,
         default=4.0,
@@ -615,10 +641,12 @@ def main(argv: list[str] | None = None) -> int:
     fp8_tag = "" if args.fp8 == "none" else f"_fp8{args.fp8}"
     if args.fp8 != "none" and args.fp8_weights == "prequant":
         fp8_tag += "_prequant"
+    if args.fp8 != "none" and args.fp8_act == "prequant":
+        fp8_tag += "_preact"
     print(info.banner())
     print(
         f"profile: {profile} | {args.dtype} fp8={args.fp8}"
-        + (f" weights={args.fp8_weights}" if args.fp8 != "none" else "")
+        + (f" weights={args.fp8_weights} act={args.fp8_act}" if args.fp8 != "none" else "")
         + f" | backend {args.backend} | NT"
     )
     notice = cpu_notice(info)
@@ -647,8 +675,8 @@ def main(argv: list[str] | None = None) -> int:
                 else ""
             )
             + (
-                f" | vs fp8 quantizing b per call x{row['Forward Ratio turbo_fp8']:.3f}"
-                if args.fp8 != "none" and args.fp8_weights == "prequant"
+                f" | vs fp8 quantizing in the op x{row['Forward Ratio turbo_fp8']:.3f}"
+                if args.fp8 != "none" and "prequant" in (args.fp8_weights, args.fp8_act)
                 else ""
             )
         )
