@@ -396,7 +396,6 @@ def quant_words4_kernel(
     xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
     w0, w1, w2, w3 = _load4(xw_ptr, pid_m, pid_n, M, N, stride_xw, BM, BN, EVEN, EVL)
     rows = pid_m * BM + tl.arange(0, R)[:, None, None] * 4
-    wc = pid_n * (BN // 2) + tl.arange(0, G)[None, :, None] * W + tl.arange(0, W)[None, None, :]
     cols = pid_n * BN + tl.arange(0, G)[None, :, None] * C + tl.arange(0, 2 * W)[None, None, :]
     l0, h0 = _keys(w0)
     l1, h1 = _keys(w1)
@@ -427,10 +426,17 @@ def quant_words4_kernel(
         tl.store(sp, sv, mask=(r4 < M) & (g * C < N))
     slo, stlo = _scales(_col_reduce(klo, NB), EMAX)  # [NB, G, W]
     shi, sthi = _scales(_col_reduce(khi, NB), EMAX)
-    wc3 = tl.reshape(wc, (1, G, W))
+    # even and odd columns' scales joined: [NB, G, 2 W] in column order, one store (one
+    # layout conversion through shared memory instead of two)
     sty = st_ptr.dtype.element_ty
-    _store_col_scales(stlo.to(sty), pid_m, wc3, st_ptr, M, N, stride_stm, stride_stn, 0, EVEN)
-    _store_col_scales(sthi.to(sty), pid_m, wc3, st_ptr, M, N, stride_stm, stride_stn, 1, EVEN)
+    stv = _join2(stlo.to(sty), sthi.to(sty))
+    c3 = tl.reshape(cols, (1, G, 2 * W))
+    mb = pid_m * NB + tl.arange(0, NB)[:, None, None]
+    stp = st_ptr + mb * stride_stm + c3.to(tl.int64) * stride_stn
+    if EVEN:
+        tl.store(stp, stv)
+    else:
+        tl.store(stp, stv, mask=(c3 < N) & (mb * 32 < M))
     qt = _join4(_col_vals(w0, slo, shi, NB), _col_vals(w1, slo, shi, NB),
                 _col_vals(w2, slo, shi, NB), _col_vals(w3, slo, shi, NB))  # fmt: skip
     qt = _conv(qt, FMAX, qt_ptr.dtype.element_ty, FMT, SAT)  # [R, G, C, 4]
