@@ -86,10 +86,14 @@ def _compare(lens, k, n, trans_b, gran, fmt, device):
         assert torch.equal(got, want) and torch.equal(ga2, ga) and torch.equal(gb2, gb)
 
 
-@pytest.mark.parametrize("gran", [ROW, TENSOR], ids=lambda g: g.name)
-@pytest.mark.parametrize("trans_b", [True, False], ids=["NT", "NN"])
-def test_prequant_bitwise_triton(trans_b, gran, device):
-    _pin(BackendType.TRITON)
+@pytest.mark.parametrize(
+    "trans_b,gran,backend",
+    [(True, ROW, BackendType.TRITON), (False, TENSOR, BackendType.TRITON),
+     (False, ROW, BackendType.TORCH), (True, TENSOR, BackendType.TORCH)],
+    ids=["NT-ROWWISE-TRITON", "NN-TENSORWISE-TRITON", "NN-ROWWISE-TORCH", "NT-TENSORWISE-TORCH"],
+)  # fmt: skip
+def test_prequant_bitwise(trans_b, gran, backend, device):
+    _pin(backend)
     _compare([5, 0, 11], 32, 24, trans_b, gran, Format.E4M3, device)
 
 
