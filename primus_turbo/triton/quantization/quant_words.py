@@ -524,13 +524,14 @@ def aot_specs(target: str) -> list[AotSpec]:
                 AotSpec(f"quant_words_{name}{'_even' if even else ''}_{fp8}", quant_words_kernel,
                         _sig(fp8), cx, opts, default=even and name == base)
             )  # fmt: skip
-    bm, bn = WORDS4_TILE
-    for even in (True, False):
+    # SLICES=4: the default tile (even and masked) and the 128x128 A/B tile (16 warps)
+    for (bm, bn), even in ((WORDS4_TILE, True), (WORDS4_TILE, False), ((128, 128), True)):
         cx = {"BM": bm, "BN": bn, "FMAX": fmax, "EMAX": 8, "FMT": (0, 0, 0, 0), "SAT": nvidia,
               "EVEN": even, "CS": False}  # fmt: skip
         opts = {"num_warps": max(1, bm * bn // (32 * lanes))}
         if nvidia:
             opts["maxnreg"] = WORDS4_MAXNREG
-        specs.append(AotSpec(f"quant_words4_mx_dual{'_even' if even else ''}_{fp8}",
+        tag = "" if (bm, bn) == WORDS4_TILE else f"_{bm}x{bn}"
+        specs.append(AotSpec(f"quant_words4_mx_dual{tag}{'_even' if even else ''}_{fp8}",
                              quant_words4_kernel, _sig(fp8), cx, opts))  # fmt: skip
     return specs
