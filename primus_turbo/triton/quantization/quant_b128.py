@@ -26,8 +26,10 @@ gives each thread the 4 rows ``b`` of its ``(a, n)`` positions, so
   both directions, no branch, the value of ``max(_finite_abs(x))`` exactly;
 * ``GATHER``: the 128 column amaxes are first spread one per thread (``tl.gather``), the scales
   and inverses divided there (2 divisions per thread instead of 32) and broadcast back.
-Other options: ``LOOP`` (persistent programs walking tiles ``pid, pid + P, ...``), ``CS``
-(streaming ``.cs`` stores, NVIDIA), ``EVL`` (``evict_first`` loads).
+Other options: ``STAGES`` (> 0: persistent programs, two per SM, walking tiles ``pid, pid + P,
+...`` in a loop pipelined over ``STAGES`` -- cp.async into shared memory on NVIDIA, so the next
+tile's read is in flight while this one is reduced and stored without holding registers),
+``CS`` (streaming ``.cs`` stores, NVIDIA), ``EVL`` (``evict_first`` loads).
 Scales and casts are those of v3 (``_scale_of``, ``x * scale`` -> fp8 with satfinite on NVIDIA,
 ``_cast2`` elsewhere), so every output is bitwise v3's (tests/pytorch/ops/
 test_quantization_b128.py). Needs ``M % 4 == 0`` (the launcher keeps v3 otherwise).
@@ -104,7 +106,6 @@ def _b128_tile(
     stride_sm, stride_sn, stride_stm, stride_stn, FMAX: tl.constexpr, EMAX: tl.constexpr,
     FMT: tl.constexpr, SAT: tl.constexpr, EVEN: tl.constexpr, ASM: tl.constexpr,
     GATHER: tl.constexpr, CS: tl.constexpr, EVL: tl.constexpr, R: tl.constexpr,
-    RELOAD: tl.constexpr,
 ):  # fmt: skip
     qty = q_ptr.dtype.element_ty
     pid_m = t // grid_n
@@ -136,11 +137,6 @@ def _b128_tile(
     sc, sinv_c = _scale_of(_key_amax(kc, None), FMAX, False, EMAX)
     tl.store(st_ptr + pid_m * stride_stm + cn * stride_stn, sinv_c,
              mask=None if EVEN else cn < N)  # fmt: skip
-    if RELOAD:  # q^T from a second read of the tile (L1/L2): x is not live across the rows
-        if EVEN:
-            x = tl.load(x_ptr + rm64 * stride_xm + rn).to(tl.float32)
-        else:
-            x = tl.load(x_ptr + rm64 * stride_xm + rn, mask=mask, other=0.0).to(tl.float32)
     xs = x * sc[None, :, None]
     if R == 4:
         wty: tl.constexpr = tl.uint32
@@ -185,33 +181,33 @@ def quant_b128_kernel(
     EVEN: tl.constexpr = False,
     ASM: tl.constexpr = False,
     GATHER: tl.constexpr = False,
-    LOOP: tl.constexpr = False,
+    STAGES: tl.constexpr = 0,
     CS: tl.constexpr = False,
     EVL: tl.constexpr = False,
     R: tl.constexpr = 4,
-    RELOAD: tl.constexpr = False,
 ):
     """``x`` [M, N] (M % R == 0) -> ``q`` [M, N], ``s`` per (row, 128 columns), ``qt`` [N, M],
     ``st`` per (column, 128 rows); scale tensors addressed as in ``quant_tile_v2_kernel``
-    (MODE=ROWS, DUAL). ``LOOP``: the grid's programs walk the tiles ``pid, pid + P, ...``."""
+    (MODE=ROWS, DUAL). ``STAGES`` > 0: the grid's programs walk the tiles ``pid, pid + P, ...``
+    in a loop software-pipelined over ``STAGES`` (NVIDIA: cp.async into shared memory)."""
     pid = tl.program_id(0)
     grid_n = tl.cdiv(N, B)
-    if LOOP:
+    if STAGES:
         ntiles = tl.cdiv(M, B) * grid_n
-        for t in range(pid, ntiles, tl.num_programs(0)):
+        for t in tl.range(pid, ntiles, tl.num_programs(0), num_stages=STAGES):
             _b128_tile(t, grid_n, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xm,
                        stride_qm, stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn, FMAX,
-                       EMAX, FMT, SAT, EVEN, ASM, GATHER, CS, EVL, R, RELOAD)  # fmt: skip
+                       EMAX, FMT, SAT, EVEN, ASM, GATHER, CS, EVL, R)  # fmt: skip
     else:
         _b128_tile(pid, grid_n, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xm, stride_qm,
                    stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn, FMAX, EMAX, FMT,
-                   SAT, EVEN, ASM, GATHER, CS, EVL, R, RELOAD)  # fmt: skip
+                   SAT, EVEN, ASM, GATHER, CS, EVL, R)  # fmt: skip
 
 
 # ---- variants (PRIMUS_TURBO_QUANT_B128=<name>) ---------------------------------------------
 # name -> (warps, NVIDIA register cap, kernel constexprs); ASM wherever the satfinite
 # conversion is (NVIDIA sm_89+)
-_W4 = {"R": 4, "GATHER": False, "CS": False, "EVL": False, "RELOAD": False}
+_W4 = {"R": 4, "GATHER": False, "CS": False, "EVL": False, "STAGES": 0}
 B128_VARIANTS = {
     "w8": (8, 128, _W4),
     "w8g": (8, 128, {**_W4, "GATHER": True}),
@@ -219,7 +215,13 @@ B128_VARIANTS = {
     "h8g": (8, 128, {**_W4, "R": 2, "GATHER": True}),
     "h16g": (16, 64, {**_W4, "R": 2, "GATHER": True}),
     "h16gc": (16, 64, {**_W4, "R": 2, "GATHER": True, "CS": True, "EVL": True}),
+    "h16gp2": (16, 64, {**_W4, "R": 2, "GATHER": True, "STAGES": 2}),
+    "h16gp2c": (16, 64, {**_W4, "R": 2, "GATHER": True, "STAGES": 2, "CS": True}),
 }
+# shapes that are not multiples of 128 (sm_90: the masked pipelined kernel spills 8 B at 64
+# registers) and AMD (gfx942 / gfx950: 16 waves of 64 at 128 VGPRs spill 272 B) take another
+# variant's plan
+_MASKED_PLAN = {"h16gp2": "h16g", "h16gp2c": "h16gc"}
 
 
 def b128_variant() -> str | None:
@@ -241,32 +243,40 @@ def launch_b128(x, q, s, qt, st, variant, fmax, emax, fmt, sat, nvidia, cus, u8)
     ``cus``: SMs / CUs; ``s`` / ``st`` as quant_blockwise allocates them). False (nothing
     launched) when ``M % R != 0``: the caller keeps v3."""
     m, n = x.shape
+    even = m % 128 == 0 and n % 128 == 0
+    if not even or not (nvidia or fmt[0]):  # the pipelined plans: NVIDIA (and the interpreter)
+        variant = _MASKED_PLAN.get(variant, variant)
     warps, nreg, cx = B128_VARIANTS[variant]
     if m % cx["R"]:
         return False
     if m == 0 or n == 0:
         return True
     grid = -(-m // 128) * -(-n // 128)
+    if cx["STAGES"]:  # persistent: the programs resident at once (2 per SM / CU)
+        grid = min(grid, 2 * cus)
     extra = {"maxnreg": nreg} if nvidia else {}
     quant_b128_kernel[(grid,)](
         x, u8(q), s, u8(qt), st, m, n, x.stride(0), q.stride(0), qt.stride(0),
         s.stride(0), s.stride(1), st.stride(1), st.stride(0),
-        FMAX=fmax, EMAX=emax, FMT=fmt, SAT=sat, EVEN=m % 128 == 0 and n % 128 == 0, ASM=sat,
-        LOOP=False, **{**cx, "CS": cx["CS"] and nvidia}, num_warps=warps, **extra,
+        FMAX=fmax, EMAX=emax, FMT=fmt, SAT=sat, EVEN=even, ASM=sat,
+        **{**cx, "CS": cx["CS"] and nvidia}, num_warps=warps, **extra,
     )  # fmt: skip
     return True
 
 
 def aot_specs(target: str) -> list[AotSpec]:
-    """Each variant, even and masked; the register cap, ``ASM`` and ``CS`` on sm_90 only."""
+    """Each variant, even and masked (``_MASKED_PLAN`` variants: even, sm_90 only); the register
+    cap, ``ASM`` and ``CS`` on sm_90 only."""
     assert target in AOT_TARGETS, target
     fp8, fmax = aot_fp8(target)
     nv = target == "sm_90"
     specs = []
     for name, (warps, nreg, kcx) in B128_VARIANTS.items():
-        for even in (True, False):
+        if name in _MASKED_PLAN and not nv:
+            continue
+        for even in (True, False) if name not in _MASKED_PLAN else (True,):
             cx = {"FMAX": fmax, "EMAX": 8, "FMT": (0, 0, 0, 0), "SAT": nv, "EVEN": even,
-                  "ASM": nv, "LOOP": False, **kcx, "CS": kcx["CS"] and nv}  # fmt: skip
+                  "ASM": nv, **kcx, "CS": kcx["CS"] and nv}  # fmt: skip
             specs.append(
                 AotSpec(
                     f"quant_b128_{name}_{'even' if even else 'mask'}_{fp8}",

@@ -60,7 +60,7 @@ if HAS_GPU:
     VARIANTS_RUN = VARIANTS
 else:
     SHAPES = [(256, 384), (200, 136)]
-    VARIANTS_RUN = ["w8", "w8g", "h8g"]  # the interpreter ignores warps / register caps
+    VARIANTS_RUN = ["w8", "w8g", "h8g", "h16gp2"]  # the interpreter ignores warps / caps
 
 
 @pytest.mark.parametrize("variant", VARIANTS_RUN)
