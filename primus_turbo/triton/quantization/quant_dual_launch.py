@@ -29,6 +29,7 @@ from primus_turbo.triton.quantization.quant_dual import SLICED_CONFIGS, quant_sl
 from primus_turbo.triton.quantization.quant_words import (
     WORDS4_MAXNREG,
     WORDS4_TILE,
+    WORDS_CJ_MAXNREG,
     WORDS_CONFIGS,
     WORDS_MAXNREG,
     quant_words4_kernel,
@@ -150,7 +151,10 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     tile before quantizing the current one (``0``/unset: one tile per program; the register
     cap follows ``P``: 65536 / (P x threads), unless ``_MAXNREG`` says otherwise);
     ``PRIMUS_TURBO_QUANT_WORDS_CS=1``: evict-first loads and streaming (``.cs``) fp8 stores
-    (NVIDIA only); ``PRIMUS_TURBO_QUANT_WORDS_SLICES=4`` (MX dual): ``quant_words4_kernel``
+    (NVIDIA only); ``PRIMUS_TURBO_QUANT_WORDS_CJ=1``: the even and odd columns' scales in one
+    store (one shared-memory conversion instead of two, as the SLICES=4 kernel always does;
+    register cap ``WORDS_CJ_MAXNREG``);
+    ``PRIMUS_TURBO_QUANT_WORDS_SLICES=4`` (MX dual): ``quant_words4_kernel``
     (4 row slices per thread: half the registers, 32-bit transposed stores; default tile
     ``WORDS4_TILE``, cap ``WORDS4_MAXNREG``; PF does not apply; over 65535 tile rows the
     8-slice kernel), ``8`` / unset: as before."""
@@ -176,7 +180,8 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     warps = ql._knob("WARPS", f"words_{name}", slice_warps(bm, bn, lanes))
     raw_pf = os.environ.get("PRIMUS_TURBO_QUANT_WORDS_PF", "").strip()
     per_sm = 0 if raw_pf in ("", "0") else ql._env_int("PRIMUS_TURBO_QUANT_WORDS_PF", 1)
-    nreg = WORDS_MAXNREG[name]
+    cj = _flag("PRIMUS_TURBO_QUANT_WORDS_CJ")
+    nreg = max(WORDS_MAXNREG[name], WORDS_CJ_MAXNREG) if cj else WORDS_MAXNREG[name]
     if per_sm:  # all P programs resident: the register file split between them
         nreg = min(255, 65536 // (per_sm * warps * 32)) // 8 * 8
     nreg = ql._knob("MAXNREG", f"words_{name}", nreg)
@@ -196,7 +201,8 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
         m, n, x.stride(0) // 2, q.stride(0), qt.stride(0) if dual else 0, *s_strides,
         *st_strides, BM=bm, BN=bn, DUAL=dual, FMAX=ql._fmax(dtype), EMAX=ql._EMAX[dtype],
         FMT=ql._interp_fmt(dtype), SAT=nvidia and ql._hw_satfinite(x.device.index), EVEN=even,
-        GRID2D=grid2d, PF=per_sm > 0, CS=cs, num_warps=warps, **extra,
+        GRID2D=grid2d, PF=per_sm > 0, CS=cs, CJ=cj,
+        num_warps=warps, **extra,
     )  # fmt: skip
 
 

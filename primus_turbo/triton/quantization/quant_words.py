@@ -215,13 +215,32 @@ def _store_col_scales(v, pid_m, wc, st_ptr, M, N, stride_stm, stride_stn, ODD: t
 
 
 @triton.jit
+def _store_col_scales2(stlo, sthi, pid_m, cols, st_ptr, M, N, stride_stm, stride_stn,
+                       EVEN: tl.constexpr):  # fmt: skip
+    """Column scales of the even (``stlo``) and odd (``sthi``) columns ``[NB, G, W]`` joined
+    into ``[NB, G, 2 W]`` in column order (``cols`` ``[1, G, 2 W]``) and stored at once: one
+    layout conversion through shared memory instead of two."""
+    NB: tl.constexpr = stlo.shape[0]
+    sty = st_ptr.dtype.element_ty
+    v = _join2(stlo.to(sty), sthi.to(sty))
+    mb = pid_m * NB + tl.arange(0, NB)[:, None, None]
+    ptrs = st_ptr + mb * stride_stm + cols.to(tl.int64) * stride_stn
+    if EVEN:
+        tl.store(ptrs, v)
+    else:
+        tl.store(ptrs, v, mask=(cols < N) & (mb * 32 < M))
+
+
+@triton.jit
 def _quant_tile(
     w0, w1, w2, w3, w4, w5, w6, w7, pid_m, pid_n, q_ptr, s_ptr, qt_ptr, st_ptr, M, N,
     stride_qm, stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn, BM: tl.constexpr,
     BN: tl.constexpr, DUAL: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr,
     FMT: tl.constexpr, SAT: tl.constexpr, EVEN: tl.constexpr, CSM: tl.constexpr,
+    CJ: tl.constexpr,
 ):  # fmt: skip
-    """Quantize tile ``(pid_m, pid_n)`` given as its 8 word slices; store every output."""
+    """Quantize tile ``(pid_m, pid_n)`` given as its 8 word slices; store every output
+    (``CJ``: the column scales through ``_store_col_scales2``)."""
     C: tl.constexpr = 32  # the MX block
     G: tl.constexpr = BN // C
     W: tl.constexpr = C // 2  # words per row block
@@ -268,10 +287,16 @@ def _quant_tile(
         NB: tl.constexpr = BM // 32  # 32-row column blocks per tile
         slo, stlo = _scales(_col_reduce(klo, NB), EMAX)  # [NB, G, W]
         shi, sthi = _scales(_col_reduce(khi, NB), EMAX)
-        wc3 = tl.reshape(wc, (1, G, W))
-        sty = st_ptr.dtype.element_ty
-        _store_col_scales(stlo.to(sty), pid_m, wc3, st_ptr, M, N, stride_stm, stride_stn, 0, EVEN)
-        _store_col_scales(sthi.to(sty), pid_m, wc3, st_ptr, M, N, stride_stm, stride_stn, 1, EVEN)
+        if CJ:
+            _store_col_scales2(stlo, sthi, pid_m, tl.reshape(cols, (1, G, 2 * W)), st_ptr, M, N,
+                               stride_stm, stride_stn, EVEN)  # fmt: skip
+        else:
+            wc3 = tl.reshape(wc, (1, G, W))
+            sty = st_ptr.dtype.element_ty
+            _store_col_scales(stlo.to(sty), pid_m, wc3, st_ptr, M, N, stride_stm, stride_stn, 0,
+                              EVEN)  # fmt: skip
+            _store_col_scales(sthi.to(sty), pid_m, wc3, st_ptr, M, N, stride_stm, stride_stn, 1,
+                              EVEN)  # fmt: skip
         qt = _join8(_col_vals(w0, slo, shi, NB), _col_vals(w1, slo, shi, NB),
                     _col_vals(w2, slo, shi, NB), _col_vals(w3, slo, shi, NB),
                     _col_vals(w4, slo, shi, NB), _col_vals(w5, slo, shi, NB),
@@ -299,7 +324,7 @@ def quant_words_kernel(
     stride_sn, stride_stm, stride_stn, BM: tl.constexpr, BN: tl.constexpr, DUAL: tl.constexpr,
     FMAX: tl.constexpr, EMAX: tl.constexpr = 8, FMT: tl.constexpr = (0, 0, 0, 0),
     SAT: tl.constexpr = False, EVEN: tl.constexpr = False, GRID2D: tl.constexpr = False,
-    PF: tl.constexpr = False, CS: tl.constexpr = False,
+    PF: tl.constexpr = False, CS: tl.constexpr = False, CJ: tl.constexpr = False,
 ):  # fmt: skip
     """``x`` [M, N] bf16 (unit column stride, ``stride_xw`` its row stride in 32-bit words) ->
     ``q`` [M, N] and, with ``DUAL``, ``qt`` [N, M]; E8M0 scales ``s`` [M, N/32] / ``st``
@@ -307,7 +332,8 @@ def quant_words_kernel(
     ``PF``: persistent programs (a 1-D grid of at most as many programs as tiles) that walk
     the tiles ``pid, pid + P, ...`` and issue the next tile's loads before quantizing the
     current one (its DRAM latency under this tile's math and stores); ``CS``: evict-first
-    loads and streaming (``.cs``) fp8 stores (NVIDIA)."""
+    loads and streaming (``.cs``) fp8 stores (NVIDIA); ``CJ``: the even and odd columns'
+    scales stored at once (``_store_col_scales2``)."""
     EVL: tl.constexpr = "evict_first" if CS else ""
     CSM: tl.constexpr = ".cs" if CS else ""
     xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
@@ -329,7 +355,7 @@ def quant_words_kernel(
             _quant_tile(w0, w1, w2, w3, w4, w5, w6, w7, pid_m, t - pid_m * grid_n, q_ptr,
                         s_ptr, qt_ptr, st_ptr, M, N, stride_qm, stride_qtn, stride_sm,
                         stride_sn, stride_stm, stride_stn, BM, BN, DUAL, FMAX, EMAX, FMT, SAT,
-                        EVEN, CSM)  # fmt: skip
+                        EVEN, CSM, CJ)  # fmt: skip
             w0, w1, w2, w3, w4, w5, w6, w7 = y0, y1, y2, y3, y4, y5, y6, y7
     else:
         if GRID2D:  # (grid_n, grid_m): no integer division for the tile's coordinates
@@ -344,7 +370,7 @@ def quant_words_kernel(
                                                 BN, EVEN, False, EVL)  # fmt: skip
         _quant_tile(w0, w1, w2, w3, w4, w5, w6, w7, pid_m, pid_n, q_ptr, s_ptr, qt_ptr, st_ptr,
                     M, N, stride_qm, stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn,
-                    BM, BN, DUAL, FMAX, EMAX, FMT, SAT, EVEN, CSM)  # fmt: skip
+                    BM, BN, DUAL, FMAX, EMAX, FMT, SAT, EVEN, CSM, CJ)  # fmt: skip
 
 
 @triton.jit
@@ -426,17 +452,8 @@ def quant_words4_kernel(
         tl.store(sp, sv, mask=(r4 < M) & (g * C < N))
     slo, stlo = _scales(_col_reduce(klo, NB), EMAX)  # [NB, G, W]
     shi, sthi = _scales(_col_reduce(khi, NB), EMAX)
-    # even and odd columns' scales joined: [NB, G, 2 W] in column order, one store (one
-    # layout conversion through shared memory instead of two)
-    sty = st_ptr.dtype.element_ty
-    stv = _join2(stlo.to(sty), sthi.to(sty))
-    c3 = tl.reshape(cols, (1, G, 2 * W))
-    mb = pid_m * NB + tl.arange(0, NB)[:, None, None]
-    stp = st_ptr + mb * stride_stm + c3.to(tl.int64) * stride_stn
-    if EVEN:
-        tl.store(stp, stv)
-    else:
-        tl.store(stp, stv, mask=(c3 < N) & (mb * 32 < M))
+    _store_col_scales2(stlo, sthi, pid_m, tl.reshape(cols, (1, G, 2 * W)), st_ptr, M, N,
+                       stride_stm, stride_stn, EVEN)  # fmt: skip
     qt = _join4(_col_vals(w0, slo, shi, NB), _col_vals(w1, slo, shi, NB),
                 _col_vals(w2, slo, shi, NB), _col_vals(w3, slo, shi, NB))  # fmt: skip
     qt = _conv(qt, FMAX, qt_ptr.dtype.element_ty, FMT, SAT)  # [R, G, C, 4]
@@ -468,6 +485,7 @@ WORDS_CONFIGS = {
 # NVIDIA register caps (sm_90 AOT, no spill): MX rows 85 registers uncapped (64: 8 programs
 # per SM; run 6.2: 48 0.861, 128 0.863 vs 64 0.866 of copy), MX dual 96
 WORDS_MAXNREG = {"mx_rows": 64, "mx_dual": 96}
+WORDS_CJ_MAXNREG = 104  # CJ (MX dual 128x128): 96 spills 16 B; 104 still 2 blocks per SM
 
 
 # AOT only, even: A/B variants of the MX dual (name: base, BM, BN, per SM for PF (0: off), CS):
@@ -479,6 +497,7 @@ _AOT_TILES = {
     "mx_dual_128x32": ("mx_dual", 128, 32, 0, False),
     "mx_dual_cs": ("mx_dual", 128, 128, 0, True),
     "mx_dual_128x64_pf3": ("mx_dual", 128, 64, 3, False),
+    "mx_dual_cj": ("mx_dual", 128, 128, 0, False),
 }
 
 # PRIMUS_TURBO_QUANT_WORDS_SLICES=4 (MX dual, quant_words4_kernel): default tile and register
@@ -515,10 +534,12 @@ def aot_specs(target: str) -> list[AotSpec]:
         for even in evens:
             cx = {"BM": bm, "BN": bn, "DUAL": dual, "FMAX": fmax, "EMAX": 8, "FMT": (0, 0, 0, 0),
                   "SAT": nvidia, "EVEN": even, "GRID2D": not pf, "PF": pf > 0,
-                  "CS": cs and nvidia}  # fmt: skip
+                  "CS": cs and nvidia, "CJ": name.endswith("_cj")}  # fmt: skip
             opts = {"num_warps": warps}
             if nvidia:
                 nreg = WORDS_MAXNREG[base]
+                if name.endswith("_cj"):
+                    nreg = max(nreg, WORDS_CJ_MAXNREG)
                 opts["maxnreg"] = min(255, 65536 // (pf * warps * 32)) // 8 * 8 if pf else nreg
             specs.append(
                 AotSpec(f"quant_words_{name}{'_even' if even else ''}_{fp8}", quant_words_kernel,

@@ -21,7 +21,8 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 _ENV = ("PRIMUS_TURBO_QUANT_SLICED", "PRIMUS_TURBO_QUANT_SLICED_MX", "PRIMUS_TURBO_QUANT_WORDS",
         "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_ROWS", "PRIMUS_TURBO_QUANT_WORDS_TILE",
         "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_DUAL", "PRIMUS_TURBO_QUANT_WORDS_PF",
-        "PRIMUS_TURBO_QUANT_WORDS_CS", "PRIMUS_TURBO_QUANT_WORDS_SLICES")  # fmt: skip
+        "PRIMUS_TURBO_QUANT_WORDS_CS", "PRIMUS_TURBO_QUANT_WORDS_SLICES",
+        "PRIMUS_TURBO_QUANT_WORDS_CJ")  # fmt: skip
 
 
 def _quant(recipe, x, dtype):
@@ -41,9 +42,10 @@ CASES = [("mx_dual", None), ("mx_rows", None), ("mx_dual", "WORDS=0"), ("mx_rows
          ("mx_dual", "WORDS_TILE=32x256"), ("mx_dual", "WORDS_TILE=64x256"),
          ("mx_dual", "WORDS_TILE=128x64"), ("mx_dual", "WORDS_PF=2"),
          ("mx_dual", "WORDS_TILE=128x64 WORDS_PF=3"), ("mx_dual", "WORDS_SLICES=4"),
-         ("mx_dual", "WORDS_SLICES=4 WORDS_TILE=128x128")]  # fmt: skip
+         ("mx_dual", "WORDS_SLICES=4 WORDS_TILE=128x128"), ("mx_dual", "WORDS_CJ=1")]  # fmt: skip
 _ODD_ONLY = ("WORDS_TILE=32x256", "WORDS_TILE=64x256", "WORDS_TILE=128x64",
-             "WORDS_TILE=128x64 WORDS_PF=3", "WORDS_SLICES=4 WORDS_TILE=128x128")  # fmt: skip
+             "WORDS_TILE=128x64 WORDS_PF=3", "WORDS_SLICES=4 WORDS_TILE=128x128",
+             "WORDS_CJ=1")  # fmt: skip
 if HAS_GPU:
     CASES += [
         ("mx_dual", "MAXNREG_WORDS_MX_DUAL=80"),
@@ -181,7 +183,8 @@ def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch):
                                        ("PRIMUS_TURBO_QUANT_WORDS_TILE", "512x32"),
                                        ("PRIMUS_TURBO_QUANT_WORDS_PF", "-1"),
                                        ("PRIMUS_TURBO_QUANT_WORDS_CS", "2"),
-                                       ("PRIMUS_TURBO_QUANT_WORDS_SLICES", "2")])  # fmt: skip
+                                       ("PRIMUS_TURBO_QUANT_WORDS_SLICES", "2"),
+                                       ("PRIMUS_TURBO_QUANT_WORDS_CJ", "x")])  # fmt: skip
 def test_sliced_env_validated(monkeypatch, var, value):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1" if "WORDS" in var else "0")
     monkeypatch.setenv(var, value)
