@@ -107,19 +107,37 @@ def _b128_tile(
     FMT: tl.constexpr, SAT: tl.constexpr, EVEN: tl.constexpr, ASM: tl.constexpr,
     GATHER: tl.constexpr, CS: tl.constexpr, EVL: tl.constexpr, R: tl.constexpr,
 ):  # fmt: skip
-    qty = q_ptr.dtype.element_ty
     pid_m = t // grid_n
     pid_n = t - pid_m * grid_n
     A: tl.constexpr = B // R  # [A, B, R]: row R * a + b, column n
     rm = pid_m * B + tl.arange(0, A)[:, None, None] * R + tl.arange(0, R)[None, None, :]
     rn = pid_n * B + tl.arange(0, B)[None, :, None]
     rm64 = rm.to(tl.int64)
-    mask = (rm < M) & (rn < N)
     policy: tl.constexpr = "evict_first" if EVL else ""
     if EVEN:
         xb = tl.load(x_ptr + rm64 * stride_xm + rn, eviction_policy=policy)
     else:
-        xb = tl.load(x_ptr + rm64 * stride_xm + rn, mask=mask, other=0.0, eviction_policy=policy)
+        xb = tl.load(x_ptr + rm64 * stride_xm + rn, mask=(rm < M) & (rn < N), other=0.0,
+                     eviction_policy=policy)  # fmt: skip
+    _b128_math(xb, pid_m, pid_n, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_qm, stride_qtn,
+               stride_sm, stride_sn, stride_stm, stride_stn, FMAX, EMAX, FMT, SAT, EVEN, ASM,
+               GATHER, CS, R)  # fmt: skip
+
+
+@triton.jit
+def _b128_math(
+    xb, pid_m, pid_n, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_qm, stride_qtn, stride_sm,
+    stride_sn, stride_stm, stride_stn, FMAX: tl.constexpr, EMAX: tl.constexpr,
+    FMT: tl.constexpr, SAT: tl.constexpr, EVEN: tl.constexpr, ASM: tl.constexpr,
+    GATHER: tl.constexpr, CS: tl.constexpr, R: tl.constexpr,
+):  # fmt: skip
+    """Both outputs and their scales of the loaded tile ``xb`` ([A, B, R], row ``R * a + b``)."""
+    qty = q_ptr.dtype.element_ty
+    A: tl.constexpr = B // R
+    rm = pid_m * B + tl.arange(0, A)[:, None, None] * R + tl.arange(0, R)[None, None, :]
+    rn = pid_n * B + tl.arange(0, B)[None, :, None]
+    rm64 = rm.to(tl.int64)
+    mask = (rm < M) & (rn < N)
     x = xb.to(tl.float32)
     k = x.to(tl.uint32, bitcast=True) * 2 + 0x01000000  # amax keys (module docstring)
     # rows: 1 x 128 blocks of q
