@@ -242,11 +242,17 @@ B128_VARIANTS = {
 _MASKED_PLAN = {"h16gp2": "h16g", "h16gp2c": "h16gc"}
 
 
-def b128_variant() -> str | None:
-    """``PRIMUS_TURBO_QUANT_B128``: unset / empty / ``v3`` -> None (the v3 tile kernel), else a
-    key of ``B128_VARIANTS``."""
+# the variant an unset PRIMUS_TURBO_QUANT_B128 selects on NVIDIA (None: v3 until measured)
+DEFAULT_NVIDIA: str | None = None
+
+
+def b128_variant(nvidia: bool = False) -> str | None:
+    """``PRIMUS_TURBO_QUANT_B128``: ``v3`` -> None (the v3 tile kernel); unset / empty ->
+    ``DEFAULT_NVIDIA`` on NVIDIA, else None; otherwise a key of ``B128_VARIANTS``."""
     raw = os.environ.get("PRIMUS_TURBO_QUANT_B128", "").strip().lower()
-    if raw in ("", "v3"):
+    if raw == "":
+        return DEFAULT_NVIDIA if nvidia else None
+    if raw == "v3":
         return None
     if raw not in B128_VARIANTS:
         raise ValueError(

@@ -377,11 +377,11 @@ def _b128(x, q, s, qt, st, dtype) -> bool:
     names a variant and ``M % 4 == 0``. False: not taken (v3)."""
     from primus_turbo.triton.quantization import quant_b128 as b128
 
-    variant = b128.b128_variant()
-    if variant is None:
-        return False
     interp = triton_interpret()
     nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
+    variant = b128.b128_variant(nvidia)
+    if variant is None:
+        return False
     return b128.launch_b128(x, q, s, qt, st, variant, _fmax(dtype), _EMAX[dtype],
                             _interp_fmt(dtype), _nvidia_sat(x), nvidia,
                             num_compute_units(None if interp else x.device), _u8)  # fmt: skip
