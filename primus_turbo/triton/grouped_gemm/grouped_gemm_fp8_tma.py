@@ -60,37 +60,6 @@ def fp8_tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
     )
 
 
-def fp8_small_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
-    """Extra candidates for small experts (``PRIMUS_TURBO_GROUPED_GEMM_FP8_SMALL=1``, opt-in
-    until measured; timed only where ``M / G <= 1024`` rows per expert, e.g. Qwen3-30B-A3B
-    G=128 ~512 rows, gpt-oss-20b G=32 ~1024). There the fp8 GEMM alone is 1.58-1.8x our bf16
-    one (H200 run 7.1; Qwen3 down, K=768: six 128-deep K steps per tile, so the epilogue and
-    the ragged last tile of each expert, half a tile of rows on average, weigh more). sm_90,
-    each fitting its programs per SM in registers (64K) and shared memory (228 KiB): 64x128
-    one warpgroup 4 stages two per SM (half the ragged rows), the same with 2 stages three per
-    SM (more epilogues under other programs' MMAs), 128x64 4 stages two per SM (more column
-    tiles per expert). None elsewhere."""
-    if family != ArchFamily.HOPPER:
-        return ()
-    return (
-        GemmConfig(64, 128, 128, 8, 4, 4, programs_per_cu=2),
-        GemmConfig(64, 128, 128, 8, 4, 2, programs_per_cu=3),
-        GemmConfig(128, 64, 128, 8, 4, 4, programs_per_cu=2),
-    )
-
-
-SMALL_ROWS_PER_EXPERT = 1024  # M / G at or below which fp8_small_configs are timed
-
-
-@functools.cache
-def fp8_small_enabled() -> bool:
-    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_SMALL``: ``1`` adds ``fp8_small_configs`` to the tuner's
-    candidates for small experts; ``0`` (default) the base candidates only."""
-    from primus_turbo.pytorch.core.checks import env_flag
-
-    return env_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_SMALL", False)
-
-
 def _tma_store_cfg(cfg: GemmConfig, family: ArchFamily) -> bool:
     """Tiles of plan ``f8tmas``: the 8-warp 3-stage ones (the 32 KiB store staging on top of a
     4-stage ring exceeds sm_90's shared memory); the first CPU tile."""
@@ -118,14 +87,12 @@ def fp8_config_filter() -> tuple[str, ...]:
     return tuple(x.strip() for x in raw.split(",") if x.strip())
 
 
-def fp8_tma_plans(family: ArchFamily, small: bool = False) -> list[tuple[str, GemmConfig]]:
-    """The tuner's candidates: ``f8tma`` and ``f8tmas`` plans (with ``small``, also ``f8tma``
-    on ``fp8_small_configs``), restricted to the names in
-    ``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG`` when set."""
+def fp8_tma_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
+    """The tuner's candidates: ``f8tma`` and ``f8tmas`` plans, restricted to the names in
+    ``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG`` when set. (Small-expert tiles 64x128 / 128x64,
+    timed in H200 call 7.2 on Qwen3-30B-A3B, never won the tuner: removed.)"""
     cands = [("f8tma", cfg) for cfg in fp8_tma_configs(family)]
     cands += [("f8tmas", cfg) for cfg in fp8_tma_configs(family) if _tma_store_cfg(cfg, family)]
-    if small:
-        cands += [("f8tma", cfg) for cfg in fp8_small_configs(family)]
     names = fp8_config_filter()
     if not names:
         return cands
@@ -233,8 +200,7 @@ def grouped_gemm_fp8_tma(
     if config is not None:
         launch((variant, config))
         return c
-    small = fp8_small_enabled() and m <= SMALL_ROWS_PER_EXPERT * g
-    plans = fp8_tma_plans(family, small)
+    plans = fp8_tma_plans(family)
     if c.element_size() != 2 or (n * 2) % 16:  # TMA store: 2-byte out (smem), 16-byte rows
         plans = [p for p in plans if p[0] != "f8tmas"] or [("f8tma", plans[0][1])]
     default = plans[0]
@@ -258,7 +224,7 @@ def aot_specs(target: str) -> list:
         return []
     specs = []
     base = fp8_tma_configs(ArchFamily.HOPPER)
-    for cfg in base + fp8_small_configs(ArchFamily.HOPPER):
+    for cfg in base:
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
         sig = {"a_desc": f"tensordesc<fp8e4nv[{bm},{bk}]>",
                "b_desc": f"tensordesc<fp8e4nv[{bn},{bk}]>", "c_ptr": "*bf16", "offs_ptr": "*i64",

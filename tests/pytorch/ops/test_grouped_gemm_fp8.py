@@ -240,27 +240,7 @@ def _hopper_plans():
     from primus_turbo.pytorch.core.platform import ArchFamily
     from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
 
-    return mod.fp8_tma_plans(ArchFamily.HOPPER, small=True)
-
-
-def test_grouped_gemm_fp8_small_candidates(monkeypatch):
-    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_SMALL=1`` adds the small-expert tiles (sm_90 only) to the
-    candidates; off by default."""
-    from primus_turbo.pytorch.core.platform import ArchFamily
-    from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
-
-    base = mod.fp8_tma_plans(ArchFamily.HOPPER)
-    small = mod.fp8_tma_plans(ArchFamily.HOPPER, small=True)
-    assert small[: len(base)] == base and len(small) == len(base) + 3
-    assert mod.fp8_tma_plans(ArchFamily.CPU, small=True) == mod.fp8_tma_plans(ArchFamily.CPU)
-    try:
-        mod.fp8_small_enabled.cache_clear()
-        assert not mod.fp8_small_enabled()
-        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_SMALL", "1")
-        mod.fp8_small_enabled.cache_clear()
-        assert mod.fp8_small_enabled()
-    finally:
-        mod.fp8_small_enabled.cache_clear()
+    return mod.fp8_tma_plans(ArchFamily.HOPPER)
 
 
 @pytest.mark.gpu
