@@ -14,7 +14,8 @@ Layout: ``qdata`` has the logical shape of the source; its storage is the source
 ``quantized_axis`` is innermost (contiguous along the scaled axis, what an NT GEMM reads), i.e.
 ``qdata`` may be a transposed view. ``scale_inv`` (fp32, dequantisation ``x ~ q * scale_inv``)
 is 0-d for TENSORWISE and has the source's shape with size 1 at ``quantized_axis`` for ROWWISE
-(keepdim). TENSORWISE records ``quantized_axis`` too (only a layout hint). BLOCKWISE / MX are
+(keepdim). TENSORWISE records ``quantized_axis`` too (only a layout hint). ``grad_only``: the
+source is a gradient sink only (its values are not read; see the field). BLOCKWISE / MX are
 not built here yet (NotImplementedError).
 """
 
@@ -43,6 +44,10 @@ class QuantizedTensor:
     granularity: ScalingGranularity
     quantized_axis: int
     source: torch.Tensor | None = None
+    # True: ``source`` only receives the gradient (a placeholder, e.g. a zero-stride tensor
+    # from an op that produced the fp8 data directly: fused activation + quantization, fp8
+    # permute); its values are never read, a backward GEMM uses the dequantized fp8 data
+    grad_only: bool = False
 
     @property
     def real_dtype(self) -> torch.dtype:
@@ -110,7 +115,8 @@ class QuantizedTensor:
         return (
             f"QuantizedTensor(shape={tuple(self.shape)}, real_dtype={self.real_dtype}, "
             f"dtype={self.dtype}, granularity={self.granularity.name}, "
-            f"quantized_axis={self.quantized_axis}, source={self.source is not None})"
+            f"quantized_axis={self.quantized_axis}, source={self.source is not None}"
+            + (", grad_only=True)" if self.grad_only else ")")
         )
 
 

@@ -111,6 +111,50 @@ class GroupedLinear(nn.Module):
         self._fp8_cached = (sig, gen, pair)
         return pair
 
+
+def _copy_pair(dst, src) -> bool:
+    """Copy ``src``'s fp8 data and scales into ``dst``'s buffers (same layout); False when the
+    two pairs differ in shape, dtype or in having ``data_t``."""
+    pairs = [(dst.data, src.data)]
+    if (dst.data_t is None) != (src.data_t is None):
+        return False
+    if dst.data_t is not None:
+        pairs.append((dst.data_t, src.data_t))
+    for d, s in pairs:
+        for a, b in ((d.qdata, s.qdata), (d.scale_inv, s.scale_inv)):
+            if a.shape != b.shape or a.dtype != b.dtype or a.stride() != b.stride():
+                return False
+    for d, s in pairs:
+        d.qdata.copy_(s.qdata)
+        d.scale_inv.copy_(s.scale_inv)
+    return True
+
+
+def cached_fp8_weight(cache: dict, name: str, w: torch.Tensor, config, force: bool = False):
+    """``cache[name]``'s ``QuantizedTensorPair`` of the expert weight ``w`` (forward, and the
+    dgrad's copy when gradients are enabled), re-quantized when stale (optimizer step,
+    in-place change: as ``GroupedLinear.fp8_weight``) or ``force``; a refresh writes into the
+    previous buffers, so a CUDA graph that captured them reads the new values. Under graph
+    capture a fresh entry is returned as is (a graph input), a stale or missing one gives
+    ``w`` (quantized inside the graph); under torch.compile ``w``."""
+    if torch.compiler.is_compiling():
+        return w
+    capturing = w.is_cuda and torch.cuda.is_current_stream_capturing()
+    dgrad = torch.is_grad_enabled() and _mode("DGRAD", "fp8") == "fp8"
+    gen, sig = weight_generation(), weight_signature(w)
+    hit = cache.get(name)
+    fresh = hit is not None and hit[:2] == (sig, gen) and (hit[2].data_t is not None or not dgrad)
+    if fresh and not force:
+        return hit[2]
+    if capturing:
+        return w
+    pair = quantize_grouped_weight(w, config, True, with_dgrad=dgrad or (
+        hit is not None and hit[2].data_t is not None))  # fmt: skip
+    if hit is not None and _copy_pair(hit[2], pair):
+        pair = hit[2]
+    cache[name] = (sig, gen, pair)
+    return pair
+
     def extra_repr(self) -> str:
         return (
             f"group_num={self.group_num}, in_features={self.in_features}, "

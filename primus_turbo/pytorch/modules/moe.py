@@ -7,25 +7,49 @@ a plain sum and the probs gradient a by-product of the activation backward. Perm
 unpadded, so the grouped GEMMs see exactly ``T * topk`` rows and no host synchronisation happens
 anywhere in the forward or backward (with the TRITON/HIPBLASLT grouped GEMM backends).
 With ``fp8_config`` the two expert GEMMs run in FP8 (``grouped_gemm_fp8``).
+
+FP8 activations (``fp8_act``): ``"op"`` each grouped GEMM quantizes its input (``T * topk``
+rows of the permuted tokens, and the SwiGLU output); ``"fused"`` (ROWWISE) quantization moves
+upstream, as production FP8 MoE stacks do: the tokens are quantized before the permutation
+(``T`` rows) and permuted as fp8 rows with their scales (``moe_quantize_permute_fp8``), and the
+activation writes fp8 + row scales in one kernel (``swiglu_with_probs_fp8``); bitwise the same
+forward as ``"op"``. Their backward runs on the saved bf16 tensors; the expert weight gradients
+use the dequantized fp8 activations (the values the forward multiplied). ``fp8_weight_cache``:
+the expert weights' fp8 copies (``quantize_grouped_weight``, forward and dgrad) are kept until
+the next optimizer step or an in-place change (as ``GroupedLinear(fp8_weight_cache=True)``).
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 
 from primus_turbo.pytorch.core.checks import check, check_tensor
-from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
-from primus_turbo.pytorch.ops.activation import geglu_with_probs, swiglu_with_probs
+from primus_turbo.pytorch.core.low_precision import (
+    Float8QuantConfig,
+    ScalingGranularity,
+    fp8_dtype_for_format,
+)
+from primus_turbo.pytorch.modules.grouped_linear import cached_fp8_weight
+from primus_turbo.pytorch.ops.activation import (
+    geglu_with_probs,
+    geglu_with_probs_fp8,
+    swiglu_with_probs,
+    swiglu_with_probs_fp8,
+)
 from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm
 from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_gemm_fp8
 from primus_turbo.pytorch.ops.moe import moe_permute, moe_router_topk, moe_unpermute
+from primus_turbo.pytorch.ops.moe_fp8 import moe_quantize_permute_fp8
 
 __all__ = ["MoELayer"]
 
 _ACTS = {"swiglu": swiglu_with_probs, "geglu": geglu_with_probs}
+_ACTS_FP8 = {"swiglu": swiglu_with_probs_fp8, "geglu": geglu_with_probs_fp8}
+_FP8_ACT_ENV = "PRIMUS_TURBO_MOE_FP8_ACT"
 
 
 class MoELayer(torch.nn.Module):
@@ -40,7 +64,14 @@ class MoELayer(torch.nn.Module):
             ``ops.moe_router_topk``).
         activation: ``"swiglu"`` or ``"geglu"``.
         fp8_config: when given, both expert GEMMs run as ``grouped_gemm_fp8`` with this recipe
-            (TENSORWISE or ROWWISE; activations and weights quantized on the fly, bf16 output).
+            (TENSORWISE or ROWWISE, bf16 output).
+        fp8_act: where the fp8 activations are quantized (see the module doc): ``"op"`` (in
+            each GEMM) or ``"fused"`` (ROWWISE only: before the permutation and inside the
+            activation kernel); None: ``PRIMUS_TURBO_MOE_FP8_ACT`` (default ``op``; ``fused``
+            applies to ROWWISE recipes only).
+        fp8_weight_cache: keep the expert weights' fp8 copies from one optimizer step to the
+            next (see the module doc; under CUDA-graph capture a fresh cached copy is used as
+            a graph input: call ``refresh_fp8_weights()`` outside the graph after each step).
     Parameters: ``router_weight [E, D]``, ``w1 [E, 2F, D]`` (gate rows then up rows),
     ``w2 [E, D, F]``; the ``[out, in]`` layout of ``GroupedLinear`` (``trans_b=True``).
 
@@ -62,6 +93,8 @@ class MoELayer(torch.nn.Module):
         fp8_config: Float8QuantConfig | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        fp8_act: str | None = None,
+        fp8_weight_cache: bool = False,
     ) -> None:
         super().__init__()
         op = "MoELayer"
@@ -75,6 +108,18 @@ class MoELayer(torch.nn.Module):
         check(fp8_config is None or isinstance(fp8_config, Float8QuantConfig), op, "fp8_config",
               "None or a Float8QuantConfig", type(fp8_config).__name__, TypeError)  # fmt: skip
         self.fp8_config = fp8_config
+        row = fp8_config is not None and fp8_config.granularity == ScalingGranularity.ROWWISE
+        if fp8_act is None:
+            env = os.environ.get(_FP8_ACT_ENV, "op").strip().lower() or "op"
+            check(env in ("op", "fused"), op, _FP8_ACT_ENV, "'op' or 'fused'", repr(env))
+            fp8_act = env if row else "op"
+        check(fp8_act in ("op", "fused"), op, "fp8_act", "'op' or 'fused'", repr(fp8_act))
+        check(fp8_act == "op" or row, op, "fp8_act",
+              "'op' unless fp8_config is ROWWISE", repr(fp8_act))  # fmt: skip
+        check(not fp8_weight_cache or fp8_config is not None, op, "fp8_weight_cache",
+              "False without fp8_config", fp8_weight_cache)  # fmt: skip
+        self.fp8_act, self.fp8_weight_cache = fp8_act, fp8_weight_cache
+        self._fp8_cached: dict[str, tuple] = {}
         kw = {"device": device, "dtype": dtype}
         e, d, f = num_experts, hidden_size, ffn_hidden_size
         self.router_weight = torch.nn.Parameter(torch.empty(e, d, **kw))
@@ -101,20 +146,44 @@ class MoELayer(torch.nn.Module):
             self.scaling_factor,
         )  # fmt: skip
         self.last_aux_scores = aux
-        permuted, row_map, tokens_per_expert, *_, permuted_probs = moe_permute(
-            x2, idx, num_local_experts=self.num_experts, probs=probs
-        )
-        h = self._expert_gemm(permuted, self.w1, tokens_per_expert)
-        a = _ACTS[self.activation](h, permuted_probs)
-        y = self._expert_gemm(a, self.w2, tokens_per_expert)
+        if self.fp8_config is not None and self.fp8_act == "fused":
+            y, row_map = self._fp8_fused_experts(x2, idx, probs)
+        else:
+            permuted, row_map, tokens_per_expert, *_, permuted_probs = moe_permute(
+                x2, idx, num_local_experts=self.num_experts, probs=probs
+            )
+            h = self._expert_gemm(permuted, "w1", tokens_per_expert, x2.dtype)
+            a = _ACTS[self.activation](h, permuted_probs)
+            y = self._expert_gemm(a, "w2", tokens_per_expert, x2.dtype)
         out, _ = moe_unpermute(y, row_map)
         return out.reshape(shape)
 
-    def _expert_gemm(self, a: torch.Tensor, w: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    def _fp8_fused_experts(self, x2, idx, probs):
+        """Experts with upstream fp8 activations: quantize (T rows) + fp8 permute, gate|up
+        GEMM, activation fused with its quantization, down GEMM. Returns ``(y [N, D], row_map)``."""
+        dtype = fp8_dtype_for_format(self.fp8_config.format, x2.device)
+        a1, row_map, lens, permuted_probs = moe_quantize_permute_fp8(
+            x2, idx, num_local_experts=self.num_experts, dtype=dtype, probs=probs
+        )
+        h = self._expert_gemm(a1, "w1", lens, x2.dtype)
+        a2 = _ACTS_FP8[self.activation](h, permuted_probs, dtype)
+        return self._expert_gemm(a2, "w2", lens, x2.dtype), row_map
+
+    def _expert_gemm(self, a, name: str, lens: torch.Tensor, out_dtype) -> torch.Tensor:
+        w = getattr(self, name)
         if self.fp8_config is None:
             return grouped_gemm(a, w, lens, trans_b=True)
-        return grouped_gemm_fp8(a, w, lens, trans_b=True, out_dtype=a.dtype,
+        if self.fp8_weight_cache:
+            w = cached_fp8_weight(self._fp8_cached, name, w, self.fp8_config)
+        return grouped_gemm_fp8(a, w, lens, trans_b=True, out_dtype=out_dtype,
                                 config=self.fp8_config)  # fmt: skip
+
+    def refresh_fp8_weights(self) -> None:
+        """Re-quantize the cached fp8 expert weights now, in place (same buffers), e.g. after
+        an optimizer step and before replaying a CUDA graph that captured them."""
+        for name in list(self._fp8_cached):
+            cached_fp8_weight(self._fp8_cached, name, getattr(self, name), self.fp8_config,
+                              force=True)  # fmt: skip
 
     def extra_repr(self) -> str:
         return (
@@ -122,4 +191,6 @@ class MoELayer(torch.nn.Module):
             f"num_experts={self.num_experts}, topk={self.topk}, "
             f"score_function={self.score_function!r}, activation={self.activation!r}, "
             f"fp8={self.fp8_config is not None}"
-        )
+            + (f", fp8_act={self.fp8_act!r}, fp8_weight_cache={self.fp8_weight_cache}"
+               if self.fp8_config is not None else "")
+        )  # fmt: skip

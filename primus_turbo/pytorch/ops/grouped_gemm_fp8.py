@@ -239,15 +239,15 @@ class GroupedGemmFp8Function(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a, qa, sa, b, qb, sb, qbt, sbt, group_lens, group_offs, trans_b, out_dtype,
-                config, backend_value, a_dtype):  # fmt: skip
+                config, backend_value, a_dtype, a_grad_only=False):  # fmt: skip
         gran = config.granularity
         fwd_dtype = fp8_dtype_for_format(config.format, group_lens.device)
         impl = GroupedGemmFp8Dispatcher.backend_class(BackendType(backend_value))
         pre_a, pre_b = qa is not None, qb is not None
-        ctx.save_for_backward(a, b, group_lens, group_offs, qbt, sbt,
-                              qb if pre_b else None, sb if pre_b else None,
-                              qa if pre_a and a is None else None,
-                              sa if pre_a and a is None else None)  # fmt: skip
+        deq_a = pre_a and (a is None or a_grad_only)  # the wgrad reads the dequantized fp8 a
+        ctx.save_for_backward(a if not a_grad_only else None, b, group_lens, group_offs, qbt,
+                              sbt, qb if pre_b else None, sb if pre_b else None,
+                              qa if deq_a else None, sa if deq_a else None)  # fmt: skip
         ctx.trans_b, ctx.config, ctx.backend_value = trans_b, config, backend_value
         ctx.a_dtype = a_dtype
         if not pre_a:
@@ -265,7 +265,7 @@ class GroupedGemmFp8Function(torch.autograd.Function):
         impl = GroupedGemmFp8Dispatcher.backend_class(BackendType(ctx.backend_value))
         g = grad_out.contiguous()
         grad_a = grad_b = None
-        if a is None and ctx.needs_input_grad[3]:  # pre-quantized a without a source
+        if a is None and ctx.needs_input_grad[3]:  # pre-quantized a: no source, or grad_only
             a = (qa.float() * sa.float().reshape(-1, 1)).to(ctx.a_dtype)
         if ctx.needs_input_grad[0]:
             # the weights in high precision when needed: the source, else the fp8 forward
@@ -295,7 +295,7 @@ class GroupedGemmFp8Function(torch.autograd.Function):
                 grad_b = impl.variable_k(qg, sg, qa, sa, group_offs, group_lens, b.dtype)
             else:  # [G, K, N] = a_g^T @ grad_g
                 grad_b = impl.variable_k(qa, sa, qg, sg, group_offs, group_lens, b.dtype)
-        return (grad_a, None, None, grad_b) + (None,) * 11
+        return (grad_a, None, None, grad_b) + (None,) * 12
 
 
 def _prequantized(b, trans_b: bool, config: Float8QuantConfig, device: torch.device):
@@ -376,7 +376,13 @@ def _prequantized_a(a, config: Float8QuantConfig):
     if src is not None:
         check(tuple(src.shape) == tuple(qt.shape), _OP, "a.source", f"shape {tuple(qt.shape)}",
               tuple(src.shape))  # fmt: skip
-    return src, qt.qdata.contiguous(), s.reshape(-1), qt.dtype
+    return (
+        src,
+        qt.qdata.contiguous(),
+        s.reshape(-1),
+        qt.dtype,
+        bool(qt.grad_only and src is not None),
+    )
 
 
 @torch._dynamo.disable
@@ -395,7 +401,9 @@ def grouped_gemm_fp8(
         a: ``[M, K]`` fp16/bf16/fp32 (quantized here), rows packed by group; or pre-quantized
             (``QuantizedTensor.quantize(a, fp8 dtype, granularity, axis=1)``, e.g. quantized
             before an fp8 permute): the input gradient goes to its ``source`` (none without
-            one); the weight gradient then uses the source, or the dequantized fp8 values.
+            one); the weight gradient then uses the source, or the dequantized fp8 values
+            (without a source, or with ``grad_only``: a gradient sink such as the placeholder
+            of ``swiglu_with_probs_fp8`` / ``moe_quantize_permute_fp8``).
         b: ``[G, N, K]`` when ``trans_b`` (the default, as upstream), else ``[G, K, N]``; a
             tensor (quantized here), or pre-quantized (:func:`quantize_grouped_weight`): a
             ``QuantizedTensor`` scaled along K, or a ``QuantizedTensorPair`` whose ``data_t``
@@ -421,8 +429,9 @@ def grouped_gemm_fp8(
             NotImplementedError,
         )
     qa = sa = None
+    a_grad_only = False
     if isinstance(a, (QuantizedTensor, QuantizedTensorPair)):
-        a, qa, sa, a_dtype = _prequantized_a(a, config)
+        a, qa, sa, a_dtype, a_grad_only = _prequantized_a(a, config)
         (m, k), a_dev = qa.shape, qa.device
     else:
         check_tensor(_OP, "a", a, ndim=2, dtypes=_FLOAT)
@@ -451,10 +460,10 @@ def grouped_gemm_fp8(
     out_dtype = out_dtype or a_dtype
     check_dtype_arg(_OP, "out_dtype", out_dtype, _OUT)
     _check_group_values(group_lens, m, _OP)
-    ra = a if a is not None else qa
+    ra = a if a is not None and not a_grad_only else qa
     rb = b if b is not None else qb
     backend = GroupedGemmFp8Dispatcher.resolve(a=ra, b=rb, out_dtype=out_dtype)
     return GroupedGemmFp8Function.apply(
         a, qa, sa, b, qb, sb, qbt, sbt, group_lens, group_offs, trans_b, out_dtype, config,
-        backend.value, a_dtype,
+        backend.value, a_dtype, a_grad_only,
     )  # fmt: skip

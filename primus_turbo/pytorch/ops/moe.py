@@ -219,6 +219,7 @@ def moe_permute(
     probs_layout: str = "topk",
     scales_per_token: int = 0,
     use_fp8: bool = False,
+    _bytes: bool = False,  # internal: uint8 rows (the fp8 path's view), no dtype check
 ):
     """Sort token copies by expert (expert-major, stable).
 
@@ -235,22 +236,33 @@ def moe_permute(
             padding: ``T*K`` (no sync; rows of dropped copies stay zero at the end); with
             padding: the exact padded count (one host sync).
         probs: routing weights, ``[T, K]`` ("topk" layout) or ``[T, E]`` ("routing_map").
+        use_fp8: ``tokens`` are fp8 (e.g. quantized rowwise before the permutation: T rows
+            instead of T*K) and ``scaling_factor`` (fp32 ``[T]`` or ``[T, scales_per_token]``,
+            ``scales_per_token`` >= 1) travels with them: ``permuted_scaling_factor [N]`` (or
+            ``[N, S]``), 0 on padding rows. Rows are moved as bytes by the same kernels, so the
+            result is bitwise what quantizing the permuted high-precision rows gives (rowwise
+            scales along H do not depend on the row order). No gradient for the fp8 tokens
+            (see ``moe_fp8.moe_quantize_permute_fp8`` for one to their source); ``probs``
+            keep theirs.
     Returns:
         ``(permuted [N, H], row_id_map [T, K] int64, tokens_per_expert [E] int64 (padded),
-        overflow_flag 0-d bool, num_dispatched_tokens 0-d int64, None, permuted_probs [N] | None)``.
+        overflow_flag 0-d bool, num_dispatched_tokens 0-d int64, permuted_scaling_factor (fp8)
+        | None, permuted_probs [N] | None)``.
     """
     op = "moe_permute"
-    check_tensor(op, "tokens", tokens, ndim=2, dtypes=FLOAT_DTYPES)
     check_tensor(op, "expert_map", expert_map, ndim=2, dtypes=INDEX_DTYPES + (torch.bool,))
+    if use_fp8:
+        from primus_turbo.pytorch.ops.moe_fp8 import permute_fp8
+
+        return permute_fp8(
+            op, tokens, expert_map, scaling_factor, scales_per_token, num_local_experts,
+            num_topk, pad_multiple, num_permuted_tokens, probs, probs_layout,
+        )  # fmt: skip
+    check_tensor(op, "tokens", tokens, ndim=2, dtypes=(torch.uint8,) if _bytes else FLOAT_DTYPES)
     check_same_device(op, tokens=tokens, expert_map=expert_map)
-    if use_fp8 or scaling_factor is not None or scales_per_token:
-        fail(
-            op,
-            "use_fp8",
-            "False (FP8 permute is not implemented yet)",
-            use_fp8,
-            NotImplementedError,
-        )
+    if scaling_factor is not None or scales_per_token:
+        got = "a tensor" if scaling_factor is not None else f"scales_per_token={scales_per_token}"
+        fail(op, "scaling_factor", "None with use_fp8=False (scales travel with fp8 tokens)", got)
     check(num_local_experts >= 1, op, "num_local_experts", ">= 1", num_local_experts)
     check(
         expert_map.shape[0] == tokens.shape[0],

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton.aot import AotSpec, triton_dtype_name
+from primus_turbo.triton.quantization.quant_kernel import _cast, _finite_abs, _scale_of
 
 ACT_SILU = 0
 ACT_GELU = 1
@@ -74,6 +75,47 @@ def glu_fwd_kernel(
         u = tl.load(x_row + H + cols, mask=m, other=0.0).to(tl.float32)
         y = _act_fwd(g, ACT) * u * p
         tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def glu_fwd_quant_kernel(
+    x_ptr,
+    probs_ptr,
+    q_ptr,
+    s_ptr,
+    T,
+    H,
+    stride_x,
+    stride_q,
+    ACT: tl.constexpr,
+    HAS_PROBS: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    FMAX: tl.constexpr,
+    FMT: tl.constexpr,
+):
+    """The gated activation fused with its rowwise fp8 quantization: ``ROWS`` whole rows per
+    program (``BLOCK_H >= H``), each computed in fp32, rounded to x's dtype (what the unfused
+    ``glu_fwd_kernel`` stores), then amax / scale / cast exactly as the rowwise quantization
+    kernel (``quant_kernel._scale_of`` / ``_cast``), so ``q``, ``s`` are bitwise those of
+    quantizing the unfused output."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_H)
+    in_rows = rows < T
+    m = in_rows[:, None] & (cols < H)[None, :]
+    ptr = x_ptr + rows[:, None] * stride_x + cols[None, :]
+    g = tl.load(ptr, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(ptr + H, mask=m, other=0.0).to(tl.float32)
+    y = _act_fwd(g, ACT) * u
+    if HAS_PROBS:
+        p = tl.load(probs_ptr + rows, mask=in_rows, other=0.0).to(tl.float32)
+        y = y * p[:, None]
+    y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
+    amax = tl.max(_finite_abs(y), axis=1)
+    scale, sinv = _scale_of(amax, FMAX, False, 0)
+    q = _cast(y, scale[:, None], FMAX, q_ptr.dtype.element_ty, FMT)
+    tl.store(q_ptr + rows[:, None] * stride_q + cols[None, :], q, mask=m)
+    tl.store(s_ptr + rows, sinv, mask=in_rows)
 
 
 @triton.jit
@@ -175,6 +217,35 @@ def glu_bwd_triton(
     return dx, dprobs
 
 
+QUANT_MAX_H = 8192  # rows up to this long are quantized in registers by glu_fwd_quant_kernel
+
+
+def glu_fwd_quant_triton(
+    x: torch.Tensor, probs: torch.Tensor | None, act: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x: [T, 2H]`` (unit stride in the last dim, ``H <= QUANT_MAX_H``) -> ``(q [T, H] of the
+    fp8 ``dtype``, scale_inv [T] fp32)``: the activation quantized rowwise in one pass."""
+    from primus_turbo.triton.quantization.quant_launch import _fmax, _interp_fmt, _u8
+
+    t, h2 = x.shape
+    h = h2 // 2
+    q = torch.empty((t, h), dtype=dtype, device=x.device)
+    s = torch.empty((t,), dtype=torch.float32, device=x.device)
+    if t == 0:
+        return q, s
+    if h == 0:
+        return q, s.fill_(1e-12 / _fmax(dtype))  # an empty row: amax 1e-12, as quantize_fp8
+    block = max(triton.next_power_of_2(h), 16)
+    rows = max(1, min(16, 8192 // block))
+    warps = 16 if rows * block >= 8192 else (8 if rows * block >= 2048 else 4)
+    glu_fwd_quant_kernel[(triton.cdiv(t, rows),)](
+        x, probs if probs is not None else x, _u8(q), s, t, h, x.stride(0), h,
+        ACT=act, HAS_PROBS=probs is not None, ROWS=rows, BLOCK_H=block, FMAX=_fmax(dtype),
+        FMT=_interp_fmt(dtype), num_warps=warps,
+    )  # fmt: skip
+    return q, s
+
+
 def aot_specs(target: str) -> list[AotSpec]:
     """bf16 SwiGLU/GeGLU with probs and mask, fwd and bwd, at the large-H block size."""
     dt = triton_dtype_name(torch.bfloat16)
@@ -208,4 +279,18 @@ def aot_specs(target: str) -> list[AotSpec]:
                 options={"num_warps": 16},
             )
         )  # fmt: skip
+    specs.append(
+        AotSpec(
+            name="glu_fwd_quant_silu_bf16_e4m3",
+            fn=glu_fwd_quant_kernel,
+            signature={
+                "x_ptr": f"*{dt}", "probs_ptr": "*fp32",
+                "q_ptr": "*fp8e4b8" if target == "gfx942" else "*fp8e4nv", "s_ptr": "*fp32",
+                "T": "i32", "H": "i32", "stride_x": "i64", "stride_q": "i64",
+            },
+            constexprs={"ACT": ACT_SILU, "HAS_PROBS": True, "ROWS": 4, "BLOCK_H": 2048,
+                        "FMAX": 240.0 if target == "gfx942" else 448.0, "FMT": (0, 0, 0, 0)},
+            options={"num_warps": 16},
+        )
+    )  # fmt: skip
     return specs
