@@ -373,8 +373,8 @@ def quant_blockwise(x: torch.Tensor, dtype: torch.dtype, block: int, axis, dual:
 
 
 def _b128(x, q, s, qt, st, dtype) -> bool:
-    """The 1x128 dual through quant_b128 (q^T in 32-bit words) when ``PRIMUS_TURBO_QUANT_B128``
-    names a variant and ``M % 4 == 0``. False: not taken (v3)."""
+    """The 1x128 dual through quant_b128 (the tensorwise dual cast's plan: bf16 transpose,
+    persistent programs) when ``PRIMUS_TURBO_QUANT_B128`` names a variant. False: v3."""
     from primus_turbo.triton.quantization import quant_b128 as b128
 
     interp = triton_interpret()

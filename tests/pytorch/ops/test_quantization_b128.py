@@ -1,7 +1,8 @@
-"""PRIMUS_TURBO_QUANT_B128 (quant_b128.py, the 1x128 dual recipe with q^T packed in 32-bit
-words and integer amax keys): the same bits and scales as the v3 tile kernel, even and masked
-(odd) shapes, inf/-inf/NaN, all-NaN / all-inf / all-zero rows and columns, subnormals, e5m2,
-M % 4 != 0 (v3 keeps it), zero-size inputs, env validation."""
+"""PRIMUS_TURBO_QUANT_B128 (quant_b128.py, the 1x128 dual recipe on the tensorwise dual cast's
+plan: bf16 tile transposed, column scales read back from their slots, integer amax keys,
+persistent programs): the same bits and scales as the v3 tile kernel, even and masked (odd)
+shapes, inf/-inf/NaN, all-NaN / all-inf / all-zero rows and columns, subnormals, e5m2, odd M,
+zero-size inputs, env validation."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ if HAS_GPU:
     VARIANTS_RUN = VARIANTS
 else:
     SHAPES = [(256, 384), (200, 136)]
-    VARIANTS_RUN = ["w8", "w8g", "h8g", "h16gp2"]  # the interpreter ignores warps / caps
+    VARIANTS_RUN = ["x8", "p16"]  # the interpreter ignores warps / caps / eviction
 
 
 @pytest.mark.parametrize("variant", VARIANTS_RUN)
@@ -76,20 +77,19 @@ def test_b128_matches_v3_bitwise(monkeypatch, variant, shape):
 
 
 def test_b128_e5m2_masked(monkeypatch):
-    """e5m2 on a shape with masked tiles in both directions (4-row words and 2-row halves)."""
-    for variant in ("w8g", "h8g"):
+    """e5m2 on a shape with masked tiles in both directions, one tile per program and
+    persistent (more tiles than programs on the GPU: 2 programs per SM)."""
+    for variant in ("x8", "p16"):
         _check(monkeypatch, _extremes(72, 136), E5M2, variant)
 
 
-def test_b128_rows_not_multiple_of_4(monkeypatch):
-    """M % 4 != 0: q^T rows cannot be stored as words; the launcher keeps v3 (same bits);
-    M % 4 == 2 runs the 2-row variants."""
-    for variant in ("w8g", "h8g"):
-        _check(monkeypatch, bf16_specials(130, 100, True, DEV), E4M3, variant)
+def test_b128_odd_rows(monkeypatch):
+    """M odd and not a multiple of 128 (partial tiles along M; q^T rows of odd length)."""
+    _check(monkeypatch, bf16_specials(131, 100, True, DEV), E4M3, "p16")
 
 
 def test_b128_is_taken(monkeypatch):
-    """The variant really launches quant_b128_kernel (M % 4 == 0) and declines M % 4 != 0."""
+    """The variant really launches quant_b128_kernel."""
     taken = []
     real = b128.launch_b128
 
@@ -98,16 +98,15 @@ def test_b128_is_taken(monkeypatch):
         return taken[-1]
 
     monkeypatch.setattr(b128, "launch_b128", spy)
-    _quant(monkeypatch, bf16_specials(64, 136, False, DEV), E4M3, "w8")
-    _quant(monkeypatch, bf16_specials(66, 136, False, DEV), E4M3, "w8")
-    _quant(monkeypatch, bf16_specials(66, 136, False, DEV), E4M3, "h8g")
-    assert taken == [True, False, True]
+    _quant(monkeypatch, bf16_specials(64, 136, False, DEV), E4M3, "x8")
+    _quant(monkeypatch, bf16_specials(66, 136, False, DEV), E4M3, "p16")
+    assert taken == [True, True]
 
 
 def test_b128_zero_size(monkeypatch):
     for shape in ((0, 256), (128, 0)):
         x = torch.randn(shape, device=DEV).to(torch.bfloat16)
-        got = _quant(monkeypatch, x, E4M3, "w8g")
+        got = _quant(monkeypatch, x, E4M3, "p16")
         ref = _quant(monkeypatch, x, E4M3, None)
         for a, b in zip(ref, got, strict=True):
             assert a.shape == b.shape and a.stride() == b.stride()
