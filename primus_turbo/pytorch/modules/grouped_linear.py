@@ -111,6 +111,14 @@ class GroupedLinear(nn.Module):
         self._fp8_cached = (sig, gen, pair)
         return pair
 
+    def extra_repr(self) -> str:
+        return (
+            f"group_num={self.group_num}, in_features={self.in_features}, "
+            f"out_features={self.out_features}"
+            + (f", fp8={self.fp8_config}, fp8_weight_cache={self.fp8_weight_cache}"
+               if self.fp8_config is not None else "")
+        )  # fmt: skip
+
 
 def _copy_pair(dst, src) -> bool:
     """Copy ``src``'s fp8 data and scales into ``dst``'s buffers (same layout); False when the
@@ -154,11 +162,3 @@ def cached_fp8_weight(cache: dict, name: str, w: torch.Tensor, config, force: bo
         pair = hit[2]
     cache[name] = (sig, gen, pair)
     return pair
-
-    def extra_repr(self) -> str:
-        return (
-            f"group_num={self.group_num}, in_features={self.in_features}, "
-            f"out_features={self.out_features}"
-            + (f", fp8={self.fp8_config}, fp8_weight_cache={self.fp8_weight_cache}"
-               if self.fp8_config is not None else "")
-        )  # fmt: skip
