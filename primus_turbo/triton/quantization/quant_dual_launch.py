@@ -26,13 +26,15 @@ import torch
 from primus_turbo.pytorch.core.platform import triton_interpret
 from primus_turbo.triton.quantization.quant_common import slice_warps
 from primus_turbo.triton.quantization.quant_dual import SLICED_CONFIGS, quant_sliced_kernel
+from primus_turbo.triton.quantization.quant_mx_tw import (
+    MX_TW_PER_SM,
+    MX_TW_TILE,
+    MX_TW_WARPS,
+    mx_tw_kernel,
+)
 from primus_turbo.triton.quantization.quant_words import (
-    WORDS4_MAXNREG,
-    WORDS4_TILE,
-    WORDS_CJ_MAXNREG,
     WORDS_CONFIGS,
     WORDS_MAXNREG,
-    quant_words4_kernel,
     quant_words_kernel,
 )
 
@@ -119,107 +121,113 @@ def words_on(name: str, x: torch.Tensor) -> bool:
     )
 
 
-_INTERP_PF_PROGRAMS = 3  # interpreter grid of the persistent variant (loops over tiles)
+MXDUAL_MODES = ("words", "tw", "twp")
+_INTERP_PROGRAMS = 3  # interpreter grid of the persistent mx_tw walk
 
 
-def _words_tile(bm: int, bn: int) -> tuple[int, int]:
-    """``PRIMUS_TURBO_QUANT_WORDS_TILE=BMxBN`` or the default ``(bm, bn)``."""
-    raw = os.environ.get("PRIMUS_TURBO_QUANT_WORDS_TILE", "").strip().lower()
+def mxdual_mode() -> str:
+    """``PRIMUS_TURBO_QUANT_MXDUAL`` (session 7, opt-in A/B): ``words`` (unset: the word
+    kernel), ``tw`` (``mx_tw_kernel``, quant_mx_tw.py: the tensorwise dual cast pass's skeleton,
+    persistent, ``PRIMUS_TURBO_QUANT_MXDUAL_PER_SM`` programs per SM, default 4) or ``twp``
+    (the same kernel, one tile per program). ``PRIMUS_TURBO_QUANT_MXDUAL_TILE=BMxBN`` (BM and
+    BN 32, 64 or 128; default 128x128); the NVIDIA register cap is 65536 / (per SM x threads),
+    64 at the defaults, for both (``PRIMUS_TURBO_QUANT_MAXNREG_MX_TW`` overrides it)."""
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_MXDUAL", "").strip().lower() or "words"
+    if raw not in MXDUAL_MODES:
+        raise ValueError(
+            f"primus_turbo: PRIMUS_TURBO_QUANT_MXDUAL expected one of {MXDUAL_MODES}, got {raw!r}"
+        )
+    return raw
+
+
+def _mx_tw_tile() -> tuple[int, int]:
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_MXDUAL_TILE", "").strip().lower()
     if not raw:
-        return bm, bn
+        return MX_TW_TILE
     try:
         bm, bn = (int(v) for v in raw.split("x"))
     except ValueError:
         bm = bn = 0
-    if bm not in (32, 64, 128, 256) or bn not in (32, 64, 128, 256, 512) or bm * bn > 16384:
+    if bm not in (32, 64, 128) or bn not in (32, 64, 128):
         raise ValueError(
-            "primus_turbo: PRIMUS_TURBO_QUANT_WORDS_TILE expected BMxBN with BM 32, 64, 128 or "
-            f"256, BN 32, 64, 128, 256 or 512 and BM * BN <= 16384, got {raw!r}"
+            "primus_turbo: PRIMUS_TURBO_QUANT_MXDUAL_TILE expected BMxBN with BM and BN 32, 64 "
+            f"or 128, got {raw!r}"
         )
     return bm, bn
+
+
+def _launch_mx_tw(x, q, s, qt, st, dtype, s_strides, st_strides, persist):
+    """MX dual through ``mx_tw_kernel`` (``PRIMUS_TURBO_QUANT_MXDUAL=tw`` / ``twp``)."""
+    from primus_turbo.triton.quantization import quant_launch as ql
+
+    m, n = x.shape
+    interp = triton_interpret()
+    nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
+    bm, bn = _mx_tw_tile()
+    per_sm = ql._env_int("PRIMUS_TURBO_QUANT_MXDUAL_PER_SM", MX_TW_PER_SM)
+    warps = ql._knob("WARPS", "mx_tw", MX_TW_WARPS)
+    nreg = ql._knob("MAXNREG", "mx_tw", min(255, 65536 // (per_sm * warps * 32)) // 8 * 8)
+    extra = {"maxnreg": nreg} if nvidia else {}
+    grid_m, grid_n = ql._cdiv(m, bm), ql._cdiv(n, bn)
+    if persist:
+        cap = _INTERP_PROGRAMS if interp else per_sm * ql.num_compute_units(x.device)
+        grid = (min(grid_m * grid_n, cap),)
+    else:
+        persist = grid_m > 65535  # past the limit of a second grid axis: a 1-D walk
+        grid = (grid_m * grid_n,) if persist else (grid_n, grid_m)
+    even = ql._env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0
+    mx_tw_kernel[grid](
+        x, ql._u8(q), s, ql._u8(qt), st, m, n, x.stride(0), q.stride(0), qt.stride(0),
+        *s_strides, *st_strides, BM=bm, BN=bn, FMAX=ql._fmax(dtype), EMAX=ql._EMAX[dtype],
+        FMT=ql._interp_fmt(dtype), SAT=nvidia and ql._hw_satfinite(x.device.index), EVEN=even,
+        PERSIST=persist, num_warps=warps, **extra,
+    )  # fmt: skip
 
 
 def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     """Quantize ``x`` into ``q``/``s`` (and ``qt``/``st``) with ``WORDS_CONFIGS[name]``;
     ``PRIMUS_TURBO_QUANT_WARPS`` / ``_MAXNREG`` (or ``_MAXNREG_WORDS_<NAME>``), ``_EVEN`` and
-    ``PRIMUS_TURBO_QUANT_WORDS_TILE=BMxBN`` (A/B: BM 32..256, BN 32..512, at most 16384
+    ``PRIMUS_TURBO_QUANT_WORDS_TILE=BMxBN`` (A/B: BM 32, 64 or 128, BN 64..512, at most 16384
     elements; default 128x128 dual, 32x256 rows; warps follow) apply. Every offset is 64-bit
     (run 6.3, MX dual 64x256: 32-bit offsets 0.780 / 0.776 vs 0.785 / 0.779 of copy: the
     OFF32 knob was removed); tiles over 16384 elements (16 warps) are refused (128x256:
-    0.767 / 0.750). Session 7 A/B knobs (opt-in, unmeasured):
-    ``PRIMUS_TURBO_QUANT_WORDS_PF=P``: ``P`` persistent programs per SM, each loading its next
-    tile before quantizing the current one (``0``/unset: one tile per program; the register
-    cap follows ``P``: 65536 / (P x threads), unless ``_MAXNREG`` says otherwise);
-    ``PRIMUS_TURBO_QUANT_WORDS_CS=1``: evict-first loads and streaming (``.cs``) fp8 stores
-    (NVIDIA only); ``PRIMUS_TURBO_QUANT_WORDS_CJ=1``: the even and odd columns' scales in one
-    store (one shared-memory conversion instead of two, as the SLICES=4 kernel always does;
-    register cap ``WORDS_CJ_MAXNREG``);
-    ``PRIMUS_TURBO_QUANT_WORDS_SLICES=4`` (MX dual): ``quant_words4_kernel``
-    (4 row slices per thread: half the registers, 32-bit transposed stores; default tile
-    ``WORDS4_TILE``, cap ``WORDS4_MAXNREG``; PF does not apply; over 65535 tile rows the
-    8-slice kernel), ``8`` / unset: as before."""
+    0.767 / 0.750)."""
     from primus_turbo.triton.quantization import quant_launch as ql
 
     bm, bn, dual = WORDS_CONFIGS[name]
     m, n = x.shape
     if m == 0 or n == 0:
         return
+    mode = mxdual_mode() if dual else "words"
+    if mode != "words":
+        _launch_mx_tw(x, q, s, qt, st, dtype, s_strides, st_strides, mode == "tw")
+        return
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_WORDS_TILE", "").strip().lower()
+    if raw:
+        try:
+            bm, bn = (int(v) for v in raw.split("x"))
+        except ValueError:
+            bm = bn = 0
+        if bm not in (32, 64, 128) or bn not in (64, 128, 256, 512) or bm * bn > 16384:
+            raise ValueError(
+                "primus_turbo: PRIMUS_TURBO_QUANT_WORDS_TILE expected BMxBN with BM 32, 64 or "
+                f"128, BN 64, 128, 256 or 512 and BM * BN <= 16384, got {raw!r}"
+            )
     interp = triton_interpret()
     gpu = not interp and x.device.type == "cuda"
     nvidia = gpu and torch.version.hip is None
     lanes = 64 if gpu and torch.version.hip is not None else 32
-    slices = os.environ.get("PRIMUS_TURBO_QUANT_WORDS_SLICES", "").strip()
-    if slices not in ("", "4", "8"):
-        raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_QUANT_WORDS_SLICES expected 4 or 8, got {slices!r}"
-        )
-    if slices == "4" and dual and ql._cdiv(m, _words_tile(*WORDS4_TILE)[0]) <= 65535:
-        _launch_words4(x, q, s, qt, st, name, dtype, s_strides, st_strides, nvidia, lanes)
-        return
-    bm, bn = _words_tile(bm, bn)
     warps = ql._knob("WARPS", f"words_{name}", slice_warps(bm, bn, lanes))
-    raw_pf = os.environ.get("PRIMUS_TURBO_QUANT_WORDS_PF", "").strip()
-    per_sm = 0 if raw_pf in ("", "0") else ql._env_int("PRIMUS_TURBO_QUANT_WORDS_PF", 1)
-    cj = _flag("PRIMUS_TURBO_QUANT_WORDS_CJ")
-    nreg = max(WORDS_MAXNREG[name], WORDS_CJ_MAXNREG) if cj else WORDS_MAXNREG[name]
-    if per_sm:  # all P programs resident: the register file split between them
-        nreg = min(255, 65536 // (per_sm * warps * 32)) // 8 * 8
-    nreg = ql._knob("MAXNREG", f"words_{name}", nreg)
+    nreg = ql._knob("MAXNREG", f"words_{name}", WORDS_MAXNREG[name])
     extra = {"maxnreg": nreg} if nvidia else {}
-    cs = _flag("PRIMUS_TURBO_QUANT_WORDS_CS") and nvidia
     even = ql._env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0
     ql._env_flag("PRIMUS_TURBO_QUANT_FAST", True)  # validated only: the key amax needs no filter
     grid_m, grid_n = ql._cdiv(m, bm), ql._cdiv(n, bn)
-    if per_sm:
-        cap = _INTERP_PF_PROGRAMS if interp else per_sm * ql.num_compute_units(x.device)
-        grid, grid2d = (min(grid_m * grid_n, cap),), False
-    else:
-        grid2d = grid_m <= 65535
-        grid = (grid_n, grid_m) if grid2d else (grid_m * grid_n,)
-    quant_words_kernel[grid](
+    grid2d = grid_m <= 65535
+    quant_words_kernel[(grid_n, grid_m) if grid2d else (grid_m * grid_n,)](
         x, ql._u8(q), s, ql._u8(qt if dual else q), st if dual else s,
         m, n, x.stride(0) // 2, q.stride(0), qt.stride(0) if dual else 0, *s_strides,
         *st_strides, BM=bm, BN=bn, DUAL=dual, FMAX=ql._fmax(dtype), EMAX=ql._EMAX[dtype],
         FMT=ql._interp_fmt(dtype), SAT=nvidia and ql._hw_satfinite(x.device.index), EVEN=even,
-        GRID2D=grid2d, PF=per_sm > 0, CS=cs, CJ=cj,
-        num_warps=warps, **extra,
-    )  # fmt: skip
-
-
-def _launch_words4(x, q, s, qt, st, name, dtype, s_strides, st_strides, nvidia, lanes):
-    """MX dual through ``quant_words4_kernel`` (``PRIMUS_TURBO_QUANT_WORDS_SLICES=4``)."""
-    from primus_turbo.triton.quantization import quant_launch as ql
-
-    m, n = x.shape
-    bm, bn = _words_tile(*WORDS4_TILE)
-    warps = ql._knob("WARPS", f"words_{name}", max(1, bm * bn // (32 * lanes)))
-    nreg = ql._knob("MAXNREG", f"words_{name}", WORDS4_MAXNREG)
-    extra = {"maxnreg": nreg} if nvidia else {}
-    even = ql._env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0
-    grid_m, grid_n = ql._cdiv(m, bm), ql._cdiv(n, bn)  # grid_m <= 65535: see launch_words
-    quant_words4_kernel[(grid_n, grid_m)](
-        x, ql._u8(q), s, ql._u8(qt), st, m, n, x.stride(0) // 2, q.stride(0), qt.stride(0),
-        *s_strides, *st_strides, BM=bm, BN=bn, FMAX=ql._fmax(dtype), EMAX=ql._EMAX[dtype],
-        FMT=ql._interp_fmt(dtype), SAT=nvidia and ql._hw_satfinite(x.device.index), EVEN=even,
-        CS=_flag("PRIMUS_TURBO_QUANT_WORDS_CS") and nvidia, num_warps=warps, **extra,
+        GRID2D=grid2d, num_warps=warps, **extra,
     )  # fmt: skip

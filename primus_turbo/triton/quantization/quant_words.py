@@ -28,17 +28,6 @@ copy): MX rows 0.866 (sliced 0.846), MX dual 0.779 with the 64x256 tile (32x256 
 the v3 tile kernel (0.58 vs 0.695) and was removed. Results are bitwise those of
 ``quant_sliced_kernel`` / ``quant_tile_v2_kernel``. The launcher checks what word loads need: an
 even ``N`` and row stride, a 4-byte aligned input.
-
-Session 7 (H200 call 7.1, ncu at 8192x4096: MX dual 96 registers -> 2 blocks x 8 warps per SM,
-0.56 eligible warps per scheduler, 48% of stalls waiting on the loads: latency-bound), opt-in
-A/B variants, unmeasured (see quant_dual_launch):
-* ``PF``: persistent programs that issue the next tile's loads before quantizing the current
-  tile (166 registers on the 128x64 tile: 3 blocks per SM);
-* ``CS``: evict-first loads and streaming (``.cs``) fp8 stores;
-* ``quant_words4_kernel``: the MX dual with 4 row slices (rows ``4 r + k``) instead of 8: a
-  thread holds 4 rows x 8 columns, 64 registers (4 blocks x 8 warps per SM on the 64x128
-  tile), the transposed copy stored as one 32-bit word (4 consecutive M bytes) per column;
-  15.75 SASS per element (8 slices: 12.1).
 """
 
 from __future__ import annotations
@@ -105,75 +94,36 @@ def _koff(k: tl.constexpr, stride):
 
 
 @triton.jit
-def _wld(xb, k: tl.constexpr, rows, wcols, M, NW, stride_w, ok, EVEN: tl.constexpr,
-         PRED: tl.constexpr, EVL: tl.constexpr):  # fmt: skip
-    """Words of slice ``k`` (``xb``: slice 0's pointers, ``rows`` its rows); with ``PRED``
-    only where the scalar ``ok`` (a prefetched tile that exists) holds."""
+def _wld(xb, k: tl.constexpr, rows, wcols, M, NW, stride_w, EVEN: tl.constexpr):
+    """Words of slice ``k`` (``xb``: slice 0's pointers, ``rows`` its rows)."""
     ptrs = xb + _koff(k, stride_w)
     if EVEN:
-        if PRED:
-            w = tl.load(ptrs, mask=ok, other=0, eviction_policy=EVL)
-        else:
-            w = tl.load(ptrs, eviction_policy=EVL)
+        w = tl.load(ptrs)
     else:
-        mask = (rows + k < M) & (wcols < NW)
-        if PRED:
-            mask = mask & ok
-        w = tl.load(ptrs, mask=mask, other=0, eviction_policy=EVL)
+        w = tl.load(ptrs, mask=(rows + k < M) & (wcols < NW), other=0)
     return w
 
 
 @triton.jit
-def _coords(pid_m, pid_n, BM: tl.constexpr, BN: tl.constexpr):
-    """(rows of slice 0 ``[R, 1, 1]``, word columns ``[1, G, W]``, columns ``[1, G, 2 W]``)
-    of tile ``(pid_m, pid_n)``."""
-    C: tl.constexpr = 32
-    G: tl.constexpr = BN // C
-    W: tl.constexpr = C // 2
-    R: tl.constexpr = BM // 8
-    rows = pid_m * BM + tl.arange(0, R)[:, None, None] * 8
-    wc = pid_n * (BN // 2) + tl.arange(0, G)[None, :, None] * W + tl.arange(0, W)[None, None, :]
-    cols = pid_n * BN + tl.arange(0, G)[None, :, None] * C + tl.arange(0, 2 * W)[None, None, :]
-    return rows, wc, cols
-
-
-@triton.jit
-def _load8(xw_ptr, pid_m, pid_n, M, N, stride_xw, ok, BM: tl.constexpr, BN: tl.constexpr,
-           EVEN: tl.constexpr, PRED: tl.constexpr, EVL: tl.constexpr):  # fmt: skip
-    """The 8 word slices of tile ``(pid_m, pid_n)`` (see ``_wld``)."""
-    NW = N // 2
-    rows, wc, cols = _coords(pid_m, pid_n, BM, BN)
-    xb = _ptrs(xw_ptr, rows, stride_xw, wc)  # slice 0; slice k at + k rows
-    return (_wld(xb, 0, rows, wc, M, NW, stride_xw, ok, EVEN, PRED, EVL),
-            _wld(xb, 1, rows, wc, M, NW, stride_xw, ok, EVEN, PRED, EVL),
-            _wld(xb, 2, rows, wc, M, NW, stride_xw, ok, EVEN, PRED, EVL),
-            _wld(xb, 3, rows, wc, M, NW, stride_xw, ok, EVEN, PRED, EVL),
-            _wld(xb, 4, rows, wc, M, NW, stride_xw, ok, EVEN, PRED, EVL),
-            _wld(xb, 5, rows, wc, M, NW, stride_xw, ok, EVEN, PRED, EVL),
-            _wld(xb, 6, rows, wc, M, NW, stride_xw, ok, EVEN, PRED, EVL),
-            _wld(xb, 7, rows, wc, M, NW, stride_xw, ok, EVEN, PRED, EVL))  # fmt: skip
-
-
-@triton.jit
-def _st(ptrs, v, mask, EVEN: tl.constexpr, CSM: tl.constexpr = ""):
-    """Store of an fp8 output (``CSM``: the store cache modifier, ``.cs`` = streaming)."""
+def _st(ptrs, v, mask, EVEN: tl.constexpr):
+    """Store of an fp8 output."""
     if EVEN:
-        tl.store(ptrs, v, cache_modifier=CSM)
+        tl.store(ptrs, v)
     else:
-        tl.store(ptrs, v, mask=mask, cache_modifier=CSM)
+        tl.store(ptrs, v, mask=mask)
 
 
 @triton.jit
 def _row_out(w, kmax, k: tl.constexpr, rows, cols, qb, M, N, stride_qm, FMAX: tl.constexpr,
-             EMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr, EVEN: tl.constexpr,
-             CSM: tl.constexpr):  # fmt: skip
+             EMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr,
+             EVEN: tl.constexpr):  # fmt: skip
     """Row-quantize slice ``k``'s words ``w`` ``[R, G, W]`` (``kmax`` its per-(row, group) key
     max ``[R, G]``), store it at columns ``cols`` ``[1, G, 2 W]`` (``qb``: slice 0's output
     pointers, ``rows`` its rows); its stored scales."""
     scale, sinv = _scales(kmax, EMAX)
     lo, hi = _unpack(w)
     q = _conv(_join2(lo, hi) * scale[:, :, None], FMAX, qb.dtype.element_ty, FMT, SAT)
-    _st(qb + _koff(k, stride_qm), q, (rows + k < M) & (cols < N), EVEN, CSM)
+    _st(qb + _koff(k, stride_qm), q, (rows + k < M) & (cols < N), EVEN)
     return sinv
 
 
@@ -215,37 +165,41 @@ def _store_col_scales(v, pid_m, wc, st_ptr, M, N, stride_stm, stride_stn, ODD: t
 
 
 @triton.jit
-def _store_col_scales2(stlo, sthi, pid_m, cols, st_ptr, M, N, stride_stm, stride_stn,
-                       EVEN: tl.constexpr):  # fmt: skip
-    """Column scales of the even (``stlo``) and odd (``sthi``) columns ``[NB, G, W]`` joined
-    into ``[NB, G, 2 W]`` in column order (``cols`` ``[1, G, 2 W]``) and stored at once: one
-    layout conversion through shared memory instead of two."""
-    NB: tl.constexpr = stlo.shape[0]
-    sty = st_ptr.dtype.element_ty
-    v = _join2(stlo.to(sty), sthi.to(sty))
-    mb = pid_m * NB + tl.arange(0, NB)[:, None, None]
-    ptrs = st_ptr + mb * stride_stm + cols.to(tl.int64) * stride_stn
-    if EVEN:
-        tl.store(ptrs, v)
-    else:
-        tl.store(ptrs, v, mask=(cols < N) & (mb * 32 < M))
-
-
-@triton.jit
-def _quant_tile(
-    w0, w1, w2, w3, w4, w5, w6, w7, pid_m, pid_n, q_ptr, s_ptr, qt_ptr, st_ptr, M, N,
-    stride_qm, stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn, BM: tl.constexpr,
-    BN: tl.constexpr, DUAL: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr,
-    FMT: tl.constexpr, SAT: tl.constexpr, EVEN: tl.constexpr, CSM: tl.constexpr,
-    CJ: tl.constexpr,
+def quant_words_kernel(
+    x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xw, stride_qm, stride_qtn, stride_sm,
+    stride_sn, stride_stm, stride_stn, BM: tl.constexpr, BN: tl.constexpr, DUAL: tl.constexpr,
+    FMAX: tl.constexpr, EMAX: tl.constexpr = 8, FMT: tl.constexpr = (0, 0, 0, 0),
+    SAT: tl.constexpr = False, EVEN: tl.constexpr = False, GRID2D: tl.constexpr = False,
 ):  # fmt: skip
-    """Quantize tile ``(pid_m, pid_n)`` given as its 8 word slices; store every output
-    (``CJ``: the column scales through ``_store_col_scales2``)."""
+    """``x`` [M, N] bf16 (unit column stride, ``stride_xw`` its row stride in 32-bit words) ->
+    ``q`` [M, N] and, with ``DUAL``, ``qt`` [N, M]; E8M0 scales ``s`` [M, N/32] / ``st``
+    [N, M/32] as ``quant_sliced_kernel``'s MX ones (``BM`` and ``BN`` multiples of 32)."""
     C: tl.constexpr = 32  # the MX block
     G: tl.constexpr = BN // C
     W: tl.constexpr = C // 2  # words per row block
     R: tl.constexpr = BM // 8
-    rows, wc, cols = _coords(pid_m, pid_n, BM, BN)
+    if GRID2D:  # (grid_n, grid_m): no integer division for the tile's coordinates
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+    else:  # one axis (tile rows past the 65535 limit of a second grid axis)
+        pid = tl.program_id(0)
+        grid_n = tl.cdiv(N, BN)
+        pid_m = pid // grid_n
+        pid_n = pid - pid_m * grid_n
+    NW = N // 2
+    xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
+    rows = pid_m * BM + tl.arange(0, R)[:, None, None] * 8
+    wc = pid_n * (BN // 2) + tl.arange(0, G)[None, :, None] * W + tl.arange(0, W)[None, None, :]
+    cols = pid_n * BN + tl.arange(0, G)[None, :, None] * C + tl.arange(0, 2 * W)[None, None, :]
+    xb = _ptrs(xw_ptr, rows, stride_xw, wc)  # slice 0; slice k at + k rows
+    w0 = _wld(xb, 0, rows, wc, M, NW, stride_xw, EVEN)
+    w1 = _wld(xb, 1, rows, wc, M, NW, stride_xw, EVEN)
+    w2 = _wld(xb, 2, rows, wc, M, NW, stride_xw, EVEN)
+    w3 = _wld(xb, 3, rows, wc, M, NW, stride_xw, EVEN)
+    w4 = _wld(xb, 4, rows, wc, M, NW, stride_xw, EVEN)
+    w5 = _wld(xb, 5, rows, wc, M, NW, stride_xw, EVEN)
+    w6 = _wld(xb, 6, rows, wc, M, NW, stride_xw, EVEN)
+    w7 = _wld(xb, 7, rows, wc, M, NW, stride_xw, EVEN)
     l0, h0 = _keys(w0)
     l1, h1 = _keys(w1)
     l2, h2 = _keys(w2)
@@ -266,37 +220,31 @@ def _quant_tile(
                      tl.maximum(tl.maximum(h4, h5), tl.maximum(h6, h7)))  # fmt: skip
     qb = _ptrs(q_ptr, rows, stride_qm, cols)
     s0 = _row_out(w0, r0, 0, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, CSM)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     s1 = _row_out(w1, r1, 1, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, CSM)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     s2 = _row_out(w2, r2, 2, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, CSM)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     s3 = _row_out(w3, r3, 3, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, CSM)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     s4 = _row_out(w4, r4, 4, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, CSM)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     s5 = _row_out(w5, r5, 5, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, CSM)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     s6 = _row_out(w6, r6, 6, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, CSM)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     s7 = _row_out(w7, r7, 7, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, CSM)  # fmt: skip
+                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     _store_row_scales(s0, s1, s2, s3, s4, s5, s6, s7, rows, pid_n, s_ptr, M, N, stride_sm,
                       stride_sn, C, EVEN)  # fmt: skip
     if DUAL:
         NB: tl.constexpr = BM // 32  # 32-row column blocks per tile
         slo, stlo = _scales(_col_reduce(klo, NB), EMAX)  # [NB, G, W]
         shi, sthi = _scales(_col_reduce(khi, NB), EMAX)
-        if CJ:
-            _store_col_scales2(stlo, sthi, pid_m, tl.reshape(cols, (1, G, 2 * W)), st_ptr, M, N,
-                               stride_stm, stride_stn, EVEN)  # fmt: skip
-        else:
-            wc3 = tl.reshape(wc, (1, G, W))
-            sty = st_ptr.dtype.element_ty
-            _store_col_scales(stlo.to(sty), pid_m, wc3, st_ptr, M, N, stride_stm, stride_stn, 0,
-                              EVEN)  # fmt: skip
-            _store_col_scales(sthi.to(sty), pid_m, wc3, st_ptr, M, N, stride_stm, stride_stn, 1,
-                              EVEN)  # fmt: skip
+        wc3 = tl.reshape(wc, (1, G, W))
+        sty = st_ptr.dtype.element_ty
+        _store_col_scales(stlo.to(sty), pid_m, wc3, st_ptr, M, N, stride_stm, stride_stn, 0, EVEN)
+        _store_col_scales(sthi.to(sty), pid_m, wc3, st_ptr, M, N, stride_stm, stride_stn, 1, EVEN)
         qt = _join8(_col_vals(w0, slo, shi, NB), _col_vals(w1, slo, shi, NB),
                     _col_vals(w2, slo, shi, NB), _col_vals(w3, slo, shi, NB),
                     _col_vals(w4, slo, shi, NB), _col_vals(w5, slo, shi, NB),
@@ -315,160 +263,7 @@ def _quant_tile(
         )
         m5 = (pid_m * BM + tl.arange(0, R)[None, :, None, None, None] * 8
               + i8[None, None, None, None, :])  # fmt: skip
-        _st(_ptrs(qt_ptr, n5, stride_qtn, m5), qt, (m5 < M) & (n5 < N), EVEN, CSM)
-
-
-@triton.jit
-def quant_words_kernel(
-    x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xw, stride_qm, stride_qtn, stride_sm,
-    stride_sn, stride_stm, stride_stn, BM: tl.constexpr, BN: tl.constexpr, DUAL: tl.constexpr,
-    FMAX: tl.constexpr, EMAX: tl.constexpr = 8, FMT: tl.constexpr = (0, 0, 0, 0),
-    SAT: tl.constexpr = False, EVEN: tl.constexpr = False, GRID2D: tl.constexpr = False,
-    PF: tl.constexpr = False, CS: tl.constexpr = False, CJ: tl.constexpr = False,
-):  # fmt: skip
-    """``x`` [M, N] bf16 (unit column stride, ``stride_xw`` its row stride in 32-bit words) ->
-    ``q`` [M, N] and, with ``DUAL``, ``qt`` [N, M]; E8M0 scales ``s`` [M, N/32] / ``st``
-    [N, M/32] as ``quant_sliced_kernel``'s MX ones (``BM`` and ``BN`` multiples of 32).
-    ``PF``: persistent programs (a 1-D grid of at most as many programs as tiles) that walk
-    the tiles ``pid, pid + P, ...`` and issue the next tile's loads before quantizing the
-    current one (its DRAM latency under this tile's math and stores); ``CS``: evict-first
-    loads and streaming (``.cs``) fp8 stores (NVIDIA); ``CJ``: the even and odd columns'
-    scales stored at once (``_store_col_scales2``)."""
-    EVL: tl.constexpr = "evict_first" if CS else ""
-    CSM: tl.constexpr = ".cs" if CS else ""
-    xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
-    if PF:
-        pid = tl.program_id(0)
-        npg = tl.num_programs(0)
-        grid_n = tl.cdiv(N, BN)
-        ntiles = tl.cdiv(M, BM) * grid_n
-        pm = pid // grid_n
-        w0, w1, w2, w3, w4, w5, w6, w7 = _load8(xw_ptr, pm, pid - pm * grid_n, M, N, stride_xw,
-                                                True, BM, BN, EVEN, False, EVL)  # fmt: skip
-        for t in tl.range(pid, ntiles, npg, num_stages=1):
-            nt = t + npg
-            nm = nt // grid_n
-            y0, y1, y2, y3, y4, y5, y6, y7 = _load8(xw_ptr, nm, nt - nm * grid_n, M, N,
-                                                    stride_xw, nt < ntiles, BM, BN, EVEN, True,
-                                                    EVL)  # fmt: skip
-            pid_m = t // grid_n
-            _quant_tile(w0, w1, w2, w3, w4, w5, w6, w7, pid_m, t - pid_m * grid_n, q_ptr,
-                        s_ptr, qt_ptr, st_ptr, M, N, stride_qm, stride_qtn, stride_sm,
-                        stride_sn, stride_stm, stride_stn, BM, BN, DUAL, FMAX, EMAX, FMT, SAT,
-                        EVEN, CSM, CJ)  # fmt: skip
-            w0, w1, w2, w3, w4, w5, w6, w7 = y0, y1, y2, y3, y4, y5, y6, y7
-    else:
-        if GRID2D:  # (grid_n, grid_m): no integer division for the tile's coordinates
-            pid_n = tl.program_id(0)
-            pid_m = tl.program_id(1)
-        else:  # one axis (tile rows past the 65535 limit of a second grid axis)
-            pid = tl.program_id(0)
-            grid_n = tl.cdiv(N, BN)
-            pid_m = pid // grid_n
-            pid_n = pid - pid_m * grid_n
-        w0, w1, w2, w3, w4, w5, w6, w7 = _load8(xw_ptr, pid_m, pid_n, M, N, stride_xw, True, BM,
-                                                BN, EVEN, False, EVL)  # fmt: skip
-        _quant_tile(w0, w1, w2, w3, w4, w5, w6, w7, pid_m, pid_n, q_ptr, s_ptr, qt_ptr, st_ptr,
-                    M, N, stride_qm, stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn,
-                    BM, BN, DUAL, FMAX, EMAX, FMT, SAT, EVEN, CSM, CJ)  # fmt: skip
-
-
-@triton.jit
-def _join4(c0, c1, c2, c3):
-    """``[R, G, C, 4]`` with ``c_k`` at index ``k`` of the new (register-held) last axis."""
-    t = tl.join(tl.join(c0, c2), tl.join(c1, c3))
-    return tl.reshape(t, (c0.shape[0], c0.shape[1], c0.shape[2], 4))
-
-
-@triton.jit
-def _load4(xw_ptr, pid_m, pid_n, M, N, stride_xw, BM: tl.constexpr, BN: tl.constexpr,
-           EVEN: tl.constexpr, EVL: tl.constexpr):  # fmt: skip
-    """The 4 word slices (rows ``4 r + k``) of tile ``(pid_m, pid_n)``, and their rows /
-    word columns / columns."""
-    C: tl.constexpr = 32
-    G: tl.constexpr = BN // C
-    W: tl.constexpr = C // 2
-    R: tl.constexpr = BM // 4
-    NW = N // 2
-    rows = pid_m * BM + tl.arange(0, R)[:, None, None] * 4
-    wc = pid_n * (BN // 2) + tl.arange(0, G)[None, :, None] * W + tl.arange(0, W)[None, None, :]
-    xb = _ptrs(xw_ptr, rows, stride_xw, wc)
-    return (_wld(xb, 0, rows, wc, M, NW, stride_xw, True, EVEN, False, EVL),
-            _wld(xb, 1, rows, wc, M, NW, stride_xw, True, EVEN, False, EVL),
-            _wld(xb, 2, rows, wc, M, NW, stride_xw, True, EVEN, False, EVL),
-            _wld(xb, 3, rows, wc, M, NW, stride_xw, True, EVEN, False, EVL))  # fmt: skip
-
-
-@triton.jit
-def quant_words4_kernel(
-    x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xw, stride_qm, stride_qtn, stride_sm,
-    stride_sn, stride_stm, stride_stn, BM: tl.constexpr, BN: tl.constexpr, FMAX: tl.constexpr,
-    EMAX: tl.constexpr = 8, FMT: tl.constexpr = (0, 0, 0, 0), SAT: tl.constexpr = False,
-    EVEN: tl.constexpr = False, CS: tl.constexpr = False,
-):  # fmt: skip
-    """MX dual as ``quant_words_kernel`` with 4 row slices (rows ``4 r + k``) instead of 8: a
-    thread holds 4 rows x 8 columns (16 words), half the registers, and stores 4 consecutive
-    M bytes (one 32-bit word) per column of the transposed copy; twice the threads per tile
-    (``BM * BN / 32``). Grid ``(grid_n, grid_m)``."""
-    C: tl.constexpr = 32
-    G: tl.constexpr = BN // C
-    W: tl.constexpr = C // 2
-    R: tl.constexpr = BM // 4
-    NB: tl.constexpr = BM // 32
-    EVL: tl.constexpr = "evict_first" if CS else ""
-    CSM: tl.constexpr = ".cs" if CS else ""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
-    w0, w1, w2, w3 = _load4(xw_ptr, pid_m, pid_n, M, N, stride_xw, BM, BN, EVEN, EVL)
-    rows = pid_m * BM + tl.arange(0, R)[:, None, None] * 4
-    cols = pid_n * BN + tl.arange(0, G)[None, :, None] * C + tl.arange(0, 2 * W)[None, None, :]
-    l0, h0 = _keys(w0)
-    l1, h1 = _keys(w1)
-    l2, h2 = _keys(w2)
-    l3, h3 = _keys(w3)
-    r0, r1 = tl.max(tl.maximum(l0, h0), axis=2), tl.max(tl.maximum(l1, h1), axis=2)
-    r2, r3 = tl.max(tl.maximum(l2, h2), axis=2), tl.max(tl.maximum(l3, h3), axis=2)
-    klo = tl.maximum(tl.maximum(l0, l1), tl.maximum(l2, l3))
-    khi = tl.maximum(tl.maximum(h0, h1), tl.maximum(h2, h3))
-    qb = _ptrs(q_ptr, rows, stride_qm, cols)
-    s0 = _row_out(w0, r0, 0, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, CSM)  # fmt: skip
-    s1 = _row_out(w1, r1, 1, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, CSM)  # fmt: skip
-    s2 = _row_out(w2, r2, 2, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, CSM)  # fmt: skip
-    s3 = _row_out(w3, r3, 3, rows, cols, qb, M, N,
-                  stride_qm, FMAX, EMAX, FMT, SAT, EVEN, CSM)  # fmt: skip
-    # the 4 slices' row scales joined along a new last axis, stored at once
-    sv = _join4(s0[:, :, None], s1[:, :, None], s2[:, :, None], s3[:, :, None])
-    sv = tl.reshape(sv, (R, G, 4)).to(s_ptr.dtype.element_ty)
-    r4 = tl.reshape(rows, (R, 1, 1)) + tl.arange(0, 4)[None, None, :]
-    g = pid_n * G + tl.arange(0, G)[None, :, None]
-    sp = s_ptr + r4.to(tl.int64) * stride_sm + g * stride_sn
-    if EVEN:
-        tl.store(sp, sv)
-    else:
-        tl.store(sp, sv, mask=(r4 < M) & (g * C < N))
-    slo, stlo = _scales(_col_reduce(klo, NB), EMAX)  # [NB, G, W]
-    shi, sthi = _scales(_col_reduce(khi, NB), EMAX)
-    _store_col_scales2(stlo, sthi, pid_m, tl.reshape(cols, (1, G, 2 * W)), st_ptr, M, N,
-                       stride_stm, stride_stn, EVEN)  # fmt: skip
-    qt = _join4(_col_vals(w0, slo, shi, NB), _col_vals(w1, slo, shi, NB),
-                _col_vals(w2, slo, shi, NB), _col_vals(w3, slo, shi, NB))  # fmt: skip
-    qt = _conv(qt, FMAX, qt_ptr.dtype.element_ty, FMT, SAT)  # [R, G, C, 4]
-    # [C / 8, R, G, 8, 4]: a thread's 8 columns x 4 consecutive M bytes (one word per column)
-    qt = tl.permute(tl.reshape(qt, (R, G, C // 8, 8, 4)), (2, 0, 1, 3, 4))
-    i8 = tl.arange(0, 8)
-    n5 = (
-        pid_n * BN
-        + tl.arange(0, C // 8)[:, None, None, None, None] * 8
-        + tl.arange(0, G)[None, None, :, None, None] * C
-        + i8[None, None, None, :, None]
-    )
-    m5 = (pid_m * BM + tl.arange(0, R)[None, :, None, None, None] * 4
-          + tl.arange(0, 4)[None, None, None, None, :])  # fmt: skip
-    _st(_ptrs(qt_ptr, n5, stride_qtn, m5), qt, (m5 < M) & (n5 < N), EVEN, CSM)
+        _st(_ptrs(qt_ptr, n5, stride_qtn, m5), qt, (m5 < M) & (n5 < N), EVEN)
 
 
 # ---- ahead-of-time check -------------------------------------------------------------------
@@ -485,33 +280,11 @@ WORDS_CONFIGS = {
 # NVIDIA register caps (sm_90 AOT, no spill): MX rows 85 registers uncapped (64: 8 programs
 # per SM; run 6.2: 48 0.861, 128 0.863 vs 64 0.866 of copy), MX dual 96
 WORDS_MAXNREG = {"mx_rows": 64, "mx_dual": 96}
-WORDS_CJ_MAXNREG = 104  # CJ (MX dual 128x128): 96 spills 16 B; 104 still 2 blocks per SM
 
 
-# AOT only, even: A/B variants of the MX dual (name: base, BM, BN, per SM for PF (0: off), CS):
-# the previous default tile 64x256 (run 6.3 0.785 / 0.779 of copy) and the session-7 ones
-# (PRIMUS_TURBO_QUANT_WORDS_TILE / _PF / _CS)
-_AOT_TILES = {
-    "mx_dual_64x256": ("mx_dual", 64, 256, 0, False),
-    "mx_dual_128x64": ("mx_dual", 128, 64, 0, False),
-    "mx_dual_128x32": ("mx_dual", 128, 32, 0, False),
-    "mx_dual_cs": ("mx_dual", 128, 128, 0, True),
-    "mx_dual_128x64_pf3": ("mx_dual", 128, 64, 3, False),
-    "mx_dual_cj": ("mx_dual", 128, 128, 0, False),
-}
-
-# PRIMUS_TURBO_QUANT_WORDS_SLICES=4 (MX dual, quant_words4_kernel): default tile and register
-# cap on NVIDIA
-WORDS4_TILE = (64, 128)
-WORDS4_MAXNREG = 64
-
-
-def _sig(fp8: str) -> dict[str, str]:
-    sig = dict(tile_signature(fp8, True))
-    sig["stride_xw"] = sig.pop("stride_xm")
-    return {k: sig[k] for k in ("x_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "M", "N",
-                                "stride_xw", "stride_qm", "stride_qtn", "stride_sm", "stride_sn",
-                                "stride_stm", "stride_stn")}  # fmt: skip
+# AOT only, even: the previous MX dual default (64x256, run 6.3 0.785 / 0.779 of copy), kept
+# as the PRIMUS_TURBO_QUANT_WORDS_TILE A/B variant (name: base, BM, BN)
+_AOT_TILES = {"mx_dual_64x256": ("mx_dual", 64, 256)}
 
 
 def aot_specs(target: str) -> list[AotSpec]:
@@ -522,37 +295,24 @@ def aot_specs(target: str) -> list[AotSpec]:
         return []
     fp8, fmax = aot_fp8(target)
     lanes = AOT_TARGETS[target][2]
-    nvidia = target == "sm_90"
     specs = []
-    configs = [(name, name, bm, bn, 0, False, (True, False))
-               for name, (bm, bn, _) in WORDS_CONFIGS.items()]  # fmt: skip
-    configs += [(name, base, bm, bn, pf, cs, (True,))
-                for name, (base, bm, bn, pf, cs) in _AOT_TILES.items()]  # fmt: skip
-    for name, base, bm, bn, pf, cs, evens in configs:
+    configs = [(name, name, bm, bn, (True, False)) for name, (bm, bn, _) in WORDS_CONFIGS.items()]
+    configs += [(name, base, bm, bn, (True,)) for name, (base, bm, bn) in _AOT_TILES.items()]
+    for name, base, bm, bn, evens in configs:
         dual = WORDS_CONFIGS[base][2]
-        warps = slice_warps(bm, bn, lanes)
+        sig = dict(tile_signature(fp8, True))
+        sig["stride_xw"] = sig.pop("stride_xm")
+        sig = {k: sig[k] for k in ("x_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "M", "N",
+                                   "stride_xw", "stride_qm", "stride_qtn", "stride_sm",
+                                   "stride_sn", "stride_stm", "stride_stn")}  # fmt: skip
         for even in evens:
             cx = {"BM": bm, "BN": bn, "DUAL": dual, "FMAX": fmax, "EMAX": 8, "FMT": (0, 0, 0, 0),
-                  "SAT": nvidia, "EVEN": even, "GRID2D": not pf, "PF": pf > 0,
-                  "CS": cs and nvidia, "CJ": name.endswith("_cj")}  # fmt: skip
-            opts = {"num_warps": warps}
-            if nvidia:
-                nreg = WORDS_MAXNREG[base]
-                if name.endswith("_cj"):
-                    nreg = max(nreg, WORDS_CJ_MAXNREG)
-                opts["maxnreg"] = min(255, 65536 // (pf * warps * 32)) // 8 * 8 if pf else nreg
+                  "SAT": target == "sm_90", "EVEN": even, "GRID2D": True}  # fmt: skip
+            opts = {"num_warps": slice_warps(bm, bn, lanes)}
+            if target == "sm_90":
+                opts["maxnreg"] = WORDS_MAXNREG[base]
             specs.append(
                 AotSpec(f"quant_words_{name}{'_even' if even else ''}_{fp8}", quant_words_kernel,
-                        _sig(fp8), cx, opts, default=even and name == base)
+                        sig, cx, opts, default=even and name == base)
             )  # fmt: skip
-    # SLICES=4: the default tile (even and masked) and the 128x128 A/B tile (16 warps)
-    for (bm, bn), even in ((WORDS4_TILE, True), (WORDS4_TILE, False), ((128, 128), True)):
-        cx = {"BM": bm, "BN": bn, "FMAX": fmax, "EMAX": 8, "FMT": (0, 0, 0, 0), "SAT": nvidia,
-              "EVEN": even, "CS": False}  # fmt: skip
-        opts = {"num_warps": max(1, bm * bn // (32 * lanes))}
-        if nvidia:
-            opts["maxnreg"] = WORDS4_MAXNREG
-        tag = "" if (bm, bn) == WORDS4_TILE else f"_{bm}x{bn}"
-        specs.append(AotSpec(f"quant_words4_mx_dual{tag}{'_even' if even else ''}_{fp8}",
-                             quant_words4_kernel, _sig(fp8), cx, opts))  # fmt: skip
     return specs

@@ -20,9 +20,8 @@ G = ScalingGranularity
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 _ENV = ("PRIMUS_TURBO_QUANT_SLICED", "PRIMUS_TURBO_QUANT_SLICED_MX", "PRIMUS_TURBO_QUANT_WORDS",
         "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_ROWS", "PRIMUS_TURBO_QUANT_WORDS_TILE",
-        "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_DUAL", "PRIMUS_TURBO_QUANT_WORDS_PF",
-        "PRIMUS_TURBO_QUANT_WORDS_CS", "PRIMUS_TURBO_QUANT_WORDS_SLICES",
-        "PRIMUS_TURBO_QUANT_WORDS_CJ")  # fmt: skip
+        "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_DUAL", "PRIMUS_TURBO_QUANT_MXDUAL",
+        "PRIMUS_TURBO_QUANT_MXDUAL_TILE", "PRIMUS_TURBO_QUANT_MXDUAL_PER_SM")  # fmt: skip
 
 
 def _quant(recipe, x, dtype):
@@ -36,24 +35,18 @@ def _quant(recipe, x, dtype):
 # (recipe, extra PRIMUS_TURBO_QUANT_* "KEY=VALUE"s or None): the candidate runs with the
 # defaults plus the extras (WORDS=0: the sliced kernel); the CPU tier keeps the interpreter
 # cases few. MX dual tiles: the default 128x128 (run 6.3), 32x256 and the previous default
-# 64x256 (the WORDS_TILE A/B variant); session-7 A/B variants: tiles 128x64 / 128x32, PF
-# (persistent, next tile prefetched), SLICES=4 (quant_words4_kernel), CS (NVIDIA only)
+# 64x256 (the WORDS_TILE A/B variant)
+# MXDUAL=tw / twp: quant_mx_tw.py (session 7, opt-in), persistent / one tile per program
 CASES = [("mx_dual", None), ("mx_rows", None), ("mx_dual", "WORDS=0"), ("mx_rows", "WORDS=0"),
          ("mx_dual", "WORDS_TILE=32x256"), ("mx_dual", "WORDS_TILE=64x256"),
-         ("mx_dual", "WORDS_TILE=128x64"), ("mx_dual", "WORDS_PF=2"),
-         ("mx_dual", "WORDS_TILE=128x64 WORDS_PF=3"), ("mx_dual", "WORDS_SLICES=4"),
-         ("mx_dual", "WORDS_SLICES=4 WORDS_TILE=128x128"), ("mx_dual", "WORDS_CJ=1")]  # fmt: skip
-_ODD_ONLY = ("WORDS_TILE=32x256", "WORDS_TILE=64x256", "WORDS_TILE=128x64",
-             "WORDS_TILE=128x64 WORDS_PF=3", "WORDS_SLICES=4 WORDS_TILE=128x128",
-             "WORDS_CJ=1")  # fmt: skip
+         ("mx_dual", "MXDUAL=tw"), ("mx_dual", "MXDUAL=twp")]  # fmt: skip
+_ODD_ONLY = ("WORDS_TILE=32x256", "WORDS_TILE=64x256", "MXDUAL=twp")  # CPU: masked shapes only
 if HAS_GPU:
-    CASES += [
-        ("mx_dual", "MAXNREG_WORDS_MX_DUAL=80"),
-        ("mx_dual", "WORDS_CS=1"),
-        ("mx_dual", "WORDS_TILE=128x32"),
-        ("mx_dual", "WORDS_SLICES=4 WORDS_CS=1"),
-        ("mx_dual", "WORDS_PF=2 WORDS_CS=1"),
-    ]
+    CASES += [("mx_dual", "MAXNREG_WORDS_MX_DUAL=80"),
+              ("mx_dual", "MXDUAL=tw MXDUAL_TILE=64x128"),
+              ("mx_dual", "MXDUAL=twp MXDUAL_TILE=64x128"),
+              ("mx_dual", "MXDUAL=tw MXDUAL_PER_SM=3"),
+              ("mx_dual", "MXDUAL=tw MXDUAL_TILE=64x64 MXDUAL_PER_SM=8")]  # fmt: skip
 
 
 @pytest.mark.parametrize("recipe,extra", CASES, ids=["-".join(map(str, c)) for c in CASES])
@@ -146,7 +139,8 @@ def test_sliced_kernel_is_routed(monkeypatch):
     assert run() == []
 
 
-def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch):
+@pytest.mark.parametrize("mxdual", ["words", "tw"])
+def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch, mxdual):
     """The word-sliced MX kernels against the torch reference on bf16 subnormals (the
     interpreter's v3 path mis-converts them, so this compares with the reference), blocks of
     only NaN / inf, powers of two and near-max values (a column block whose other values
@@ -156,6 +150,7 @@ def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch):
     for var in _ENV:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_MXDUAL", mxdual)
     x = bf16_specials(64, 256, False, DEV)
     x[0, 0:32] = 1e-39  # subnormal block
     x[1, 32:64] = float("nan")
@@ -180,13 +175,14 @@ def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch):
                                        ("PRIMUS_TURBO_QUANT_WORDS", "block_dual"),
                                        ("PRIMUS_TURBO_QUANT_WORDS_TILE", "48x256"),
                                        ("PRIMUS_TURBO_QUANT_WORDS_TILE", "128x256"),
-                                       ("PRIMUS_TURBO_QUANT_WORDS_TILE", "512x32"),
-                                       ("PRIMUS_TURBO_QUANT_WORDS_PF", "-1"),
-                                       ("PRIMUS_TURBO_QUANT_WORDS_CS", "2"),
-                                       ("PRIMUS_TURBO_QUANT_WORDS_SLICES", "2"),
-                                       ("PRIMUS_TURBO_QUANT_WORDS_CJ", "x")])  # fmt: skip
+                                       ("PRIMUS_TURBO_QUANT_MXDUAL", "fast"),
+                                       ("PRIMUS_TURBO_QUANT_MXDUAL_TILE", "256x128"),
+                                       ("PRIMUS_TURBO_QUANT_MXDUAL_TILE", "128")])  # fmt: skip
 def test_sliced_env_validated(monkeypatch, var, value):
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1" if "WORDS" in var else "0")
+    words = "WORDS" in var or "MXDUAL" in var
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1" if words else "0")
+    if var.startswith("PRIMUS_TURBO_QUANT_MXDUAL_"):
+        monkeypatch.setenv("PRIMUS_TURBO_QUANT_MXDUAL", "tw")
     monkeypatch.setenv(var, value)
     with pytest.raises(ValueError, match=var):
         recipe = "mx_rows" if var.endswith("_MX") else "mx_dual"
