@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 import triton
 import triton.language as tl
 
@@ -37,6 +38,18 @@ from primus_turbo.triton.quantization.quant_kernel import _scale_of
 from primus_turbo.triton.quantization.quant_kernel_v2 import _cast2
 
 B = tl.constexpr(128)  # the block: 1x128 (rows of q) and 128x1 (rows of q^T); the tile is B x B
+
+
+@triton.jit
+def _prefetch_l2(x_ptr, t, grid_n, stride_xm):
+    """NVIDIA sm_90: ``cp.async.bulk.prefetch.L2`` of tile ``t``'s 128 rows (256 bytes each;
+    the rows 16-byte aligned: ``stride_xm % 8 == 0``, full tiles), so the next load of that
+    tile hits L2 (what the tensorwise cast gets from its amax pass)."""
+    pid_m = t // grid_n
+    pid_n = t - pid_m * grid_n
+    rows = x_ptr + (pid_m * B + tl.arange(0, B)).to(tl.int64) * stride_xm + pid_n * B
+    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], 256; mov.u32 $0, 0;",
+                              "=r,l", [rows], dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
 
 
 @triton.jit
@@ -155,12 +168,14 @@ def quant_b128_kernel(
     EVEN: tl.constexpr = False,
     EVL: tl.constexpr = False,
     PERSIST: tl.constexpr = True,
+    PF: tl.constexpr = False,
 ):
     """``x`` [M, N] -> ``q`` [M, N], ``s`` per (row, 128 columns), ``qt`` [N, M], ``st`` per
     (column, 128 rows); scale tensors addressed as in ``quant_tile_v2_kernel`` (MODE=ROWS,
     DUAL). ``PERSIST``: the grid's programs walk the tiles ``pid, pid + P, ...``; else one
-    tile per program. (``tl.range(num_stages=2)`` does not pipeline this loop in Triton 3.6:
-    no cp.async in the sm_90 PTX, so there is no prefetching variant.)"""
+    tile per program. ``PF`` (persistent, full tiles, NVIDIA sm_90): each step first
+    prefetches the program's next tile into L2 (``tl.range(num_stages=2)`` does not pipeline
+    this loop in Triton 3.6: no cp.async in the sm_90 PTX)."""
     pid = tl.program_id(0)
     grid_n = tl.cdiv(N, B)
     if not PERSIST:
@@ -170,6 +185,9 @@ def quant_b128_kernel(
     else:
         ntiles = tl.cdiv(M, B) * grid_n
         for t in range(pid, ntiles, tl.num_programs(0)):
+            if PF:
+                if t + tl.num_programs(0) < ntiles:
+                    _prefetch_l2(x_ptr, t + tl.num_programs(0), grid_n, stride_xm)
             _b128_tile(t, grid_n, x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, N, stride_xm,
                        stride_qm, stride_qtn, stride_sm, stride_sn, stride_stm, stride_stn, FMAX,
                        EMAX, FMT, SAT, EVEN, EVL)  # fmt: skip
@@ -186,7 +204,10 @@ B128_VARIANTS = {
     "p16e": (2, 16, 64, True),  # + evict_first loads
     "p8": (2, 8, 128, False),  # persistent, 2 x 8 warps per SM
     "p8e": (2, 8, 128, True),  # + evict_first loads
+    "p16f": (2, 16, 64, False),  # p16 + the next tile prefetched into L2 (sm_90)
+    "p8f": (2, 8, 128, False),  # p8 + the next tile prefetched into L2 (sm_90)
 }
+PREFETCH = frozenset({"p16f", "p8f"})  # NVIDIA sm_90, full tiles, stride_xm % 8 == 0
 
 # the variant an unset PRIMUS_TURBO_QUANT_B128 selects on NVIDIA (None: v3 until measured)
 DEFAULT_NVIDIA: str | None = None
@@ -218,11 +239,14 @@ def launch_b128(x, q, s, qt, st, variant, fmax, emax, fmt, sat, nvidia, cus, u8)
     ntiles = -(-m // 128) * -(-n // 128)
     grid = min(ntiles, per_sm * cus) if per_sm else ntiles
     extra = {"maxnreg": nreg} if nvidia else {}
+    even = m % 128 == 0 and n % 128 == 0
+    pf = variant in PREFETCH and nvidia and even and x.stride(0) % 8 == 0
+    pf = pf and torch.cuda.get_device_capability(x.device)[0] >= 9
     quant_b128_kernel[(grid,)](
         x, u8(q), s, u8(qt), st, m, n, x.stride(0), q.stride(0), qt.stride(0),
         s.stride(0), s.stride(1), st.stride(1), st.stride(0),
-        FMAX=fmax, EMAX=emax, FMT=fmt, SAT=sat, EVEN=m % 128 == 0 and n % 128 == 0,
-        EVL=evl, PERSIST=per_sm > 0, num_warps=warps, **extra,
+        FMAX=fmax, EMAX=emax, FMT=fmt, SAT=sat, EVEN=even, EVL=evl, PERSIST=per_sm > 0, PF=pf,
+        num_warps=warps, **extra,
     )  # fmt: skip
     return True
 
@@ -234,9 +258,12 @@ def aot_specs(target: str) -> list[AotSpec]:
     nv = target == "sm_90"
     specs = []
     for name, (per_sm, warps, nreg, evl) in B128_VARIANTS.items():
-        for even in (True, False):
+        pf = name in PREFETCH
+        if pf and not nv:
+            continue
+        for even in (True,) if pf else (True, False):
             cx = {"FMAX": fmax, "EMAX": 8, "FMT": (0, 0, 0, 0), "SAT": nv, "EVEN": even,
-                  "EVL": evl, "PERSIST": per_sm > 0}  # fmt: skip
+                  "EVL": evl, "PERSIST": per_sm > 0, "PF": pf}  # fmt: skip
             specs.append(
                 AotSpec(
                     f"quant_b128_{name}_{'even' if even else 'mask'}_{fp8}",
