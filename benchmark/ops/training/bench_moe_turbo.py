@@ -201,14 +201,35 @@ class LoopMoE(torch.nn.Module):
                              m.selected_groups, m.scaling_factor, m.activation)  # fmt: skip
 
 
+class Bf16Twin(torch.nn.Module):
+    """The ``--peer bf16`` peer: a bf16 MoELayer sharing the fp8 layer's parameters."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+        self.twin = turbo.modules.MoELayer(
+            layer.hidden_size, layer.ffn_hidden_size, layer.num_experts, layer.topk,
+            score_function=layer.score_function, groups=layer.groups,
+            selected_groups=layer.selected_groups, scaling_factor=layer.scaling_factor,
+            activation=layer.activation, device=layer.w1.device, dtype=layer.w1.dtype,
+        )  # fmt: skip
+        self.twin.router_weight, self.twin.w1, self.twin.w2 = (
+            layer.router_weight, layer.w1, layer.w2)  # fmt: skip
+
+    def forward(self, x):
+        return self.twin(x)
+
+
 def bench_layer(tid, case, args, info) -> dict:
     label, t, d, f, e, k, fn, groups, sel = case
     dev = info.device
     snr_min = SNR_MIN if args.fp8 == "off" else 20.0  # E4M3 expert GEMMs vs the bf16 loop
     torch.manual_seed(tid)
+    fp8 = args.fp8 != "off"
     layer = turbo.modules.MoELayer(
         d, f, e, k, score_function=fn, groups=groups, selected_groups=sel, device=dev,
         dtype=torch.bfloat16, fp8_config=_fp8_config(args.fp8),
+        fp8_act=args.fp8_act if fp8 else None, fp8_weight_cache=fp8 and args.fp8_weight_cache,
     )  # fmt: skip
     # Non-uniform loads: every token shares a direction u, and expert e's router row gets
     # b_e * u with b_e = log(Gamma(3) load / mean), so popular experts win more often.
@@ -221,7 +242,7 @@ def bench_layer(tid, case, args, info) -> dict:
     x0 = torch.randn(t, d, device=dev) + u
     x = x0.to(torch.bfloat16).requires_grad_()
     x_b = x.detach().clone().requires_grad_()
-    peer = LoopMoE(layer)
+    peer = Bf16Twin(layer) if args.peer == "bf16" else LoopMoE(layer)
     out, ref = layer(x), peer(x_b)
     g = torch.randn_like(out)
     out.backward(g)
@@ -235,7 +256,9 @@ def bench_layer(tid, case, args, info) -> dict:
     params = list(layer.parameters())
     t_o, t_p = bench_pair((lambda: layer(x), (x, *params)), (lambda: peer(x_b), (x_b, *params)),
                           g, warmup=args.warmup_ms, rep=args.rep_ms, device=dev)  # fmt: skip
-    row = {"TestID": tid, "Case": label, "Op": "MoELayer", "FP8": args.fp8, "T": t, "H": d,
+    variant = args.fp8 if not fp8 else (
+        f"{args.fp8}/{args.fp8_act}" + ("/wcache" if args.fp8_weight_cache else ""))  # fmt: skip
+    row = {"TestID": tid, "Case": label, "Op": "MoELayer", "FP8": variant, "T": t, "H": d,
            "F": f, "E": e, "topk": k, "Min Load": min(loads), "Max Load": max(loads), **snr,
            "Check": "PASS" if all(v > snr_min for v in snr.values()) else "FAIL"}  # fmt: skip
     flops = 2.0 * t * k * d * 3 * f  # gate|up (2F) + down (F)
@@ -243,13 +266,17 @@ def bench_layer(tid, case, args, info) -> dict:
     step_p = t_p[Mode.FWD].median_ms + t_p[Mode.BWD].median_ms
     row.update({"Forward Time (ms)": t_o[Mode.FWD].median_ms,
                 "Backward Time (ms)": t_o[Mode.BWD].median_ms, "Step Time (ms)": step_o,
-                "loop Step Time (ms)": step_p,
+                f"{args.peer} Step Time (ms)": step_p,
+                f"{args.peer} Forward Time (ms)": t_p[Mode.FWD].median_ms,
                 "Step TFLOPS": 3 * flops / (step_o * 1e-3) / 1e12,
-                "Forward vs loop": ratio(t_p[Mode.FWD].median_ms, t_o[Mode.FWD].median_ms),
-                "Step vs loop": ratio(step_p, step_o)})  # fmt: skip
+                f"Forward vs {args.peer}": ratio(t_p[Mode.FWD].median_ms, t_o[Mode.FWD].median_ms),
+                f"Step vs {args.peer}": ratio(step_p, step_o)})  # fmt: skip
     return row
 
 
+_LAYER_COLUMNS = ["Case", "FP8", "T", "H", "F", "E", "topk", "Min Load", "Max Load", "Check",
+                  "Forward Time (ms)", "Step Time (ms)", "loop Step Time (ms)", "Step TFLOPS",
+                  "Forward vs loop", "Step vs loop", "out_snr", "dx_snr"]  # fmt: skip
 COLUMNS = {
     "ops": ["Case", "Op", "Variant", "T", "H", "E", "topk", "Check", "Forward Time (ms)",
             "Backward Time (ms)", "Forward GB/s", "Backward GB/s",
@@ -266,6 +293,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--part", choices=("ops", "layer", "all"), default="all")
     p.add_argument("--fp8", choices=("off", "tensorwise", "rowwise"), default="off",
                    help="MoELayer expert GEMMs in FP8 (the loop peer stays bf16)")  # fmt: skip
+    p.add_argument("--fp8-act", choices=("op", "fused"), default="op",
+                   help="MoELayer fp8_act: activations quantized in each GEMM, or upstream "
+                   "(before the permutation / fused into SwiGLU; rowwise)")  # fmt: skip
+    p.add_argument(
+        "--fp8-weight-cache",
+        action="store_true",
+        help="MoELayer fp8_weight_cache (expert weights quantized once per step)",
+    )
+    p.add_argument(
+        "--peer",
+        choices=("loop", "bf16"),
+        default="loop",
+        help="layer peer: the plain-PyTorch loop, or our bf16 MoELayer (same params)",
+    )
     p.add_argument(
         "--variants",
         default=None,
@@ -284,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     print(info.banner())
     notice = cpu_notice(info)
     cases = GPU_CASES if profile == "gpu" else CPU_CASES
+    peer = args.peer
+    COLUMNS["layer"] = [c.replace("loop", peer) for c in _LAYER_COLUMNS] + (
+        [f"{peer} Forward Time (ms)"] if peer != "loop" else [])  # fmt: skip
     if args.cases:
         want = [w.strip().lower() for w in args.cases.split(",") if w.strip()]
         cases = [c for c in cases if any(w in c[0].lower() for w in want)]
@@ -321,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     combined = Results(info)
     combined.rows = all_rows  # one tidy CSV: the Op column tells permute/unpermute/MoELayer
     name = f"moe_turbo_{args.part}_fp8-{args.fp8}_{info.date_compact}_{info.gpu}.csv"
+    if args.fp8 != "off":
+        name = name.replace(f"fp8-{args.fp8}", f"fp8-{args.fp8}-{args.fp8_act}-vs-{peer}")
     print(f"Results saved to {combined.write_csv(output_path(args.output, name))}")
     if notice:
         print(notice)
