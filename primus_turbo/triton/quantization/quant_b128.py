@@ -54,19 +54,13 @@ def _prefetch_l2(x_ptr, t, grid_n, stride_xm):
 
 @triton.jit
 def _amax(x, AXIS: tl.constexpr):
-    """Finite amax (fp32) of the bf16 ``x`` along ``AXIS`` from integer keys, exactly
-    ``max(_finite_abs(x.to(fp32)))`` without an fp32 copy of the tile. ``AXIS`` 1: the bits of
-    ``|x|`` (sign cleared) are monotone in ``|x|``, inf (0x7F80) and NaN (above) become 0;
-    ``AXIS`` 0: the same with the bits shifted left by one (another instruction sequence, so the
-    compiler does not merge the two key tiles into one held across both reductions)."""
-    b = x.to(tl.uint16, bitcast=True)
-    if AXIS == 1:
-        k = b & 0x7FFF
-        k = tl.max(tl.where(k < 0x7F80, k, 0), axis=AXIS)
-    else:
-        k = b << 1
-        k = tl.max(tl.where(k < 0xFF00, k, 0), axis=AXIS) >> 1
-    return (k.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    """Finite amax (fp32) of the bf16 ``x`` along ``AXIS``: ``|x|`` and the inf/NaN filter in
+    bf16 (exact; ``max(_finite_abs(x.to(fp32)))`` bit for bit), no fp32 copy of the tile; the
+    filtered tile is shared by the row and the column reductions. (Integer keys of the bf16
+    bits and fp32 math both needed more registers on sm_90: 8 warps at 80 spilled 226 / 108 B
+    against 28 B here.)"""
+    a = tl.abs(x)
+    return tl.max(tl.where(a < float("inf"), a, tl.zeros_like(a)), axis=AXIS).to(tl.float32)
 
 
 @triton.jit
@@ -106,30 +100,20 @@ def _b128_tile(
     else:
         x = tl.load(ptrs, mask=(rm[:, None] < M) & (rn[None, :] < N), other=0.0,
                     eviction_policy=policy)  # fmt: skip
+    # The column amaxes go to their st slots and are read back after a barrier (the row path
+    # runs in between), then overwritten with the inverse scales after a second barrier: the
+    # scale entering the q^T multiply is a load, not a reduction, so Triton converts the
+    # *bf16* tile to the store's layout (ldmatrix.trans, as in the tensorwise dual cast)
+    # instead of the fp8 one byte by byte. The scales are computed from the values read back.
+    c = pid_n * B + tl.arange(0, B)
+    sptr = st_ptr + pid_m * stride_stm + c.to(tl.int64) * stride_stn
+    smask = None if EVEN else c < N
+    tl.store(sptr, _amax(x, 0), mask=smask)
+    tl.debug_barrier()
     # rows of q: 1 x 128 blocks, scale (row, pid_n)
     _rows_out(x, q_ptr, s_ptr, pid_m * B, pid_n * B, M, N, stride_qm, stride_sm, stride_sn,
               pid_n, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
     # rows of q^T: 128 x 1 blocks, scale (column, pid_m)
-    _cols_reload(x, qt_ptr, st_ptr, pid_m * B, pid_n * B, M, N, stride_qtn, stride_stm,
-                 stride_stn, pid_m, FMAX, EMAX, FMT, SAT, EVEN)  # fmt: skip
-
-
-@triton.jit
-def _cols_reload(x, qt_ptr, st_ptr, r0, c0, M, N, stride_qtn, stride_stm, stride_stn, blk,
-                 FMAX: tl.constexpr, EMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr,
-                 EVEN: tl.constexpr):  # fmt: skip
-    """128x1 blocks of ``x`` (rows ``r0 + i`` of M, columns ``c0 + j`` of N) into ``q^T``.
-    The column amaxes are reduced in the load's layout, written to their ``st`` slots and read
-    back after a barrier; the scales are computed from the values read back (same bits) and
-    overwrite the slots after a second barrier. The scale entering the multiply is then a
-    load, not a reduction, so Triton converts the *bf16* tile to the store's layout (as in the
-    tensorwise dual cast) instead of the fp8 one byte by byte."""
-    c = c0 + tl.arange(0, B)
-    r = r0 + tl.arange(0, B)
-    sptr = st_ptr + blk * stride_stm + c.to(tl.int64) * stride_stn
-    smask = None if EVEN else c < N
-    tl.store(sptr, _amax(x, 0), mask=smask)
-    tl.debug_barrier()
     if EVEN:
         ac = tl.load(sptr, cache_modifier=".cg")
     else:
@@ -138,6 +122,7 @@ def _cols_reload(x, qt_ptr, st_ptr, r0, c0, M, N, stride_qtn, stride_stm, stride
     sc, sinv_c = _scale_of(ac, FMAX, False, EMAX)
     tl.store(sptr, sinv_c, mask=smask)
     q = _cast2(tl.trans(x).to(tl.float32), sc[:, None], FMAX, qt_ptr.dtype.element_ty, FMT, SAT)
+    r = pid_m * B + tl.arange(0, B)
     ptrs = qt_ptr + c.to(tl.int64)[:, None] * stride_qtn + r[None, :]
     if EVEN:
         tl.store(ptrs, q)
@@ -195,19 +180,22 @@ def quant_b128_kernel(
 
 # ---- variants (PRIMUS_TURBO_QUANT_B128=<name>) ---------------------------------------------
 # name -> (programs per SM / CU (0: one tile per program, the v3 grid), warps, NVIDIA register
-# cap, evict_first loads). sm_90 registers (ptxas): 16 warps at 64 and 8 warps at 128 do not spill;
-# 8 warps need ~100 (64: 568 B spilled, 80: 226 B), so 4 x 8 warps per SM is out of reach.
+# cap, evict_first loads). sm_90 (ptxas): 16 warps at 64 and 8 warps at 96+ do not spill;
+# 8 warps at 80 (3 programs per SM) spill 28 B, at 64 (the tensorwise cast's 4 per SM) 196 B.
 B128_VARIANTS = {
     "x8": (0, 8, 128, False),  # v3's grid and occupancy, only the bf16 transposition
     "x16": (0, 16, 64, False),  # one tile per program, 2 x 16 warps per SM
     "p16": (2, 16, 64, False),  # persistent, 2 x 16 warps per SM
     "p16e": (2, 16, 64, True),  # + evict_first loads
+    "p16f": (2, 16, 64, False),  # + the next tile prefetched into L2 (sm_90)
     "p8": (2, 8, 128, False),  # persistent, 2 x 8 warps per SM
-    "p8e": (2, 8, 128, True),  # + evict_first loads
-    "p16f": (2, 16, 64, False),  # p16 + the next tile prefetched into L2 (sm_90)
-    "p8f": (2, 8, 128, False),  # p8 + the next tile prefetched into L2 (sm_90)
+    "p8f": (2, 8, 128, False),  # + the next tile prefetched into L2 (sm_90)
+    "p83": (3, 8, 80, False),  # persistent, 3 x 8 warps per SM (28 B spilled on sm_90)
+    "p83f": (3, 8, 80, False),  # + the next tile prefetched into L2 (sm_90)
 }
-PREFETCH = frozenset({"p16f", "p8f"})  # NVIDIA sm_90, full tiles, stride_xm % 8 == 0
+PREFETCH = frozenset({"p16f", "p8f", "p83f"})  # NVIDIA sm_90, full tiles, stride_xm % 8 == 0
+# masked shapes (not multiples of 128) take another plan: 8 warps at 80 spill 296 B there
+_MASKED_PLAN = {"p83": "p8", "p83f": "p8f"}
 
 # the variant an unset PRIMUS_TURBO_QUANT_B128 selects on NVIDIA (None: v3 until measured)
 DEFAULT_NVIDIA: str | None = None
@@ -235,11 +223,13 @@ def launch_b128(x, q, s, qt, st, variant, fmax, emax, fmt, sat, nvidia, cus, u8)
     m, n = x.shape
     if m == 0 or n == 0:
         return True
+    even = m % 128 == 0 and n % 128 == 0
+    if not even:
+        variant = _MASKED_PLAN.get(variant, variant)
     per_sm, warps, nreg, evl = B128_VARIANTS[variant]
     ntiles = -(-m // 128) * -(-n // 128)
     grid = min(ntiles, per_sm * cus) if per_sm else ntiles
     extra = {"maxnreg": nreg} if nvidia else {}
-    even = m % 128 == 0 and n % 128 == 0
     pf = variant in PREFETCH and nvidia and even and x.stride(0) % 8 == 0
     pf = pf and torch.cuda.get_device_capability(x.device)[0] >= 9
     quant_b128_kernel[(grid,)](
@@ -261,7 +251,7 @@ def aot_specs(target: str) -> list[AotSpec]:
         pf = name in PREFETCH
         if pf and not nv:
             continue
-        for even in (True,) if pf else (True, False):
+        for even in (True,) if pf or name in _MASKED_PLAN else (True, False):
             cx = {"FMAX": fmax, "EMAX": 8, "FMT": (0, 0, 0, 0), "SAT": nv, "EVEN": even,
                   "EVL": evl, "PERSIST": per_sm > 0, "PF": pf}  # fmt: skip
             specs.append(

@@ -79,7 +79,7 @@ def test_b128_matches_v3_bitwise(monkeypatch, variant, shape):
 def test_b128_e5m2_masked(monkeypatch):
     """e5m2 on a shape with masked tiles in both directions, one tile per program and
     persistent (more tiles than programs on the GPU: 2 programs per SM)."""
-    for variant in ("x8", "p16"):
+    for variant in ("x8", "p16", "p83"):  # p83: the masked plan (p8)
         _check(monkeypatch, _extremes(72, 136), E5M2, variant)
 
 
