@@ -51,7 +51,7 @@ def permute_fp8(op, tokens, expert_map, scaling_factor, scales_per_token, num_lo
     flat = row_map.reshape(-1)
     dst = torch.where(flat >= 0, flat, n)  # dropped copies land in a spare row, cut below
     ps = torch.zeros((n + 1, spt), dtype=torch.float32, device=s.device)
-    ps.index_copy_(0, dst, s.repeat_interleave(k, dim=0) if k != 1 else s)
+    ps.index_copy_(0, dst, s.unsqueeze(1).expand(t, k, spt).reshape(t * k, spt))  # no sync
     ps = ps[:n]
     if scaling_factor.dim() == 1:
         ps = ps.reshape(n)
