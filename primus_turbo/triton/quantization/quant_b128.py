@@ -181,7 +181,8 @@ def quant_b128_kernel(
 # ---- variants (PRIMUS_TURBO_QUANT_B128=<name>) ---------------------------------------------
 # name -> (programs per SM / CU (0: one tile per program, the v3 grid), warps, NVIDIA register
 # cap, evict_first loads). sm_90 (ptxas): 16 warps at 64 and 8 warps at 96+ do not spill;
-# 8 warps at 80 (3 programs per SM) spill 28 B, at 64 (the tensorwise cast's 4 per SM) 196 B.
+# 8 warps at 80 (3 programs per SM) spill 28 B, at 64 (the tensorwise cast's 4 per SM) 196 B;
+# 16 warps at 40 (3 per SM) 64 B, at 32 (4 per SM) 242 B.
 B128_VARIANTS = {
     "x8": (0, 8, 128, False),  # v3's grid and occupancy, only the bf16 transposition
     "x16": (0, 16, 64, False),  # one tile per program, 2 x 16 warps per SM
@@ -192,10 +193,11 @@ B128_VARIANTS = {
     "p8f": (2, 8, 128, False),  # + the next tile prefetched into L2 (sm_90)
     "p83": (3, 8, 80, False),  # persistent, 3 x 8 warps per SM (28 B spilled on sm_90)
     "p83f": (3, 8, 80, False),  # + the next tile prefetched into L2 (sm_90)
+    "p163": (3, 16, 40, False),  # persistent, 3 x 16 warps per SM (64 B spilled on sm_90)
 }
 PREFETCH = frozenset({"p16f", "p8f", "p83f"})  # NVIDIA sm_90, full tiles, stride_xm % 8 == 0
-# masked shapes (not multiples of 128) take another plan: 8 warps at 80 spill 296 B there
-_MASKED_PLAN = {"p83": "p8", "p83f": "p8f"}
+# masked shapes (not multiples of 128) take another plan (8 warps at 80 spill 296 B there)
+_MASKED_PLAN = {"p83": "p8", "p83f": "p8f", "p163": "p16"}
 
 # the variant an unset PRIMUS_TURBO_QUANT_B128 selects on NVIDIA (None: v3 until measured)
 DEFAULT_NVIDIA: str | None = None
