@@ -128,10 +128,12 @@ _INTERP_PROGRAMS = 3  # interpreter grid of the persistent mx_tw walk
 def mxdual_mode() -> str:
     """``PRIMUS_TURBO_QUANT_MXDUAL`` (session 7, opt-in A/B): ``words`` (unset: the word
     kernel), ``tw`` (``mx_tw_kernel``, quant_mx_tw.py: the tensorwise dual cast pass's skeleton,
-    persistent, ``PRIMUS_TURBO_QUANT_MXDUAL_PER_SM`` programs per SM, default 4) or ``twp``
+    persistent, ``PRIMUS_TURBO_QUANT_MXDUAL_PER_SM`` programs per SM, default 2) or ``twp``
     (the same kernel, one tile per program). ``PRIMUS_TURBO_QUANT_MXDUAL_TILE=BMxBN`` (BM and
-    BN 32, 64 or 128; default 128x128); the NVIDIA register cap is 65536 / (per SM x threads),
-    64 at the defaults, for both (``PRIMUS_TURBO_QUANT_MAXNREG_MX_TW`` overrides it)."""
+    BN 32, 64 or 128; default 128x128), ``PRIMUS_TURBO_QUANT_WARPS_MX_TW`` (default 16); the
+    NVIDIA register cap is 65536 / (per SM x threads), 64 at the defaults (for ``twp`` too:
+    PER_SM sets the cap there), ``PRIMUS_TURBO_QUANT_MAXNREG_MX_TW`` overrides it. 8 warps x 4
+    per SM (the tensorwise cast pass's shape) spills 180-230 B on sm_90 at 64 registers."""
     raw = os.environ.get("PRIMUS_TURBO_QUANT_MXDUAL", "").strip().lower() or "words"
     if raw not in MXDUAL_MODES:
         raise ValueError(
@@ -166,6 +168,11 @@ def _launch_mx_tw(x, q, s, qt, st, dtype, s_strides, st_strides, persist):
     bm, bn = _mx_tw_tile()
     per_sm = ql._env_int("PRIMUS_TURBO_QUANT_MXDUAL_PER_SM", MX_TW_PER_SM)
     warps = ql._knob("WARPS", "mx_tw", MX_TW_WARPS)
+    if nvidia and per_sm * warps > 64:  # 2048 threads per SM
+        raise ValueError(
+            "primus_turbo: PRIMUS_TURBO_QUANT_MXDUAL_PER_SM x warps (PRIMUS_TURBO_QUANT_WARPS_MX_TW"
+            f", default {MX_TW_WARPS}) expected <= 64, got {per_sm} x {warps}"
+        )
     nreg = ql._knob("MAXNREG", "mx_tw", min(255, 65536 // (per_sm * warps * 32)) // 8 * 8)
     extra = {"maxnreg": nreg} if nvidia else {}
     grid_m, grid_n = ql._cdiv(m, bm), ql._cdiv(n, bn)

@@ -5,9 +5,9 @@ row and 32 columns) and ``qt`` [N, M] with ``st`` [N, M/32] (one per column and 
 bitwise what ``quant_words_kernel`` gives. The structure is ``tw_quant_kernel``'s cast pass
 (quant_tensorwise.py, PHASE=2 DUAL=True: the fastest dual-output kernel on the H200, ncu 34.8
 us at 8192x4096 vs 41.3 us for the MX dual word kernel): ``BM x BN`` tiles loaded as bf16,
-8 warps, 64 registers (4 programs = 32 warps per SM instead of the word kernel's 16),
-optionally persistent (``PERSIST``: a 1-D grid of 4 programs per SM walking the tiles ``pid,
-pid + P, ...``); both outputs stored row-contiguous.
+32 warps per SM at 64 registers (the word kernel: 16 at 96), optionally persistent
+(``PERSIST``: a 1-D grid walking the tiles ``pid, pid + P, ...``); both outputs stored
+row-contiguous.
 
 Per tile:
 * row path: amax keys of the bf16 bits (``(b << 17) + 2^24`` as uint32, the word kernel's
@@ -145,14 +145,18 @@ def mx_tw_kernel(
 # ---- ahead-of-time check -------------------------------------------------------------------
 
 MX_TW_TILE = (128, 128)  # the tensorwise dual cast pass's tile on NVIDIA
-MX_TW_WARPS = 8
-MX_TW_PER_SM = 4  # persistent programs per SM; NVIDIA register cap 65536 / (4 x 256) = 64
+# 16 warps x 2 programs per SM (32 warps per SM, as the tw cast pass's 8 x 4): the NVIDIA
+# register cap 65536 / (programs x threads) = 64, no spill on sm_90; 8 warps x 4 programs
+# (the tw cast pass's shape) spills 180-230 B at 64 registers (none at 96): A/B only
+# (PRIMUS_TURBO_QUANT_WARPS_MX_TW=8 PRIMUS_TURBO_QUANT_MXDUAL_PER_SM=4), not in the AOT specs
+MX_TW_WARPS = 16
+MX_TW_PER_SM = 2
 
-# (name, BM, BN, PERSIST, even)
-_AOT = [("p", 128, 128, True, True), ("p", 128, 128, True, False),
-        ("", 128, 128, False, True), ("", 128, 128, False, False),
-        ("p_64x128", 64, 128, True, True), ("p_64x128", 64, 128, True, False),
-        ("64x128", 64, 128, False, True)]  # fmt: skip
+# (name, BM, BN, PERSIST, even, warps, programs per SM); cap 64 registers each
+_AOT = [("p", 128, 128, True, True, 16, 2), ("p", 128, 128, True, False, 16, 2),
+        ("", 128, 128, False, True, 16, 2), ("", 128, 128, False, False, 16, 2),
+        ("p_64x128", 64, 128, True, True, 8, 4), ("p_64x128", 64, 128, True, False, 8, 4),
+        ("64x128", 64, 128, False, True, 8, 4)]  # fmt: skip
 
 
 def aot_specs(target: str) -> list[AotSpec]:
@@ -167,12 +171,12 @@ def aot_specs(target: str) -> list[AotSpec]:
            "stride_qm": "i32:16", "stride_qtn": "i32:16", "stride_sm": "i32", "stride_sn": "i32",
            "stride_stm": "i32", "stride_stn": "i32"}  # fmt: skip
     specs = []
-    for name, bm, bn, persist, even in _AOT:
+    for name, bm, bn, persist, even, warps, per_sm in _AOT:
         cx = {"BM": bm, "BN": bn, "FMAX": fmax, "EMAX": 8, "FMT": (0, 0, 0, 0), "SAT": nvidia,
               "EVEN": even, "PERSIST": persist}  # fmt: skip
-        opts = {"num_warps": MX_TW_WARPS}
+        opts = {"num_warps": warps}
         if nvidia:
-            opts["maxnreg"] = 65536 // (MX_TW_PER_SM * MX_TW_WARPS * 32)
+            opts["maxnreg"] = 65536 // (per_sm * warps * 32)
         tag = f"quant_mx_tw{('_' + name) if name else ''}{'_even' if even else ''}_{fp8}"
         specs.append(AotSpec(tag, mx_tw_kernel, sig, cx, opts))
     return specs

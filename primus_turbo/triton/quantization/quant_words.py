@@ -28,6 +28,10 @@ copy): MX rows 0.866 (sliced 0.846), MX dual 0.779 with the 64x256 tile (32x256 
 the v3 tile kernel (0.58 vs 0.695) and was removed. Results are bitwise those of
 ``quant_sliced_kernel`` / ``quant_tile_v2_kernel``. The launcher checks what word loads need: an
 even ``N`` and row stride, a 4-byte aligned input.
+H200 call 7.2 (MX dual, x of copy, 8192x4096 / 6144x4096 geomean; default 0.793): tiles 128x64
+0.769 / 128x32 0.606, evict-first loads + ``.cs`` stores 0.706, persistent with the next tile
+prefetched 0.718, 4 row slices per thread (64 registers, 32 warps per SM) 0.757-0.790, the even
+and odd column scales in one store 0.791: all removed (docs/low_precision_notes.md, session 7).
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 _ENV = ("PRIMUS_TURBO_QUANT_SLICED", "PRIMUS_TURBO_QUANT_SLICED_MX", "PRIMUS_TURBO_QUANT_WORDS",
         "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_ROWS", "PRIMUS_TURBO_QUANT_WORDS_TILE",
         "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_DUAL", "PRIMUS_TURBO_QUANT_MXDUAL",
-        "PRIMUS_TURBO_QUANT_MXDUAL_TILE", "PRIMUS_TURBO_QUANT_MXDUAL_PER_SM")  # fmt: skip
+        "PRIMUS_TURBO_QUANT_MXDUAL_TILE", "PRIMUS_TURBO_QUANT_MXDUAL_PER_SM",
+        "PRIMUS_TURBO_QUANT_WARPS_MX_TW")  # fmt: skip
 
 
 def _quant(recipe, x, dtype):
@@ -43,10 +44,11 @@ CASES = [("mx_dual", None), ("mx_rows", None), ("mx_dual", "WORDS=0"), ("mx_rows
 _ODD_ONLY = ("WORDS_TILE=32x256", "WORDS_TILE=64x256", "MXDUAL=twp")  # CPU: masked shapes only
 if HAS_GPU:
     CASES += [("mx_dual", "MAXNREG_WORDS_MX_DUAL=80"),
-              ("mx_dual", "MXDUAL=tw MXDUAL_TILE=64x128"),
-              ("mx_dual", "MXDUAL=twp MXDUAL_TILE=64x128"),
-              ("mx_dual", "MXDUAL=tw MXDUAL_PER_SM=3"),
-              ("mx_dual", "MXDUAL=tw MXDUAL_TILE=64x64 MXDUAL_PER_SM=8")]  # fmt: skip
+              ("mx_dual", "MXDUAL=tw MXDUAL_TILE=64x128 WARPS_MX_TW=8 MXDUAL_PER_SM=4"),
+              ("mx_dual", "MXDUAL=twp MXDUAL_TILE=64x128 WARPS_MX_TW=8 MXDUAL_PER_SM=4"),
+              ("mx_dual", "MXDUAL=tw WARPS_MX_TW=8 MXDUAL_PER_SM=4"),
+              ("mx_dual", "MXDUAL=twp WARPS_MX_TW=8 MXDUAL_PER_SM=4"),
+              ("mx_dual", "MXDUAL=tw WARPS_MX_TW=8 MXDUAL_PER_SM=3")]  # fmt: skip
 
 
 @pytest.mark.parametrize("recipe,extra", CASES, ids=["-".join(map(str, c)) for c in CASES])
