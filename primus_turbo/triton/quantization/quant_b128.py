@@ -4,24 +4,27 @@
 scale per (row, 128 columns) and ``q^T`` [N, M] with one scale per (column, 128 rows). The v3
 tile kernel (quant_kernel_v2, MODE ROWS + DUAL: one 128x128 tile per program, 8 warps, 119
 registers, 2 programs per SM) reaches ~0.69 of copy on the H200; the tensorwise dual cast pass
-(quant_tensorwise ``tw_quant_kernel`` PHASE=2 DUAL: same two outputs, 128x128 tiles, 8 warps)
-reaches ~copy speed. What that kernel does differently, each a knob here:
-* occupancy: a persistent grid of ``PER_SM`` programs per SM walking the tiles ``pid, pid + P,
-  ...`` at a 64-register cap (4 x 8 warps = 32 warps per SM) instead of 2 x 8 one-tile
-  programs at 119 registers. To fit, the tile stays in bf16 (32 registers per thread) and the
-  fp32 values are formed piecewise inside the reductions and the casts;
-* the transposition: ``q^T`` comes from the *bf16* tile transposed (``tl.trans(x)``), the column
-  amax being a row reduction of that transposed tile, so the 128x1 path is the 1x128 path of
-  ``x^T``. ``OPQ`` passes the transposed tile through an opaque identity (NVIDIA inline PTX,
-  ``mov.b32`` of bf16 pairs) so that Triton cannot rematerialise the column chain in the load's
-  layout and convert the *fp8* tile byte by byte (what v3 does): the layout conversion stays on
-  the bf16 tile (16-bit: ``stmatrix`` / ``ldmatrix.trans`` as in the tensorwise cast);
-* ``EVL``: ``evict_first`` loads (the tensorwise cast's ``EVC``).
-Scales and casts are v3's (``_finite_abs``, ``_scale_of``, ``x * scale`` -> fp8, satfinite on
-NVIDIA, ``_cast2`` elsewhere), so every output is bitwise v3's (tests/pytorch/ops/
-test_quantization_b128.py). Round 1's word-packed variants (w8, w8g, w8gc, h8g, h16g, h16gc,
-h16gp2, h16gp2c) all lost to v3 on the H200 (call 7.2: 0.601 .. 0.299 vs 0.687 of copy) and
-were removed.
+(quant_tensorwise ``tw_quant_kernel`` PHASE=2 DUAL: same two outputs, 128x128 tiles, 8 warps,
+4 persistent programs per SM at 64 registers) reaches ~copy speed. What differs, each a knob:
+* the transposition. In the tensorwise cast the chain from the load to the q^T store is all
+  elementwise, so Triton moves its one layout conversion back onto the loaded *bf16* tile
+  (sm_90: 8 ``st.shared.v4`` + 8 ``ldmatrix.x4.trans`` per thread). In v3 the column scale
+  comes from a reduction Triton does not rematerialise in another layout, so the conversion
+  stays in front of the store, on the *fp8* tile, byte by byte (40 ``st.shared.b32`` + 64
+  ``ld.shared.b8``); ``tl.trans`` of the bf16 tile, even behind an opaque inline-asm
+  identity, gives the same code. Here the column amaxes are stored to their ``st`` slots and
+  read back after a barrier (the row path runs in between); the scale entering the q^T
+  multiply is then a load, and the bf16 tile is what gets transposed (every variant);
+* occupancy: persistent programs (``PERSIST``) walking the tiles ``pid, pid + P, ...``, 2 or
+  3 per SM, 8 or 16 warps, under register caps (see ``B128_VARIANTS``); the tile stays in
+  bf16 (amaxes in bf16, fp32 only inside the casts);
+* ``EVL``: ``evict_first`` loads (the tensorwise cast's ``EVC``); ``PF``: the program's next
+  tile prefetched into L2 (sm_90), the L2 hits the tensorwise cast gets from its amax pass.
+Scales and casts are v3's (``_scale_of``, ``x * scale`` -> fp8, satfinite on NVIDIA,
+``_cast2`` elsewhere; amaxes equal to ``max(_finite_abs(x))``), so every output is bitwise
+v3's (tests/pytorch/ops/test_quantization_b128.py). Round 1's word-packed variants (w8, w8g,
+w8gc, h8g, h16g, h16gc, h16gp2, h16gp2c) all lost to v3 on the H200 (call 7.2: 0.601 ..
+0.299 vs 0.687 of copy) and were removed.
 """
 
 from __future__ import annotations
