@@ -84,6 +84,17 @@ def _quant_rows(x: torch.Tensor, dtype: torch.dtype, gran: ScalingGranularity):
     return q, s.reshape(-1)
 
 
+def _dequant_rows(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``q [M, K]`` fp8 rows times their fp32 scales ``s [M]``, in ``dtype`` (one Triton pass
+    on CUDA; torch elsewhere, same values)."""
+    s = s.float().reshape(-1)
+    if q.is_cuda and dtype in (torch.bfloat16, torch.float16) and q.stride(-1) == 1:
+        from primus_turbo.triton.moe.permute_kernel import dequant_rows_triton
+
+        return dequant_rows_triton(q, s.contiguous(), dtype)
+    return (q.float() * s.reshape(-1, 1)).to(dtype)
+
+
 def _quant_cols(x: torch.Tensor, dtype: torch.dtype, gran: ScalingGranularity):
     """``(q, scale [cols])``: x quantized along its first dim (one scale per column)."""
     if gran == _TENSOR:
@@ -266,7 +277,7 @@ class GroupedGemmFp8Function(torch.autograd.Function):
         g = grad_out.contiguous()
         grad_a = grad_b = None
         if a is None and ctx.needs_input_grad[3]:  # pre-quantized a: no source, or grad_only
-            a = (qa.float() * sa.float().reshape(-1, 1)).to(ctx.a_dtype)
+            a = _dequant_rows(qa, sa, ctx.a_dtype)
         if ctx.needs_input_grad[0]:
             # the weights in high precision when needed: the source, else the fp8 forward
             # weights dequantized ([G, N, K] -> b's layout)

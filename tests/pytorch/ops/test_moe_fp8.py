@@ -342,3 +342,17 @@ def test_moe_quantize_permute_fp8_gpu(t, h, e, k, device):
     qt = swiglu_with_probs_fp8(y, p, dt)
     q2, s2 = _quant_rows(swiglu_with_probs(y, p), dt)
     assert same_bits(qt.qdata, q2) and torch.equal(qt.scale_inv, s2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k", [(32768, 7168), (3001, 2880), (7, 20)])
+def test_dequant_rows_gpu(m, k, device):
+    """The wgrad's dequantization of a grad-only ``a`` (Triton on CUDA) equals torch's."""
+    from primus_turbo.pytorch.ops.grouped_gemm_fp8 import _dequant_rows
+
+    if device != "cuda":
+        pytest.skip("the Triton dequantization runs on CUDA only")
+    q = torch.randn(m, k, device=device).to(_fp8(device))
+    s = torch.rand(m, device=device) * 4
+    want = (q.float() * s[:, None]).to(torch.bfloat16)
+    assert same_bits(_dequant_rows(q, s, torch.bfloat16), want)
