@@ -219,7 +219,7 @@ def moe_permute(
     probs_layout: str = "topk",
     scales_per_token: int = 0,
     use_fp8: bool = False,
-    _bytes: bool = False,  # internal: uint8 rows (the fp8 path's view), no dtype check
+    _bytes: bool = False,  # internal: uint8 / int32 rows (the fp8 path's views of fp8 rows)
 ):
     """Sort token copies by expert (expert-major, stable).
 
@@ -258,7 +258,8 @@ def moe_permute(
             op, tokens, expert_map, scaling_factor, scales_per_token, num_local_experts,
             num_topk, pad_multiple, num_permuted_tokens, probs, probs_layout,
         )  # fmt: skip
-    check_tensor(op, "tokens", tokens, ndim=2, dtypes=(torch.uint8,) if _bytes else FLOAT_DTYPES)
+    raw = (torch.uint8, torch.int32)  # the fp8 path's byte / word views
+    check_tensor(op, "tokens", tokens, ndim=2, dtypes=raw if _bytes else FLOAT_DTYPES)
     check_same_device(op, tokens=tokens, expert_map=expert_map)
     if scaling_factor is not None or scales_per_token:
         got = "a tensor" if scaling_factor is not None else f"scales_per_token={scales_per_token}"

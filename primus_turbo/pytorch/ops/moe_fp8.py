@@ -41,8 +41,15 @@ def permute_fp8(op, tokens, expert_map, scaling_factor, scales_per_token, num_lo
     want = ((t,), (t, 1)) if spt == 1 else ((t, spt),)
     check(tuple(scaling_factor.shape) in want, op, "scaling_factor",
           f"shape {' or '.join(str(w) for w in want)}", tuple(scaling_factor.shape))  # fmt: skip
+    # rows as 4-byte words where they divide (wider vectors in the row kernels), else bytes
+    h = tokens.shape[1]
+    word = torch.int32 if h % 4 == 0 and tokens.stride(1) == 1 and tokens.stride(0) % 4 == 0 \
+        and tokens.storage_offset() % 4 == 0 else torch.uint8  # fmt: skip
+    raw = tokens.view(torch.uint8)
+    if word != torch.uint8:
+        raw = raw.view(word)
     perm, row_map, tpe, flag, disp, _, pp = moe_permute(
-        tokens.view(torch.uint8), expert_map, num_local_experts=num_local_experts,
+        raw, expert_map, num_local_experts=num_local_experts,
         num_topk=num_topk, pad_multiple=pad_multiple, num_permuted_tokens=num_permuted_tokens,
         probs=probs, probs_layout=probs_layout, _bytes=True,
     )  # fmt: skip
@@ -55,7 +62,7 @@ def permute_fp8(op, tokens, expert_map, scaling_factor, scales_per_token, num_lo
     ps = ps[:n]
     if scaling_factor.dim() == 1:
         ps = ps.reshape(n)
-    return perm.view(tokens.dtype), row_map, tpe, flag, disp, ps, pp
+    return perm.view(torch.uint8).view(tokens.dtype), row_map, tpe, flag, disp, ps, pp
 
 
 class _PermuteSink(torch.autograd.Function):
