@@ -15,9 +15,7 @@ KERNEL_MODULES: tuple[str, ...] = (
     "primus_turbo.triton.quantization.quant_kernel_v2",
     "primus_turbo.triton.quantization.quant_dual",
     "primus_turbo.triton.quantization.quant_words",
-    "primus_turbo.triton.quantization.quant_mx_tw",
     "primus_turbo.triton.quantization.quant_tensorwise",
-    "primus_turbo.triton.quantization.quant_b128",
     "primus_turbo.triton.gemm.gemm_fp8_kernel",
     "primus_turbo.triton.gemm.gemm_mx_kernel",
 )

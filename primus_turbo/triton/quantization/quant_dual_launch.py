@@ -26,12 +26,6 @@ import torch
 from primus_turbo.pytorch.core.platform import triton_interpret
 from primus_turbo.triton.quantization.quant_common import slice_warps
 from primus_turbo.triton.quantization.quant_dual import SLICED_CONFIGS, quant_sliced_kernel
-from primus_turbo.triton.quantization.quant_mx_tw import (
-    MX_TW_PER_SM,
-    MX_TW_TILE,
-    MX_TW_WARPS,
-    mx_tw_kernel,
-)
 from primus_turbo.triton.quantization.quant_words import (
     WORDS_CONFIGS,
     WORDS_MAXNREG,
@@ -121,76 +115,6 @@ def words_on(name: str, x: torch.Tensor) -> bool:
     )
 
 
-MXDUAL_MODES = ("words", "tw", "twp")
-_INTERP_PROGRAMS = 3  # interpreter grid of the persistent mx_tw walk
-
-
-def mxdual_mode() -> str:
-    """``PRIMUS_TURBO_QUANT_MXDUAL`` (session 7, opt-in A/B): ``words`` (unset: the word
-    kernel), ``tw`` (``mx_tw_kernel``, quant_mx_tw.py: the tensorwise dual cast pass's skeleton,
-    persistent, ``PRIMUS_TURBO_QUANT_MXDUAL_PER_SM`` programs per SM, default 2) or ``twp``
-    (the same kernel, one tile per program). ``PRIMUS_TURBO_QUANT_MXDUAL_TILE=BMxBN`` (BM and
-    BN 32, 64 or 128; default 128x128), ``PRIMUS_TURBO_QUANT_WARPS_MX_TW`` (default 16); the
-    NVIDIA register cap is 65536 / (per SM x threads), 64 at the defaults (for ``twp`` too:
-    PER_SM sets the cap there), ``PRIMUS_TURBO_QUANT_MAXNREG_MX_TW`` overrides it. 8 warps x 4
-    per SM (the tensorwise cast pass's shape) spills 180-230 B on sm_90 at 64 registers."""
-    raw = os.environ.get("PRIMUS_TURBO_QUANT_MXDUAL", "").strip().lower() or "words"
-    if raw not in MXDUAL_MODES:
-        raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_QUANT_MXDUAL expected one of {MXDUAL_MODES}, got {raw!r}"
-        )
-    return raw
-
-
-def _mx_tw_tile() -> tuple[int, int]:
-    raw = os.environ.get("PRIMUS_TURBO_QUANT_MXDUAL_TILE", "").strip().lower()
-    if not raw:
-        return MX_TW_TILE
-    try:
-        bm, bn = (int(v) for v in raw.split("x"))
-    except ValueError:
-        bm = bn = 0
-    if bm not in (32, 64, 128) or bn not in (32, 64, 128):
-        raise ValueError(
-            "primus_turbo: PRIMUS_TURBO_QUANT_MXDUAL_TILE expected BMxBN with BM and BN 32, 64 "
-            f"or 128, got {raw!r}"
-        )
-    return bm, bn
-
-
-def _launch_mx_tw(x, q, s, qt, st, dtype, s_strides, st_strides, persist):
-    """MX dual through ``mx_tw_kernel`` (``PRIMUS_TURBO_QUANT_MXDUAL=tw`` / ``twp``)."""
-    from primus_turbo.triton.quantization import quant_launch as ql
-
-    m, n = x.shape
-    interp = triton_interpret()
-    nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
-    bm, bn = _mx_tw_tile()
-    per_sm = ql._env_int("PRIMUS_TURBO_QUANT_MXDUAL_PER_SM", MX_TW_PER_SM)
-    warps = ql._knob("WARPS", "mx_tw", MX_TW_WARPS)
-    if nvidia and per_sm * warps > 64:  # 2048 threads per SM
-        raise ValueError(
-            "primus_turbo: PRIMUS_TURBO_QUANT_MXDUAL_PER_SM x warps (PRIMUS_TURBO_QUANT_WARPS_MX_TW"
-            f", default {MX_TW_WARPS}) expected <= 64, got {per_sm} x {warps}"
-        )
-    nreg = ql._knob("MAXNREG", "mx_tw", min(255, 65536 // (per_sm * warps * 32)) // 8 * 8)
-    extra = {"maxnreg": nreg} if nvidia else {}
-    grid_m, grid_n = ql._cdiv(m, bm), ql._cdiv(n, bn)
-    if persist:
-        cap = _INTERP_PROGRAMS if interp else per_sm * ql.num_compute_units(x.device)
-        grid = (min(grid_m * grid_n, cap),)
-    else:
-        persist = grid_m > 65535  # past the limit of a second grid axis: a 1-D walk
-        grid = (grid_m * grid_n,) if persist else (grid_n, grid_m)
-    even = ql._env_flag("PRIMUS_TURBO_QUANT_EVEN", True) and m % bm == 0 and n % bn == 0
-    mx_tw_kernel[grid](
-        x, ql._u8(q), s, ql._u8(qt), st, m, n, x.stride(0), q.stride(0), qt.stride(0),
-        *s_strides, *st_strides, BM=bm, BN=bn, FMAX=ql._fmax(dtype), EMAX=ql._EMAX[dtype],
-        FMT=ql._interp_fmt(dtype), SAT=nvidia and ql._hw_satfinite(x.device.index), EVEN=even,
-        PERSIST=persist, num_warps=warps, **extra,
-    )  # fmt: skip
-
-
 def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     """Quantize ``x`` into ``q``/``s`` (and ``qt``/``st``) with ``WORDS_CONFIGS[name]``;
     ``PRIMUS_TURBO_QUANT_WARPS`` / ``_MAXNREG`` (or ``_MAXNREG_WORDS_<NAME>``), ``_EVEN`` and
@@ -204,10 +128,6 @@ def launch_words(x, q, s, qt, st, name, dtype, s_strides, st_strides):
     bm, bn, dual = WORDS_CONFIGS[name]
     m, n = x.shape
     if m == 0 or n == 0:
-        return
-    mode = mxdual_mode() if dual else "words"
-    if mode != "words":
-        _launch_mx_tw(x, q, s, qt, st, dtype, s_strides, st_strides, mode == "tw")
         return
     raw = os.environ.get("PRIMUS_TURBO_QUANT_WORDS_TILE", "").strip().lower()
     if raw:

@@ -364,27 +364,10 @@ def quant_blockwise(x: torch.Tensor, dtype: torch.dtype, block: int, axis, dual:
     st = _outer_major(n, _cdiv(m, block), dev)  # scales of x.T: [N, ceil(M/b)]
     st_strides = (st.stride(1), st.stride(0))  # the kernel indexes (m-block, n)
     if block == 128 and _use_v2(x):
-        if _v3() and _b128(x, q, s, qt, st, dtype):  # PRIMUS_TURBO_QUANT_B128 (opt-in)
-            return q, s, qt, st
         _tile_v2(x, q, s, qt, st, "block_dual", dtype, s.stride(), st_strides)
         return q, s, qt, st
     _tile(x, q, s, qt, st, None, block, block, ROWS, True, dtype, s.stride(), st_strides, 8)
     return q, s, qt, st
-
-
-def _b128(x, q, s, qt, st, dtype) -> bool:
-    """The 1x128 dual through quant_b128 (the tensorwise dual cast's plan: bf16 transpose,
-    persistent programs) when ``PRIMUS_TURBO_QUANT_B128`` names a variant. False: v3."""
-    from primus_turbo.triton.quantization import quant_b128 as b128
-
-    interp = triton_interpret()
-    nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
-    variant = b128.b128_variant(nvidia)
-    if variant is None:
-        return False
-    return b128.launch_b128(x, q, s, qt, st, variant, _fmax(dtype), _EMAX[dtype],
-                            _interp_fmt(dtype), _nvidia_sat(x), nvidia,
-                            num_compute_units(None if interp else x.device), _u8)  # fmt: skip
 
 
 # MX tiles (BM, BN, warps): several 32-blocks per program in both directions (a 32x32 tile per
