@@ -8,15 +8,28 @@ unpadded, so the grouped GEMMs see exactly ``T * topk`` rows and no host synchro
 anywhere in the forward or backward (with the TRITON/HIPBLASLT grouped GEMM backends).
 With ``fp8_config`` the two expert GEMMs run in FP8 (``grouped_gemm_fp8``).
 
-FP8 activations (``fp8_act``): ``"op"`` each grouped GEMM quantizes its input (``T * topk``
-rows of the permuted tokens, and the SwiGLU output); ``"fused"`` (ROWWISE) quantization moves
-upstream, as production FP8 MoE stacks do: the tokens are quantized before the permutation
-(``T`` rows) and permuted as fp8 rows with their scales (``moe_quantize_permute_fp8``), and the
-activation writes fp8 + row scales in one kernel (``swiglu_with_probs_fp8``); bitwise the same
-forward as ``"op"``. Their backward runs on the saved bf16 tensors; the expert weight gradients
-use the dequantized fp8 activations (the values the forward multiplied). ``fp8_weight_cache``:
-the expert weights' fp8 copies (``quantize_grouped_weight``, forward and dgrad) are kept until
-the next optimizer step or an in-place change (as ``GroupedLinear(fp8_weight_cache=True)``).
+FP8 activations (``fp8_act``): ``"fused"`` (the default for ROWWISE recipes) moves the
+quantization upstream, as production FP8 MoE stacks do: the tokens are quantized before the
+permutation (``T`` rows instead of ``T * topk``) and permuted as fp8 rows with their scales
+(``moe_quantize_permute_fp8``), and the activation writes fp8 + row scales in one kernel
+(``swiglu_with_probs_fp8``); bitwise the same forward as ``"op"``, where each grouped GEMM
+quantizes its input (TENSORWISE recipes always; ``PRIMUS_TURBO_MOE_FP8_ACT=op`` selects it for
+ROWWISE). H200 (call 7.3, graph timing, weight cache on, vs our bf16 layer), forward fused /
+op: DeepSeek-V3 1.78 / 1.63, Qwen3-30B-A3B 1.47 / 1.36, gpt-oss-20b 1.62 / 1.59; step
+(forward + backward) 1.30 / 1.30, 1.19 / 1.21, 1.28 / 1.33 (noise level). Backward: the
+output gradients are quantized rowwise for the two fp8 dgrad GEMMs; the expert weight
+gradients run in bf16 (``PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD=hp``) on the dequantized fp8
+activations (the values the forward multiplied; ``"op"``: the saved bf16 inputs).
+
+``fp8_weight_cache`` (default ``None`` = on, except while a CUDA graph is being captured): the
+expert weights' fp8 copies (``quantize_grouped_weight``: forward along K and the dgrad's along
+N, together the bf16 weights' bytes) are kept and re-quantized only after an optimizer step
+(any ``torch.optim.Optimizer``: a global step post-hook) or an in-place change of the weight
+(version counter), so every micro-batch between two steps reuses them. Writes that bypass both
+(``w.data.copy_(...)``, raw storage writes) need ``refresh_fp8_weights()`` (or
+``ops.grouped_gemm_fp8.clear_weight_cache()``). ``False`` quantizes the weights in every call
+(no extra memory); ``True`` also uses the cached copies under CUDA-graph capture, as graph
+inputs: then call ``refresh_fp8_weights()`` outside the graph after each optimizer step.
 """
 
 from __future__ import annotations
@@ -67,11 +80,12 @@ class MoELayer(torch.nn.Module):
             (TENSORWISE or ROWWISE, bf16 output).
         fp8_act: where the fp8 activations are quantized (see the module doc): ``"op"`` (in
             each GEMM) or ``"fused"`` (ROWWISE only: before the permutation and inside the
-            activation kernel); None: ``PRIMUS_TURBO_MOE_FP8_ACT`` (default ``op``; ``fused``
-            applies to ROWWISE recipes only).
+            activation kernel); None: ``PRIMUS_TURBO_MOE_FP8_ACT`` (default ``fused`` for
+            ROWWISE, ``op`` for TENSORWISE, which ``fused`` does not apply to).
         fp8_weight_cache: keep the expert weights' fp8 copies from one optimizer step to the
-            next (see the module doc; under CUDA-graph capture a fresh cached copy is used as
-            a graph input: call ``refresh_fp8_weights()`` outside the graph after each step).
+            next (see the module doc). None (default): on, except during CUDA-graph capture
+            (quantized inside the graph); False: off; True: also under capture, the cached
+            copies as graph inputs (call ``refresh_fp8_weights()`` after each step).
     Parameters: ``router_weight [E, D]``, ``w1 [E, 2F, D]`` (gate rows then up rows),
     ``w2 [E, D, F]``; the ``[out, in]`` layout of ``GroupedLinear`` (``trans_b=True``).
 
@@ -94,7 +108,7 @@ class MoELayer(torch.nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         fp8_act: str | None = None,
-        fp8_weight_cache: bool = False,
+        fp8_weight_cache: bool | None = None,
     ) -> None:
         super().__init__()
         op = "MoELayer"
@@ -110,14 +124,16 @@ class MoELayer(torch.nn.Module):
         self.fp8_config = fp8_config
         row = fp8_config is not None and fp8_config.granularity == ScalingGranularity.ROWWISE
         if fp8_act is None:
-            env = os.environ.get(_FP8_ACT_ENV, "op").strip().lower() or "op"
+            env = os.environ.get(_FP8_ACT_ENV, "fused").strip().lower() or "fused"
             check(env in ("op", "fused"), op, _FP8_ACT_ENV, "'op' or 'fused'", repr(env))
             fp8_act = env if row else "op"
         check(fp8_act in ("op", "fused"), op, "fp8_act", "'op' or 'fused'", repr(fp8_act))
         check(fp8_act == "op" or row, op, "fp8_act",
               "'op' unless fp8_config is ROWWISE", repr(fp8_act))  # fmt: skip
+        check(fp8_weight_cache in (None, True, False), op, "fp8_weight_cache",
+              "None, True or False", repr(fp8_weight_cache), TypeError)  # fmt: skip
         check(not fp8_weight_cache or fp8_config is not None, op, "fp8_weight_cache",
-              "False without fp8_config", fp8_weight_cache)  # fmt: skip
+              "False or None without fp8_config", fp8_weight_cache)  # fmt: skip
         self.fp8_act, self.fp8_weight_cache = fp8_act, fp8_weight_cache
         self._fp8_cached: dict[str, tuple] = {}
         kw = {"device": device, "dtype": dtype}
@@ -173,7 +189,10 @@ class MoELayer(torch.nn.Module):
         w = getattr(self, name)
         if self.fp8_config is None:
             return grouped_gemm(a, w, lens, trans_b=True)
-        if self.fp8_weight_cache:
+        cache = self.fp8_weight_cache
+        if cache is None:  # auto: not while capturing (a graph input would go stale)
+            cache = not (w.is_cuda and torch.cuda.is_current_stream_capturing())
+        if cache:
             w = cached_fp8_weight(self._fp8_cached, name, w, self.fp8_config)
         return grouped_gemm_fp8(a, w, lens, trans_b=True, out_dtype=out_dtype,
                                 config=self.fp8_config)  # fmt: skip

@@ -297,13 +297,70 @@ def test_moe_layer_fp8_act_bad_inputs(monkeypatch):
         turbo.modules.MoELayer(8, 4, 2, 1, fp8_config=tw, fp8_act="early")
     with pytest.raises(ValueError, match="MoELayer.*'fp8_weight_cache'"):
         turbo.modules.MoELayer(8, 4, 2, 1, fp8_weight_cache=True)
+    with pytest.raises(TypeError, match="MoELayer.*'fp8_weight_cache'"):
+        turbo.modules.MoELayer(8, 4, 2, 1, fp8_config=tw, fp8_weight_cache="on")
+    row = Float8QuantConfig(granularity=ROW)
+    monkeypatch.delenv("PRIMUS_TURBO_MOE_FP8_ACT", raising=False)  # defaults: the measured winners
+    layer = turbo.modules.MoELayer(8, 4, 2, 1, fp8_config=row)
+    assert layer.fp8_act == "fused" and layer.fp8_weight_cache is None
+    assert turbo.modules.MoELayer(8, 4, 2, 1, fp8_config=tw).fp8_act == "op"
+    monkeypatch.setenv("PRIMUS_TURBO_MOE_FP8_ACT", "op")
+    assert turbo.modules.MoELayer(8, 4, 2, 1, fp8_config=row).fp8_act == "op"
     monkeypatch.setenv("PRIMUS_TURBO_MOE_FP8_ACT", "fused")
     assert turbo.modules.MoELayer(8, 4, 2, 1, fp8_config=tw).fp8_act == "op"  # TENSORWISE
-    row = Float8QuantConfig(granularity=ROW)
     assert turbo.modules.MoELayer(8, 4, 2, 1, fp8_config=row).fp8_act == "fused"
     monkeypatch.setenv("PRIMUS_TURBO_MOE_FP8_ACT", "bogus")
     with pytest.raises(ValueError, match="PRIMUS_TURBO_MOE_FP8_ACT"):
         turbo.modules.MoELayer(8, 4, 2, 1, fp8_config=row)
+
+
+def test_moe_layer_fp8_default_cache(device):
+    """Defaults (fused activations, weight cache None = on outside graph capture): the cache is
+    filled by a forward and reused until an optimizer step; outputs equal the uncached layer."""
+    row = Float8QuantConfig(granularity=ROW)
+    layers = []
+    for cache in (None, False):
+        torch.manual_seed(0)
+        layers.append(turbo.modules.MoELayer(
+            16, 8, 2, 2, fp8_config=row, device=device, dtype=torch.bfloat16,
+            fp8_weight_cache=cache,
+        ))  # fmt: skip
+    x = torch.randn(6, 16, device=device, dtype=torch.bfloat16)
+    out, want = layers[0](x), layers[1](x)
+    assert same_bits(out, want) and set(layers[0]._fp8_cached) == {"w1", "w2"}
+    assert not layers[1]._fp8_cached
+
+
+@pytest.mark.gpu
+def test_moe_layer_fp8_default_cache_graph(device):
+    """The default cache stays out of a CUDA-graph capture (the weights are quantized inside the
+    graph), so a replay after an optimizer step reads the new weights, bitwise as eager."""
+    if device != "cuda":
+        pytest.skip("CUDA graphs")
+    torch.manual_seed(0)
+    layer = turbo.modules.MoELayer(256, 128, 8, 2, fp8_config=Float8QuantConfig(granularity=ROW),
+                                   device=device, dtype=torch.bfloat16)  # fmt: skip
+    x = torch.randn(64, 256, device=device, dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(2):
+            layer(x)
+    torch.cuda.current_stream().wait_stream(side)
+    assert set(layer._fp8_cached) == {"w1", "w2"}
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        out = layer(x)
+    graph.replay()
+    before = out.clone()
+    for w in (layer.w1, layer.w2):
+        w.grad = torch.randn_like(w)
+    torch.optim.SGD([layer.w1, layer.w2], lr=0.5).step()
+    graph.replay()
+    with torch.no_grad():
+        want = layer(x)
+    assert not torch.equal(before, out)
+    assert same_bits(out, want)
 
 
 @pytest.mark.gpu
