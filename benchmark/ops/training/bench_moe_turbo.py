@@ -229,7 +229,8 @@ def bench_layer(tid, case, args, info) -> dict:
     layer = turbo.modules.MoELayer(
         d, f, e, k, score_function=fn, groups=groups, selected_groups=sel, device=dev,
         dtype=torch.bfloat16, fp8_config=_fp8_config(args.fp8),
-        fp8_act=args.fp8_act if fp8 else None, fp8_weight_cache=fp8 and args.fp8_weight_cache,
+        fp8_act=args.fp8_act if fp8 else None,
+        fp8_weight_cache=_WCACHE[args.fp8_weight_cache] if fp8 else False,
     )  # fmt: skip
     # Non-uniform loads: every token shares a direction u, and expert e's router row gets
     # b_e * u with b_e = log(Gamma(3) load / mean), so popular experts win more often.
@@ -257,7 +258,7 @@ def bench_layer(tid, case, args, info) -> dict:
     t_o, t_p = bench_pair((lambda: layer(x), (x, *params)), (lambda: peer(x_b), (x_b, *params)),
                           g, warmup=args.warmup_ms, rep=args.rep_ms, device=dev)  # fmt: skip
     variant = args.fp8 if not fp8 else (
-        f"{args.fp8}/{args.fp8_act}" + ("/wcache" if args.fp8_weight_cache else ""))  # fmt: skip
+        f"{args.fp8}/{layer.fp8_act}/wcache-{args.fp8_weight_cache}")  # fmt: skip
     row = {"TestID": tid, "Case": label, "Op": "MoELayer", "FP8": variant, "T": t, "H": d,
            "F": f, "E": e, "topk": k, "Min Load": min(loads), "Max Load": max(loads), **snr,
            "Check": "PASS" if all(v > snr_min for v in snr.values()) else "FAIL"}  # fmt: skip
@@ -274,6 +275,7 @@ def bench_layer(tid, case, args, info) -> dict:
     return row
 
 
+_WCACHE = {"auto": None, "on": True, "off": False}  # --fp8-weight-cache -> MoELayer's argument
 _LAYER_COLUMNS = ["Case", "FP8", "T", "H", "F", "E", "topk", "Min Load", "Max Load", "Check",
                   "Forward Time (ms)", "Step Time (ms)", "loop Step Time (ms)", "Step TFLOPS",
                   "Forward vs loop", "Step vs loop", "out_snr", "dx_snr"]  # fmt: skip
@@ -293,13 +295,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--part", choices=("ops", "layer", "all"), default="all")
     p.add_argument("--fp8", choices=("off", "tensorwise", "rowwise"), default="off",
                    help="MoELayer expert GEMMs in FP8 (the loop peer stays bf16)")  # fmt: skip
-    p.add_argument("--fp8-act", choices=("op", "fused"), default="op",
+    p.add_argument("--fp8-act", choices=("op", "fused"), default=None,
                    help="MoELayer fp8_act: activations quantized in each GEMM, or upstream "
-                   "(before the permutation / fused into SwiGLU; rowwise)")  # fmt: skip
+                   "(before the permutation / fused into SwiGLU; rowwise). Default: the "
+                   "layer's (fused for rowwise, PRIMUS_TURBO_MOE_FP8_ACT)")  # fmt: skip
     p.add_argument(
         "--fp8-weight-cache",
-        action="store_true",
-        help="MoELayer fp8_weight_cache (expert weights quantized once per step)",
+        nargs="?",
+        const="on",
+        default="auto",
+        choices=tuple(_WCACHE),
+        help="MoELayer fp8_weight_cache: auto (the default: cached in eager mode, quantized "
+        "inside a captured graph, so --timing graph times the in-graph quantization), on "
+        "(bare flag: cached copies also as graph inputs), off (quantized in every call)",
     )
     p.add_argument(
         "--peer",
@@ -366,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     combined.rows = all_rows  # one tidy CSV: the Op column tells permute/unpermute/MoELayer
     name = f"moe_turbo_{args.part}_fp8-{args.fp8}_{info.date_compact}_{info.gpu}.csv"
     if args.fp8 != "off":
-        name = name.replace(f"fp8-{args.fp8}", f"fp8-{args.fp8}-{args.fp8_act}-vs-{peer}")
+        act = args.fp8_act or "default"
+        name = name.replace(f"fp8-{args.fp8}", f"fp8-{args.fp8}-{act}-vs-{peer}")
     print(f"Results saved to {combined.write_csv(output_path(args.output, name))}")
     if notice:
         print(notice)
