@@ -121,6 +121,25 @@ def test_with_trans_is_x_and_xt(g, block, two_d):
     assert qt.is_contiguous() and qt.shape == (150, 70)
 
 
+def test_block1x128_dual_e5m2_odd_rows():
+    """The default 1x128 dual (v3 tile kernel) in e5m2, M odd and N not a multiple of 128
+    (masked tiles both ways), with inf/-inf/NaN, an all-NaN row and an all-zero block, against
+    the reference (the removed PRIMUS_TURBO_QUANT_B128 tests ran this path only as their
+    oracle)."""
+    m, n = (131, 200) if not HAS_GPU else (4096 + 131, 2048 - 40)
+    x = _x(m, n)
+    x[1, 3], x[2, 4], x[3, 5] = float("inf"), float("-inf"), float("nan")
+    x[7, :] = float("nan")
+    x[64:96, 128:160] = 0.0
+    q, s, qt, st = quantize_fp8_with_trans(x, E5M2, G.BLOCKWISE, block_size=128)
+    kw = {"block_size": 128, "axis": -1}
+    q1, s1 = _ref(x, E5M2, G.BLOCKWISE, kw)
+    q2, s2 = _ref(x.t().contiguous(), E5M2, G.BLOCKWISE, kw)
+    _assert_q_close(q, q1, s, s1)
+    _assert_q_close(qt, q2, st, s2)
+    assert qt.is_contiguous() and qt.shape == (n, m)
+
+
 @pytest.mark.skipif(HAS_GPU, reason="interpreter-sized tiles; the GPU shapes cover the loops")
 @pytest.mark.parametrize("dual", [False, True])
 def test_tensorwise_passes_loop_over_tiles(monkeypatch, dual):

@@ -20,9 +20,7 @@ G = ScalingGranularity
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 _ENV = ("PRIMUS_TURBO_QUANT_SLICED", "PRIMUS_TURBO_QUANT_SLICED_MX", "PRIMUS_TURBO_QUANT_WORDS",
         "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_ROWS", "PRIMUS_TURBO_QUANT_WORDS_TILE",
-        "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_DUAL", "PRIMUS_TURBO_QUANT_MXDUAL",
-        "PRIMUS_TURBO_QUANT_MXDUAL_TILE", "PRIMUS_TURBO_QUANT_MXDUAL_PER_SM",
-        "PRIMUS_TURBO_QUANT_WARPS_MX_TW")  # fmt: skip
+        "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_DUAL")  # fmt: skip
 
 
 def _quant(recipe, x, dtype):
@@ -37,18 +35,11 @@ def _quant(recipe, x, dtype):
 # defaults plus the extras (WORDS=0: the sliced kernel); the CPU tier keeps the interpreter
 # cases few. MX dual tiles: the default 128x128 (run 6.3), 32x256 and the previous default
 # 64x256 (the WORDS_TILE A/B variant)
-# MXDUAL=tw / twp: quant_mx_tw.py (session 7, opt-in), persistent / one tile per program
 CASES = [("mx_dual", None), ("mx_rows", None), ("mx_dual", "WORDS=0"), ("mx_rows", "WORDS=0"),
-         ("mx_dual", "WORDS_TILE=32x256"), ("mx_dual", "WORDS_TILE=64x256"),
-         ("mx_dual", "MXDUAL=tw"), ("mx_dual", "MXDUAL=twp")]  # fmt: skip
-_ODD_ONLY = ("WORDS_TILE=32x256", "WORDS_TILE=64x256", "MXDUAL=twp")  # CPU: masked shapes only
+         ("mx_dual", "WORDS_TILE=32x256"), ("mx_dual", "WORDS_TILE=64x256")]  # fmt: skip
+_ODD_ONLY = ("WORDS_TILE=32x256", "WORDS_TILE=64x256")  # CPU: masked shapes only
 if HAS_GPU:
-    CASES += [("mx_dual", "MAXNREG_WORDS_MX_DUAL=80"),
-              ("mx_dual", "MXDUAL=tw MXDUAL_TILE=64x128 WARPS_MX_TW=8 MXDUAL_PER_SM=4"),
-              ("mx_dual", "MXDUAL=twp MXDUAL_TILE=64x128 WARPS_MX_TW=8 MXDUAL_PER_SM=4"),
-              ("mx_dual", "MXDUAL=tw WARPS_MX_TW=8 MXDUAL_PER_SM=4"),
-              ("mx_dual", "MXDUAL=twp WARPS_MX_TW=8 MXDUAL_PER_SM=4"),
-              ("mx_dual", "MXDUAL=tw WARPS_MX_TW=8 MXDUAL_PER_SM=3")]  # fmt: skip
+    CASES += [("mx_dual", "MAXNREG_WORDS_MX_DUAL=80")]
 
 
 @pytest.mark.parametrize("recipe,extra", CASES, ids=["-".join(map(str, c)) for c in CASES])
@@ -63,7 +54,7 @@ def test_sliced_kernel_bitwise(monkeypatch, recipe, extra, shape):
         m, n = (128, 256) if shape == "even" else (160, 192)
     for special in (True, False) if HAS_GPU else (True,):  # CPU time budget
         x = bf16_specials(m, n, special, DEV)
-        e5m2 = HAS_GPU and special and extra in (None, "MXDUAL=tw")  # compile time
+        e5m2 = HAS_GPU and special and extra is None  # compile time
         for dtype in (E4M3, E5M2) if e5m2 else (E4M3,):
             for var in _ENV:
                 monkeypatch.delenv(var, raising=False)
@@ -141,8 +132,7 @@ def test_sliced_kernel_is_routed(monkeypatch):
     assert run() == []
 
 
-@pytest.mark.parametrize("mxdual", ["words", "tw"])
-def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch, mxdual):
+def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch):
     """The word-sliced MX kernels against the torch reference on bf16 subnormals (the
     interpreter's v3 path mis-converts them, so this compares with the reference), blocks of
     only NaN / inf, powers of two and near-max values (a column block whose other values
@@ -152,7 +142,6 @@ def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch, mxdual):
     for var in _ENV:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1")
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_MXDUAL", mxdual)
     x = bf16_specials(64, 256, False, DEV)
     x[0, 0:32] = 1e-39  # subnormal block
     x[1, 32:64] = float("nan")
@@ -176,15 +165,9 @@ def test_words_kernel_subnormal_and_edges_match_reference(monkeypatch, mxdual):
                                        ("PRIMUS_TURBO_QUANT_WORDS", "mx"),
                                        ("PRIMUS_TURBO_QUANT_WORDS", "block_dual"),
                                        ("PRIMUS_TURBO_QUANT_WORDS_TILE", "48x256"),
-                                       ("PRIMUS_TURBO_QUANT_WORDS_TILE", "128x256"),
-                                       ("PRIMUS_TURBO_QUANT_MXDUAL", "fast"),
-                                       ("PRIMUS_TURBO_QUANT_MXDUAL_TILE", "256x128"),
-                                       ("PRIMUS_TURBO_QUANT_MXDUAL_TILE", "128")])  # fmt: skip
+                                       ("PRIMUS_TURBO_QUANT_WORDS_TILE", "128x256")])  # fmt: skip
 def test_sliced_env_validated(monkeypatch, var, value):
-    words = "WORDS" in var or "MXDUAL" in var
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1" if words else "0")
-    if var.startswith("PRIMUS_TURBO_QUANT_MXDUAL_"):
-        monkeypatch.setenv("PRIMUS_TURBO_QUANT_MXDUAL", "tw")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "1" if "WORDS" in var else "0")
     monkeypatch.setenv(var, value)
     with pytest.raises(ValueError, match=var):
         recipe = "mx_rows" if var.endswith("_MX") else "mx_dual"
