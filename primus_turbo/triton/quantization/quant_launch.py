@@ -333,12 +333,29 @@ def _outer_major(rows: int, cols: int, device) -> torch.Tensor:
     return torch.empty((cols, rows), dtype=torch.float32, device=device).t()
 
 
+def _cuda_on(x: torch.Tensor, dtype, mx: bool) -> bool:
+    """``PRIMUS_TURBO_QUANT_CUDA=1`` and an input the CUDA cast-transpose takes (quant_cuda.py)."""
+    if os.environ.get("PRIMUS_TURBO_QUANT_CUDA", "").strip() in ("", "0"):
+        return False
+    from primus_turbo.pytorch.kernels.quantization.quant_cuda import cuda_dual_on
+
+    return cuda_dual_on(x, dtype, mx)
+
+
+def _cuda_dual(x: torch.Tensor, dtype, mx: bool):
+    from primus_turbo.pytorch.kernels.quantization.quant_cuda import quant_dual_cuda
+
+    return quant_dual_cuda(x, dtype, mx, _fmax(dtype), _EMAX[dtype])
+
+
 def quant_blockwise(x: torch.Tensor, dtype: torch.dtype, block: int, axis, dual: bool = False):
     """1 x block blocks along ``axis`` (axis=-1/1: along N; axis=0: along M) or block x block
     tiles (``axis=None``). ``dual`` (axis=-1/1 or None) also returns ``x.T`` quantized the same
     way in one pass: ``(q, s, qt, st)``."""
     m, n = x.shape
     dev = x.device
+    if dual and block == 128 and axis in (-1, 1) and _cuda_on(x, dtype, False):
+        return _cuda_dual(x, dtype, False)  # PRIMUS_TURBO_QUANT_CUDA=1: CUDA cast-transpose
     q = torch.empty(x.shape, dtype=dtype, device=dev)
     if axis is None:
         s = torch.empty((_cdiv(m, block), _cdiv(n, block)), dtype=torch.float32, device=dev)
@@ -390,6 +407,8 @@ def _mx4d(dual: bool) -> bool:
 def quant_mx(x: torch.Tensor, dtype: torch.dtype, dual: bool = False, block: int = 32):
     """MXFP8: E8M0 scales per 32 along N (and, with ``dual``, of ``x.T`` per 32 along M)."""
     m, n = x.shape
+    if dual and block == 32 and _cuda_on(x, dtype, True):
+        return _cuda_dual(x, dtype, True)  # PRIMUS_TURBO_QUANT_CUDA=1: CUDA cast-transpose
     dev = x.device
     q = torch.empty(x.shape, dtype=dtype, device=dev)
     s = torch.empty((m, n // block), dtype=torch.uint8, device=dev)
