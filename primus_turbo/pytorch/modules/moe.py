@@ -174,9 +174,11 @@ class MoELayer(torch.nn.Module):
         out, _ = moe_unpermute(y, row_map)
         return out.reshape(shape)
 
+    @torch._dynamo.disable
     def _fp8_fused_experts(self, x2, idx, probs):
         """Experts with upstream fp8 activations: quantize (T rows) + fp8 permute, gate|up
-        GEMM, activation fused with its quantization, down GEMM. Returns ``(y [N, D], row_map)``."""
+        GEMM, activation fused with its quantization, down GEMM. Returns ``(y [N, D], row_map)``.
+        Runs eagerly under torch.compile (a graph break, as ``grouped_gemm_fp8`` is one)."""
         dtype = fp8_dtype_for_format(self.fp8_config.format, x2.device)
         a1, row_map, lens, permuted_probs = moe_quantize_permute_fp8(
             x2, idx, num_local_experts=self.num_experts, dtype=dtype, probs=probs
