@@ -183,7 +183,8 @@ def swiglu_with_probs_fp8(
 ) -> QuantizedTensor:
     """``swiglu_with_probs`` fused with the rowwise fp8 quantization of its output (one pass:
     per row the activation, rounded to x's dtype, its amax, scale and cast): bitwise equal to
-    ``quantize_fp8(swiglu_with_probs(x, probs), dtype, ROWWISE, axis=-1)``.
+    ``quantize_fp8(swiglu_with_probs(x, probs), dtype, ROWWISE, axis=-1)``. ``MoELayer``'s
+    default ROWWISE fp8 path (``fp8_act="fused"``) runs it between the two expert GEMMs.
 
     Args:
         x: ``[..., 2H]`` fp16/bf16, flattened to ``[T, 2H]``.

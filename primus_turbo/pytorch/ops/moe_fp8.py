@@ -10,6 +10,8 @@
   gradient sink (``grad_only``): the GEMM's input gradient ``[N, H]`` reaches ``tokens`` through
   the permute backward (sum of each token's copies); the GEMM's weight gradient uses the
   dequantized fp8 rows (the values the forward multiplied).
+``MoELayer``'s default ROWWISE fp8 path (``fp8_act="fused"``) starts with it; H200 figures and
+the backward's analysis: ``docs/moe_notes.md``.
 """
 
 from __future__ import annotations
