@@ -9,7 +9,8 @@ reduction:
 * wgrad (reduction over each group's rows): by default (``PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD``
   = ``hp``) in high precision on the saved input and the gradient through the bf16 grouped GEMM
   (``torch._grouped_mm`` for HIPBLASLT); ``fp8``: a and grad quantized per column, over all
-  rows, on the fp8 variable-K kernel (slow on H200: the step fell to 0.2x the bf16 one).
+  rows, on the fp8 variable-K kernel (slow on H200: the step fell to 0.2x the bf16 one; the
+  row-major fp8 operands reduce along their strided dim: see ``docs/moe_notes.md``).
   ``PRIMUS_TURBO_GROUPED_GEMM_FP8_DGRAD`` = ``fp8`` (default, as above) | ``hp`` (the dgrad on
   the bf16 grouped GEMM: no transposed copy and re-quantization of the weights).
 ``PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE=1`` (default off): the forward's weight quantization
