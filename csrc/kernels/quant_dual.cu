@@ -188,12 +188,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
       if (col_ok && row < M) {
         *reinterpret_cast<uint2*>(q + row * N + col) =
             make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
-        if (MX) {
-          if ((cv & 3) == j) static_cast<uint8_t*>(s_out)[row * (N / 32) + col / 32] = e8;
-        } else if (cv == j) {
-          static_cast<float*>(s_out)[(n0 / kTile) * M + row] = inv;
-        }
+        // MX: N % 32 == 0, so the 4 lanes of a 32-column group are all in or all out
+        if (MX && (cv & 3) == j) static_cast<uint8_t*>(s_out)[row * (N / 32) + col / 32] = e8;
       }
+      // 1x128: lanes 0..3 hold the block's scale even where their own columns are past N
+      if (!MX && cv == j && row < M) static_cast<float*>(s_out)[(n0 / kTile) * M + row] = inv;
     }
   }
   __syncthreads();
