@@ -279,8 +279,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
   }
 }
 
-// occ: blocks per SM the registers are capped for (2: 128 registers, no spill; 3: 80, a few
-// spilled words).
+// occ: blocks per SM the registers are capped for (2: 128 registers, no spill; 3: 80, ~56 bytes
+// spilled; 4: 64, ~200 bytes spilled).
 template <bool MX, bool E5M2>
 Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, int64_t n,
               float fmax, int emax, int occ, cudaStream_t stream) {
@@ -291,7 +291,10 @@ Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, in
   auto* Q = static_cast<uint8_t*>(q);
   auto* QT = static_cast<uint8_t*>(qt);
   const int tn = static_cast<int>(tiles_n);
-  if (occ >= 3) {
+  if (occ >= 4) {
+    quant_dual_kernel<MX, E5M2, 4><<<grid, kThreads, 0, stream>>>(X, Q, s, QT, st, m, n, tn, fmax,
+                                                                  emax);
+  } else if (occ == 3) {
     quant_dual_kernel<MX, E5M2, 3><<<grid, kThreads, 0, stream>>>(X, Q, s, QT, st, m, n, tn, fmax,
                                                                   emax);
   } else {

@@ -81,11 +81,12 @@ def test_cuda_dual_bitwise(monkeypatch, recipe, shape, dtype):
 
 
 @_SKIP_GPU
+@pytest.mark.parametrize("occ", ["3", "4"])
 @pytest.mark.parametrize("recipe", ["block1x128", "mx_dual"])
-def test_cuda_dual_occ3(monkeypatch, recipe):
-    """The 80-register build (PRIMUS_TURBO_QUANT_CUDA_OCC=3) gives the same bits."""
+def test_cuda_dual_occ(monkeypatch, recipe, occ):
+    """The 80- and 64-register builds (PRIMUS_TURBO_QUANT_CUDA_OCC=3/4) give the same bits."""
     for shape in ((4096, 2048), (4160, 2016)):
-        _compare(monkeypatch, recipe, _input(*shape, True, "cuda"), E4M3, occ="3")
+        _compare(monkeypatch, recipe, _input(*shape, True, "cuda"), E4M3, occ=occ)
 
 
 @_SKIP_GPU
@@ -123,7 +124,7 @@ def test_cuda_knob_cpu_fallback(monkeypatch):
 
 
 @pytest.mark.parametrize("var,value", [("PRIMUS_TURBO_QUANT_CUDA", "2"),
-                                       ("PRIMUS_TURBO_QUANT_CUDA_OCC", "4")])  # fmt: skip
+                                       ("PRIMUS_TURBO_QUANT_CUDA_OCC", "5")])  # fmt: skip
 def test_cuda_knob_validation(monkeypatch, var, value):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA", "1")
     monkeypatch.setenv(var, value)
