@@ -169,7 +169,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
 #pragma unroll
   for (int off = 1; off < (MX ? 4 : 16); off <<= 1) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) rpk[i] = __vmaxu2(rpk[i], __shfl_xor_sync(0xffffffffu, rpk[i], off));
+    for (int i = 0; i < 4; ++i) {
+      rpk[i] = __vmaxu2(rpk[i], __shfl_xor_sync(0xffffffffu, rpk[i], off));
+    }
   }
 
   // row copy: scale, convert, 8 bytes per row; lane cv % 4 == j (MX) / cv == j writes row j's scale
@@ -184,7 +186,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
       const float sc = scale_of<MX>(key, fmax, emax, &e8, &inv);
       uint32_t b[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) b[i] = cvt2<E5M2>(bf_lo(d[p][j][i]) * sc, bf_hi(d[p][j][i]) * sc);
+      for (int i = 0; i < 4; ++i) {
+        b[i] = cvt2<E5M2>(bf_lo(d[p][j][i]) * sc, bf_hi(d[p][j][i]) * sc);
+      }
       if (col_ok && row < M) {
         *reinterpret_cast<uint2*>(q + row * N + col) =
             make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));

@@ -15,12 +15,14 @@ namespace primus_turbo::pytorch {
 // or e5m2. Returns (M, N).
 inline std::pair<int64_t, int64_t> check_quant_dual(const at::Tensor& x, at::ScalarType dtype,
                                                     bool mx) {
-  TORCH_CHECK(x.dim() == 2, "primus_turbo_cpp.quant_dual_fp8: argument 'x' expected a 2-D tensor, got ",
+  TORCH_CHECK(x.dim() == 2,
+              "primus_turbo_cpp.quant_dual_fp8: argument 'x' expected a 2-D tensor, got ",
               x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kBFloat16,
               "primus_turbo_cpp.quant_dual_fp8: argument 'x' expected dtype bfloat16, got ",
               x.scalar_type());
-  TORCH_CHECK(x.is_contiguous(), "primus_turbo_cpp.quant_dual_fp8: argument 'x' expected contiguous");
+  TORCH_CHECK(x.is_contiguous(),
+              "primus_turbo_cpp.quant_dual_fp8: argument 'x' expected contiguous");
   TORCH_CHECK(dtype == at::kFloat8_e4m3fn || dtype == at::kFloat8_e5m2,
               "primus_turbo_cpp.quant_dual_fp8: argument 'dtype' expected float8_e4m3fn or "
               "float8_e5m2, got ", dtype);
