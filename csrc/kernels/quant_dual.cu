@@ -13,6 +13,8 @@
 // tile holding qt's 128 x 128 bytes (XOR swizzle: the 32 lanes of a warp hit 32 banks); the tile
 // is read back along M with 16-byte loads and stored as 16-byte rows of qt. ROCm builds skip the
 // kernel (AMD keeps the Triton kernels). Nothing here throws.
+#include <algorithm>
+
 #include "primus_turbo/device.h"
 #include "primus_turbo/quant_dual.h"
 
@@ -109,35 +111,19 @@ __device__ __forceinline__ float scale_of(uint32_t key, float fmax, int emax, ui
   return scale;
 }
 
-template <bool MX, bool E5M2, int MINB>
-__global__ void __launch_bounds__(kThreads, MINB)
-    quant_dual_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
-                      void* __restrict__ s_out, uint8_t* __restrict__ qt,
-                      void* __restrict__ st_out, int64_t M, int64_t N, int tiles_n, float fmax,
-                      int emax) {
-  __shared__ uint32_t tsm[kTile * kTile / 4];  // qt tile: 128 rows (n) x 32 words (4 m each)
-  __shared__ uint4 csm[2][kThreads / kWarpSize][16];  // column key partials [pass][warp][cv]
+// Everything after the loads of one tile: d holds the thread's 2 passes x 4 rows x 8 columns
+// (zeros outside x). tsm / csm: the block's shared arrays (see the kernels).
+template <bool MX, bool E5M2>
+__device__ __forceinline__ void tile_body(const uint32_t (&d)[2][4][4], uint32_t* tsm,
+                                          uint4 (*csm)[kThreads / kWarpSize][16],
+                                          uint8_t* __restrict__ q, void* __restrict__ s_out,
+                                          uint8_t* __restrict__ qt, void* __restrict__ st_out,
+                                          int64_t M, int64_t N, int64_t m0, int64_t n0,
+                                          float fmax, int emax) {
   const int t = threadIdx.x;
   const int cv = t & 15, rg = t >> 4, warp = t >> 5, lane = t & 31;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x / tiles_n) * kTile;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x % tiles_n) * kTile;
   const int64_t col = n0 + 8 * cv;
   const bool col_ok = col < N;  // N % 8 == 0: a vector is wholly in or out
-
-  uint32_t d[2][4][4];
-#pragma unroll
-  for (int p = 0; p < 2; ++p) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t row = m0 + p * 64 + rg * 4 + j;
-      uint4 u = make_uint4(0u, 0u, 0u, 0u);
-      if (col_ok && row < M) u = __ldg(reinterpret_cast<const uint4*>(x + row * N + col));
-      d[p][j][0] = u.x;
-      d[p][j][1] = u.y;
-      d[p][j][2] = u.z;
-      d[p][j][3] = u.w;
-    }
-  }
 
   uint32_t rpk[4], cmx[2][4];
   thread_amax<false>(d, rpk, cmx);
@@ -283,8 +269,100 @@ __global__ void __launch_bounds__(kThreads, MINB)
   }
 }
 
+// One block per tile: the thread's 8 loads of 16 bytes, then the tile.
+template <bool MX, bool E5M2, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
+    quant_dual_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
+                      void* __restrict__ s_out, uint8_t* __restrict__ qt,
+                      void* __restrict__ st_out, int64_t M, int64_t N, int tiles_n, float fmax,
+                      int emax) {
+  __shared__ uint32_t tsm[kTile * kTile / 4];  // qt tile: 128 rows (n) x 32 words (4 m each)
+  __shared__ uint4 csm[2][kThreads / kWarpSize][16];  // column key partials [pass][warp][cv]
+  const int t = threadIdx.x;
+  const int cv = t & 15, rg = t >> 4;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x / tiles_n) * kTile;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x % tiles_n) * kTile;
+  const int64_t col = n0 + 8 * cv;
+  const bool col_ok = col < N;
+  uint32_t d[2][4][4];
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t row = m0 + p * 64 + rg * 4 + j;
+      uint4 u = make_uint4(0u, 0u, 0u, 0u);
+      if (col_ok && row < M) u = __ldg(reinterpret_cast<const uint4*>(x + row * N + col));
+      d[p][j][0] = u.x;
+      d[p][j][1] = u.y;
+      d[p][j][2] = u.z;
+      d[p][j][3] = u.w;
+    }
+  }
+  tile_body<MX, E5M2>(d, tsm, csm, q, s_out, qt, st_out, M, N, m0, n0, fmax, emax);
+}
+
+// The thread's 8 vectors of tile `tile` into its own slots of `stg` (slot k at stg[k * 256 + t]:
+// conflict-free, and no other thread reads them), zero-filled outside x; one cp.async group.
+__device__ __forceinline__ void issue_tile(uint4* stg, const uint16_t* x, int64_t M, int64_t N,
+                                           int tiles_n, int tile) {
+  const int t = threadIdx.x;
+  const int cv = t & 15, rg = t >> 4;
+  const int64_t m0 = static_cast<int64_t>(tile / tiles_n) * kTile;
+  const int64_t col = static_cast<int64_t>(tile % tiles_n) * kTile + 8 * cv;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int64_t row = m0 + (k >> 2) * 64 + rg * 4 + (k & 3);
+    const bool ok = col < N && row < M;
+    const uint16_t* src = ok ? x + row * N + col : x;
+    const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(stg + k * kThreads + t));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(ok ? 16 : 0));
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+constexpr int kPipeSmem = 2 * 8 * kThreads * 16;  // two stages of the bf16 tile (dynamic smem)
+
+// Persistent blocks (2 per SM) walking tiles blockIdx.x, + gridDim.x, ...: the next tile's loads
+// (cp.async into a second shared stage) are in flight while the current tile is processed.
+template <bool MX, bool E5M2>
+__global__ void __launch_bounds__(kThreads, 2)
+    quant_dual_pipe_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
+                           void* __restrict__ s_out, uint8_t* __restrict__ qt,
+                           void* __restrict__ st_out, int64_t M, int64_t N, int tiles_n,
+                           int tiles, float fmax, int emax) {
+  extern __shared__ uint4 stage[];  // [2][8][kThreads]
+  __shared__ uint32_t tsm[kTile * kTile / 4];
+  __shared__ uint4 csm[2][kThreads / kWarpSize][16];
+  const int t = threadIdx.x;
+  int tile = blockIdx.x;
+  if (tile < tiles) issue_tile(stage, x, M, N, tiles_n, tile);
+  for (int i = 0; tile < tiles; ++i, tile += gridDim.x) {
+    const int next = tile + gridDim.x;
+    if (next < tiles) {
+      issue_tile(stage + ((i + 1) & 1) * 8 * kThreads, x, M, N, tiles_n, next);
+    } else {
+      asm volatile("cp.async.commit_group;\n" ::);
+    }
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    const uint4* cur = stage + (i & 1) * 8 * kThreads;
+    uint32_t d[2][4][4];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint4 u = cur[k * kThreads + t];
+      d[k >> 2][k & 3][0] = u.x;
+      d[k >> 2][k & 3][1] = u.y;
+      d[k >> 2][k & 3][2] = u.z;
+      d[k >> 2][k & 3][3] = u.w;
+    }
+    const int64_t m0 = static_cast<int64_t>(tile / tiles_n) * kTile;
+    const int64_t n0 = static_cast<int64_t>(tile % tiles_n) * kTile;
+    tile_body<MX, E5M2>(d, tsm, csm, q, s_out, qt, st_out, M, N, m0, n0, fmax, emax);
+  }
+}
+
 // occ: blocks per SM the registers are capped for (2: 128 registers, no spill; 3: 80, ~56 bytes
-// spilled; 4: 64, ~200 bytes spilled).
+// spilled; 4: 64, ~200 bytes spilled); 1: the persistent cp.async-pipelined kernel (2 per SM).
 template <bool MX, bool E5M2>
 Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, int64_t n,
               float fmax, int emax, int occ, cudaStream_t stream) {
@@ -295,7 +373,18 @@ Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, in
   auto* Q = static_cast<uint8_t*>(q);
   auto* QT = static_cast<uint8_t*>(qt);
   const int tn = static_cast<int>(tiles_n);
-  if (occ >= 4) {
+  if (occ == 1) {
+    auto* kern = quant_dual_pipe_kernel<MX, E5M2>;  // 64 KB dynamic + 20 KB static shared
+    PT_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kPipeSmem));
+    int sms = 1;
+    const Status st_sm = device_sm_count(&sms);
+    if (st_sm != kOk) return st_sm;
+    const int64_t tiles = tiles_m * tiles_n;
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>(tiles, 2 * int64_t{sms}));
+    kern<<<blocks, kThreads, kPipeSmem, stream>>>(X, Q, s, QT, st, m, n, tn,
+                                                   static_cast<int>(tiles), fmax, emax);
+  } else if (occ >= 4) {
     quant_dual_kernel<MX, E5M2, 4><<<grid, kThreads, 0, stream>>>(X, Q, s, QT, st, m, n, tn, fmax,
                                                                   emax);
   } else if (occ == 3) {

@@ -23,7 +23,8 @@ namespace primus_turbo {
 bool quant_dual_gpu_available() noexcept;
 
 // `stream`: a cudaStream_t. s/st: float* (1x128) or uint8_t* (MX). `occ`: blocks per SM the
-// kernel's registers are capped for (2, 3 or 4). Runs on the current device.
+// kernel's registers are capped for (2, 3 or 4;
+// 1: the persistent kernel with a cp.async double buffer, 2 blocks per SM). Runs on the current device.
 Status quant_dual_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                           int64_t n, bool mx, bool e5m2, float fmax, int emax, int occ,
                           void* stream) noexcept;

@@ -81,12 +81,14 @@ def test_cuda_dual_bitwise(monkeypatch, recipe, shape, dtype):
 
 
 @_SKIP_GPU
-@pytest.mark.parametrize("occ", ["3", "4"])
+@pytest.mark.parametrize("occ", ["3", "4", "pipe"])
 @pytest.mark.parametrize("recipe", ["block1x128", "mx_dual"])
 def test_cuda_dual_occ(monkeypatch, recipe, occ):
-    """The 80- and 64-register builds (PRIMUS_TURBO_QUANT_CUDA_OCC=3/4) give the same bits."""
-    for shape in ((4096, 2048), (4160, 2016)):
-        _compare(monkeypatch, recipe, _input(*shape, True, "cuda"), E4M3, occ=occ)
+    """The 80- and 64-register builds (PRIMUS_TURBO_QUANT_CUDA_OCC=3/4) and the persistent
+    pipelined kernel (pipe; several tiles per block here) give the same bits."""
+    for shape in ((8192, 4096), (4096, 2048), (4160, 2016), (320, 992)):
+        for dtype in (E4M3, E5M2):
+            _compare(monkeypatch, recipe, _input(*shape, True, "cuda"), dtype, occ=occ)
 
 
 @_SKIP_GPU

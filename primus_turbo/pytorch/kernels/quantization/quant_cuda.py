@@ -8,8 +8,10 @@ primus_turbo/triton/quantization/quant_launch.py call :func:`cuda_dual_on` first
 keeps Triton. Inputs the kernel does not take fall back to Triton silently: not CUDA (ROCm keeps
 Triton), not bf16, not contiguous 2-D, N % 8 != 0, not 16-byte aligned, MX with M or N not a
 multiple of 32, fp8 types other than e4m3fn / e5m2, or an extension built without the kernel.
-``PRIMUS_TURBO_QUANT_CUDA_OCC`` (2 default, 3 or 4): blocks per SM the kernel's registers are
-capped for (2: 128 registers, no spill; 3: 80, ~56 bytes spilled; 4: 64, ~200 bytes spilled).
+``PRIMUS_TURBO_QUANT_CUDA_OCC`` (2 default, 3, 4 or ``pipe``): blocks per SM the kernel's
+registers are capped for (2: 128 registers, no spill; 3: 80, ~56 bytes spilled; 4: 64, ~200
+bytes spilled); ``pipe``: persistent blocks (2 per SM, 128 registers) that load the next tile
+with cp.async into a second shared-memory stage while the current one is processed.
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ def _flag() -> bool:
 
 
 def _occ() -> int:
-    raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_OCC", "").strip() or "2"
-    if raw not in ("2", "3", "4"):
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_OCC", "").strip().lower() or "2"
+    if raw not in ("2", "3", "4", "pipe"):
         raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_OCC expected 2, 3 or 4, got {raw!r}"
+            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_OCC expected 2, 3, 4 or pipe, got {raw!r}"
         )
-    return int(raw)
+    return 1 if raw == "pipe" else int(raw)
 
 
 @functools.cache
