@@ -14,6 +14,7 @@
 // is read back along M with 16-byte loads and stored as 16-byte rows of qt. ROCm builds skip the
 // kernel (AMD keeps the Triton kernels). Nothing here throws.
 #include <algorithm>
+#include <atomic>
 
 #include "primus_turbo/device.h"
 #include "primus_turbo/quant_dual.h"
@@ -375,8 +376,15 @@ Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, in
   const int tn = static_cast<int>(tiles_n);
   if (occ == 1) {
     auto* kern = quant_dual_pipe_kernel<MX, E5M2>;  // 64 KB dynamic + 20 KB static shared
-    PT_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kPipeSmem));
+    // the opt-in once per device and instantiation (not again inside a CUDA graph capture)
+    static std::atomic<bool> smem_set[64];
+    int dev = 0;
+    PT_RETURN_IF_ERROR(ptGetDevice(&dev));
+    if (dev < 0 || dev >= 64 || !smem_set[dev].load(std::memory_order_relaxed)) {
+      PT_RETURN_IF_ERROR(
+          cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kPipeSmem));
+      if (dev >= 0 && dev < 64) smem_set[dev].store(true, std::memory_order_relaxed);
+    }
     int sms = 1;
     const Status st_sm = device_sm_count(&sms);
     if (st_sm != kOk) return st_sm;
