@@ -305,9 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         const="on",
         default="auto",
         choices=tuple(_WCACHE),
-        help="MoELayer fp8_weight_cache: auto (the default: cached in eager mode, quantized "
-        "inside a captured graph, so --timing graph times the in-graph quantization), on "
-        "(bare flag: cached copies also as graph inputs), off (quantized in every call)",
+        help="MoELayer fp8_weight_cache: auto (the default: the layer's default = on, also "
+        "under graph capture: the cached copies are graph inputs, refreshed in place by the "
+        "optimizer step hook), on (bare flag, the same), off (quantized in every call)",
     )
     p.add_argument(
         "--peer",

@@ -170,13 +170,23 @@ def _weight_cache_on() -> bool:
 _WEIGHT_CACHE: dict[int, tuple] = {}
 _STEP_HOOK: list = []  # the handle of the optimizer step hook, registered on the first use
 _GENERATION = [0]  # bumped by every optimizer step and clear_weight_cache()
+_STEP_REFRESH: list = []  # callables(optimizer) run by the step hook (module caches' refresh)
+
+
+def register_step_refresh(fn) -> None:
+    """Run ``fn(optimizer)`` right after every optimizer step (after the generation bump):
+    ``modules.grouped_linear`` refreshes its module caches (``Fp8WeightCache``) there."""
+    _STEP_REFRESH.append(fn)
 
 
 def clear_weight_cache() -> None:
-    """Drop every cached weight quantization (``PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE``,
-    ``GroupedLinear(fp8_weight_cache=True)``). Called after every ``torch.optim.Optimizer``
-    step; call it yourself after updating weights outside an optimizer step through ``.data``
-    or a raw storage write (neither bumps the parameter's version counter)."""
+    """Drop the raw op's cached weight quantizations (``PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_
+    CACHE``) and mark the module caches (``MoELayer`` / ``GroupedLinear`` fp8 weight cache)
+    stale: they re-quantize lazily, in place, at their next use. Called by every
+    ``torch.optim.Optimizer`` step (which then refreshes the module caches of the weights it
+    owns eagerly); call it yourself after updating weights through ``.data`` or a raw storage
+    write (neither bumps the version counter), or the modules' ``refresh_fp8_weights()``
+    (eager: needed before replaying a CUDA graph that reads the copies)."""
     _WEIGHT_CACHE.clear()
     _GENERATION[0] += 1
 
@@ -198,8 +208,12 @@ def weight_signature(b: torch.Tensor) -> tuple:
     return (b.data_ptr(), b._version, tuple(b.shape), b.stride(), b.dtype, b.device)
 
 
-def _on_optimizer_step(_opt, _args, _kwargs) -> None:
+def _on_optimizer_step(opt, _args, _kwargs) -> None:
+    """Drop the raw op's cache, bump the generation, then refresh the module caches eagerly
+    (in place; captured after the optimizer's kernels when the step is graph-captured)."""
     clear_weight_cache()
+    for fn in _STEP_REFRESH:
+        fn(opt)
 
 
 def _forward_weights(b: torch.Tensor, trans_b: bool, dtype: torch.dtype, gran):

@@ -267,10 +267,11 @@ def _check_linear_cache(monkeypatch, device):
     micro_batch(2)  # gradient accumulation: the cached copies are reused
     assert len(calls) == 1
     assert torch.equal(cached.weight.grad, plain.weight.grad)
-    for opt in opts:
+    for opt in reversed(opts):  # the cached module's optimizer last (another one marks it stale)
         opt.step()
         opt.zero_grad()
-    micro_batch(3)  # refreshed after the step
+    assert len(calls) == 2  # refreshed eagerly by its optimizer's step
+    micro_batch(3)  # reused
     assert len(calls) == 2
     with torch.no_grad():
         for m in (cached, plain):

@@ -276,7 +276,10 @@ def test_moe_layer_fp8_weight_cache_refresh(device):
     layer(x).sum().backward()
     assert layer._fp8_cached["w1"][2] is pair
     opt = torch.optim.SGD(layer.parameters(), lr=1.0)
-    opt.step()
+    opt.step()  # refreshed right here (eager, in place), before any forward
+    from primus_turbo.pytorch.ops.grouped_gemm_fp8 import quantize_grouped_weight as qgw
+
+    assert same_bits(pair.data.qdata, qgw(layer.w1.detach(), layer.fp8_config).data.qdata)
     layer(x)
     pair2 = layer._fp8_cached["w1"][2]
     assert pair2 is pair and pair2.data.qdata.data_ptr() == buf.data_ptr()
@@ -302,7 +305,7 @@ def test_moe_layer_fp8_act_bad_inputs(monkeypatch):
     row = Float8QuantConfig(granularity=ROW)
     monkeypatch.delenv("PRIMUS_TURBO_MOE_FP8_ACT", raising=False)  # defaults: the measured winners
     layer = turbo.modules.MoELayer(8, 4, 2, 1, fp8_config=row)
-    assert layer.fp8_act == "fused" and layer.fp8_weight_cache is None
+    assert layer.fp8_act == "fused" and layer.fp8_weight_cache is True
     assert turbo.modules.MoELayer(8, 4, 2, 1, fp8_config=tw).fp8_act == "op"
     monkeypatch.setenv("PRIMUS_TURBO_MOE_FP8_ACT", "op")
     assert turbo.modules.MoELayer(8, 4, 2, 1, fp8_config=row).fp8_act == "op"
@@ -315,8 +318,8 @@ def test_moe_layer_fp8_act_bad_inputs(monkeypatch):
 
 
 def test_moe_layer_fp8_default_cache(device):
-    """Defaults (fused activations, weight cache None = on outside graph capture): the cache is
-    filled by a forward and reused until an optimizer step; outputs equal the uncached layer."""
+    """Defaults (fused activations, weight cache on): the cache is filled by a forward and
+    reused until an optimizer step; outputs equal the uncached layer (cache off: empty)."""
     row = Float8QuantConfig(granularity=ROW)
     layers = []
     for cache in (None, False):
@@ -353,8 +356,9 @@ def test_moe_layer_fp8_fused_compile(device):
 
 @pytest.mark.gpu
 def test_moe_layer_fp8_default_cache_graph(device):
-    """The default cache stays out of a CUDA-graph capture (the weights are quantized inside the
-    graph), so a replay after an optimizer step reads the new weights, bitwise as eager."""
+    """The default cache is a graph input under CUDA-graph capture, refreshed in place by the
+    optimizer step hook, so a replay after an optimizer step reads the new weights, bitwise as
+    eager."""
     if device != "cuda":
         pytest.skip("CUDA graphs")
     torch.manual_seed(0)
