@@ -17,7 +17,9 @@ reduction:
 is kept per weight tensor until the tensor changes (version counter) or an optimizer steps: for
 several micro-batches per optimizer step (gradient accumulation). H200, DeepSeek-V3 forward vs
 our bf16: gate_up 1.73x / down 1.63x with the cache, 1.41x / 1.40x without (runs 6.1 / 6.2);
-semantics and limits in ``_forward_weights``.
+semantics and limits in ``_forward_weights``. This is the raw op's opt-in; the modules' cache
+(``MoELayer`` / ``GroupedLinear`` in fp8, ``Fp8WeightCache``: on by default, refreshed in place
+by the optimizer step hook, valid under CUDA-graph capture) passes pre-quantized weights.
 Pre-quantized operands (``core.quantized_tensor``; checked against the recipe: fp8 dtype,
 granularity, scaled axis, shapes): ``b`` as :func:`quantize_grouped_weight` builds it (once per
 optimizer step; ``GroupedLinear(fp8_weight_cache=True)`` does this), ``a`` as
@@ -231,9 +233,11 @@ def _forward_weights(b: torch.Tensor, trans_b: bool, dtype: torch.dtype, gran):
       covers fused optimizers and every Optimizer subclass, e.g. apex / TE FusedAdam);
     * not capturing a CUDA graph: a captured forward always quantizes (a cached operand would be
       baked into the graph and go stale when the weights change between replays).
-    Memory: one fp8 copy (half the bf16 bytes) plus fp32 scales per live weight, freed at the
-    next optimizer step. Weights changed outside both an in-place op and an optimizer step
-    (``.data`` writes, collectives into a flat parameter buffer) need ``clear_weight_cache()``."""
+    (Graph users: the modules' cache, ``Fp8WeightCache``, is refreshed in place and stays on
+    under capture.) Memory: one fp8 copy (half the bf16 bytes) plus fp32 scales per live
+    weight, freed at the next optimizer step. Weights changed outside both an in-place op and
+    an optimizer step (``.data`` writes, collectives into a flat parameter buffer) need
+    ``clear_weight_cache()``."""
 
     def quant():
         b_nk = (b if trans_b else b.transpose(1, 2)).contiguous()  # [G, N, K]

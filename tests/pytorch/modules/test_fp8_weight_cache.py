@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import weakref
 
 import pytest
 import torch
@@ -97,10 +98,12 @@ def test_fp8_weight_cache_data_write_and_lifetime(device):
     layer.w2 = torch.nn.Parameter(layer.w2.detach() * 2)  # another tensor object
     _train_step(layer, x, torch.randn_like(x))
     _assert_fresh(layer)
-    n_live = len(gl_mod._LIVE)
+    caches = [weakref.ref(m._fp8_cached) for m in (layer, twin)]
+    keys = [id(m._fp8_cached) for m in (layer, twin)]
+    assert all(gl_mod._LIVE.get(k) is r() for k, r in zip(keys, caches, strict=True))
     del layer, twin
     gc.collect()
-    assert len(gl_mod._LIVE) == n_live - 2
+    assert all(r() is None for r in caches)
 
 
 def test_fp8_weight_cache_off_unchanged(monkeypatch, device):
