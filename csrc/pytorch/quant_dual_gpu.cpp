@@ -1,4 +1,4 @@
-// CUDA registration of primus_turbo_cpp::quant_dual_fp8: allocate with torch's caching
+// CUDA registration of primus_turbo_cpp::quant_dual_fp8 (1x128 dual): allocate with torch's caching
 // allocator, launch the kernels library's cast-transpose on torch's current stream. Not
 // registered in ROCm builds (AMD keeps the Triton kernels).
 #if !defined(USE_ROCM)
@@ -14,16 +14,16 @@ namespace primus_turbo::pytorch {
 namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_dual_fp8_gpu_impl(
-    const at::Tensor& x, at::ScalarType dtype, bool mx, double fmax, int64_t emax, int64_t occ) {
-  auto [m, n] = check_quant_dual(x, dtype, mx);
+    const at::Tensor& x, at::ScalarType dtype, double fmax) {
+  auto [m, n] = check_quant_dual(x, dtype);
   const c10::cuda::CUDAGuard guard(x.device());
-  auto out = alloc_quant_dual(x, dtype, mx);
+  auto out = alloc_quant_dual(x, dtype);
   if (m == 0 || n == 0) return out;
   auto& [q, s, qt, st] = out;
   const Status status = quant_dual_fp8_gpu(
-      x.data_ptr(), q.data_ptr(), s.data_ptr(), qt.data_ptr(), st.data_ptr(), m, n, mx,
-      dtype == at::kFloat8_e5m2, static_cast<float>(fmax), static_cast<int>(emax),
-      static_cast<int>(occ), c10::cuda::getCurrentCUDAStream().stream());
+      x.data_ptr(), q.data_ptr(), s.data_ptr(), qt.data_ptr(), st.data_ptr(), m, n,
+      dtype == at::kFloat8_e5m2, static_cast<float>(fmax),
+      c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(status == kOk, "primus_turbo_cpp.quant_dual_fp8: GPU launch failed: ",
               status_string(status), " (status ", status, ")");
   return out;

@@ -8,9 +8,9 @@ namespace primus_turbo::pytorch {
 namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_dual_fp8_meta(
-    const at::Tensor& x, at::ScalarType dtype, bool mx, double fmax, int64_t emax, int64_t occ) {
-  check_quant_dual(x, dtype, mx);
-  return alloc_quant_dual(x, dtype, mx);
+    const at::Tensor& x, at::ScalarType dtype, double fmax) {
+  check_quant_dual(x, dtype);
+  return alloc_quant_dual(x, dtype);
 }
 
 }  // namespace
@@ -18,7 +18,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_dual_fp8_meta(
 
 TORCH_LIBRARY_FRAGMENT(primus_turbo_cpp, m) {
   m.def(
-      "quant_dual_fp8(Tensor x, ScalarType dtype, bool mx, float fmax, int emax, int occ) -> "
+      "quant_dual_fp8(Tensor x, ScalarType dtype, float fmax) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
 }
 

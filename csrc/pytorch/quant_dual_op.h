@@ -1,6 +1,6 @@
 // Torch glue shared by the GPU and Meta registrations of primus_turbo_cpp::quant_dual_fp8 (the
-// CUDA cast-transpose of primus_turbo/quant_dual.h): argument checks and the output tensors, in
-// the layouts of the Triton launchers (primus_turbo/triton/quantization/quant_launch.py).
+// CUDA 1x128 cast-transpose of primus_turbo/quant_dual.h): argument checks and the output
+// tensors, in the layouts of the Triton launcher (primus_turbo/triton/quantization/quant_launch.py).
 #pragma once
 
 #include <tuple>
@@ -11,10 +11,8 @@
 
 namespace primus_turbo::pytorch {
 
-// x: contiguous bf16 [M, N], N % 8 == 0 (MX: M % 32 == 0 and N % 32 == 0); dtype: fp8 e4m3fn
-// or e5m2. Returns (M, N).
-inline std::pair<int64_t, int64_t> check_quant_dual(const at::Tensor& x, at::ScalarType dtype,
-                                                    bool mx) {
+// x: contiguous bf16 [M, N], N % 8 == 0; dtype: fp8 e4m3fn or e5m2. Returns (M, N).
+inline std::pair<int64_t, int64_t> check_quant_dual(const at::Tensor& x, at::ScalarType dtype) {
   TORCH_CHECK(x.dim() == 2,
               "primus_turbo_cpp.quant_dual_fp8: argument 'x' expected a 2-D tensor, got ",
               x.sizes());
@@ -29,24 +27,17 @@ inline std::pair<int64_t, int64_t> check_quant_dual(const at::Tensor& x, at::Sca
   const int64_t m = x.size(0), n = x.size(1);
   TORCH_CHECK(n % 8 == 0, "primus_turbo_cpp.quant_dual_fp8: argument 'x' expected a column count "
               "that is a multiple of 8, got ", n);
-  TORCH_CHECK(!mx || (m % 32 == 0 && n % 32 == 0),
-              "primus_turbo_cpp.quant_dual_fp8: argument 'x' expected both dims multiples of 32 "
-              "(MX), got ", x.sizes());
   return {m, n};
 }
 
-// (q [M, N], s, qt [N, M], st): 1x128 -> fp32 s [M, ceil(N/128)] strides (1, M), st [N,
-// ceil(M/128)] strides (1, N); MX -> uint8 s [M, N/32], st [N, M/32] contiguous.
+// (q [M, N], s [M, ceil(N/128)] fp32 strides (1, M), qt [N, M], st [N, ceil(M/128)] fp32
+// strides (1, N)).
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> alloc_quant_dual(
-    const at::Tensor& x, at::ScalarType dtype, bool mx) {
+    const at::Tensor& x, at::ScalarType dtype) {
   const int64_t m = x.size(0), n = x.size(1);
   const auto opts = x.options();
   at::Tensor q = at::empty({m, n}, opts.dtype(dtype));
   at::Tensor qt = at::empty({n, m}, opts.dtype(dtype));
-  if (mx) {
-    return {q, at::empty({m, n / 32}, opts.dtype(at::kByte)), qt,
-            at::empty({n, m / 32}, opts.dtype(at::kByte))};
-  }
   const int64_t nb = (n + 127) / 128, mb = (m + 127) / 128;
   at::Tensor s = at::empty({nb, m}, opts.dtype(at::kFloat)).t();
   at::Tensor st = at::empty({mb, n}, opts.dtype(at::kFloat)).t();

@@ -122,7 +122,9 @@ def quantize_fp8_with_trans(
     scaling_recipe_for_trans: ScalingRecipe | None = None,
 ):
     """``(q, s, q_t, s_t)``: ``x`` along its last dim and ``x.T`` along its last dim (= x's
-    columns), fused in one pass for every granularity except ROWWISE (two passes)."""
+    columns), fused in one pass for every granularity except ROWWISE (two passes). BLOCKWISE
+    1x128 of bf16 inputs on NVIDIA runs the CUDA cast-transpose (bitwise the Triton kernel;
+    ``PRIMUS_TURBO_QUANT_CUDA=0`` forces Triton, see kernels/quantization/quant_cuda.py)."""
     op = "quantize_fp8_with_trans"
     if scaling_recipe_for_trans is not None and scaling_recipe_for_trans != scaling_recipe:
         fail(op, "scaling_recipe_for_trans", "None or equal to scaling_recipe", "a different one")

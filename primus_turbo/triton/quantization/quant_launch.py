@@ -333,19 +333,20 @@ def _outer_major(rows: int, cols: int, device) -> torch.Tensor:
     return torch.empty((cols, rows), dtype=torch.float32, device=device).t()
 
 
-def _cuda_on(x: torch.Tensor, dtype, mx: bool) -> bool:
-    """``PRIMUS_TURBO_QUANT_CUDA=1`` and an input the CUDA cast-transpose takes (quant_cuda.py)."""
-    if os.environ.get("PRIMUS_TURBO_QUANT_CUDA", "").strip() in ("", "0"):
+def _cuda_on(x: torch.Tensor, dtype) -> bool:
+    """NVIDIA: the 1x128 dual of ``x`` takes the CUDA cast-transpose (quant_cuda.py; the default,
+    ``PRIMUS_TURBO_QUANT_CUDA=0`` forces Triton)."""
+    if x.device.type != "cuda" or torch.version.hip is not None:
         return False
     from primus_turbo.pytorch.kernels.quantization.quant_cuda import cuda_dual_on
 
-    return cuda_dual_on(x, dtype, mx)
+    return cuda_dual_on(x, dtype)
 
 
-def _cuda_dual(x: torch.Tensor, dtype, mx: bool):
+def _cuda_dual(x: torch.Tensor, dtype):
     from primus_turbo.pytorch.kernels.quantization.quant_cuda import quant_dual_cuda
 
-    return quant_dual_cuda(x, dtype, mx, _fmax(dtype), _EMAX[dtype])
+    return quant_dual_cuda(x, dtype, _fmax(dtype))
 
 
 def quant_blockwise(x: torch.Tensor, dtype: torch.dtype, block: int, axis, dual: bool = False):
@@ -354,8 +355,8 @@ def quant_blockwise(x: torch.Tensor, dtype: torch.dtype, block: int, axis, dual:
     way in one pass: ``(q, s, qt, st)``."""
     m, n = x.shape
     dev = x.device
-    if dual and block == 128 and axis in (-1, 1) and _cuda_on(x, dtype, False):
-        return _cuda_dual(x, dtype, False)  # PRIMUS_TURBO_QUANT_CUDA=1: CUDA cast-transpose
+    if dual and block == 128 and axis in (-1, 1) and _cuda_on(x, dtype):
+        return _cuda_dual(x, dtype)  # NVIDIA: CUDA cast-transpose (PRIMUS_TURBO_QUANT_CUDA=0: off)
     q = torch.empty(x.shape, dtype=dtype, device=dev)
     if axis is None:
         s = torch.empty((_cdiv(m, block), _cdiv(n, block)), dtype=torch.float32, device=dev)
@@ -407,8 +408,6 @@ def _mx4d(dual: bool) -> bool:
 def quant_mx(x: torch.Tensor, dtype: torch.dtype, dual: bool = False, block: int = 32):
     """MXFP8: E8M0 scales per 32 along N (and, with ``dual``, of ``x.T`` per 32 along M)."""
     m, n = x.shape
-    if dual and block == 32 and _cuda_on(x, dtype, True):
-        return _cuda_dual(x, dtype, True)  # PRIMUS_TURBO_QUANT_CUDA=1: CUDA cast-transpose
     dev = x.device
     q = torch.empty(x.shape, dtype=dtype, device=dev)
     s = torch.empty((m, n // block), dtype=torch.uint8, device=dev)
