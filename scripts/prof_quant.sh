@@ -5,7 +5,7 @@
 set -uo pipefail
 M=$1 K=$2
 shift 2
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+NCU=$(command -v ncu || find /opt/nvidia/nsight-compute -maxdepth 2 -name ncu -type f 2>/dev/null | head -1)
 [ -z "$NCU" ] && { echo "prof_quant: no ncu"; exit 1; }
 SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats --section InstructionStats"
 for r in "$@"; do
