@@ -355,6 +355,7 @@ def quant_blockwise(x: torch.Tensor, dtype: torch.dtype, block: int, axis, dual:
     way in one pass: ``(q, s, qt, st)``."""
     m, n = x.shape
     dev = x.device
+    quant_impl_version()  # a bad PRIMUS_TURBO_QUANT_IMPL raises whichever kernel runs
     if dual and block == 128 and axis in (-1, 1) and _cuda_on(x, dtype):
         return _cuda_dual(x, dtype)  # NVIDIA: CUDA cast-transpose (PRIMUS_TURBO_QUANT_CUDA=0: off)
     q = torch.empty(x.shape, dtype=dtype, device=dev)
