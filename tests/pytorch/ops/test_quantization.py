@@ -348,6 +348,7 @@ V2_CASES = [  # (id, granularity, block, 2-D tiles, dual)
 def test_quant_impl_versions_match_reference(monkeypatch, case, impl, stages):
     """PRIMUS_TURBO_QUANT_IMPL=v1|v2 (and v2 forced persistent + pipelined with STAGES=2, so a
     program walks several tiles) give the reference results, special values included."""
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA", "0")  # the Triton kernels, also on NVIDIA
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_IMPL", impl)
     if stages:
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_STAGES", stages)
@@ -408,6 +409,7 @@ def test_quant_v3_even_shapes_match_v2(monkeypatch, case, special):
     tensorwise passes with numel % 8192 == 0; rowwise rows of exactly BN) is bitwise v2 (same
     q bits, same scales), with finite inputs (the FAST amax path) and with inf/-inf/NaN in one
     tile (the filtered re-reduction)."""
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA", "0")  # the Triton kernels, also on NVIDIA
     _, g, block, two_d, dual = case
     m, n = (128, 256) if not HAS_GPU else (4096, 2048)
     x = _x(m, n)
@@ -437,7 +439,10 @@ def test_quant_v3_even_shapes_match_v2(monkeypatch, case, special):
 
 @pytest.mark.parametrize("var", ["PRIMUS_TURBO_QUANT_FAST", "PRIMUS_TURBO_QUANT_EVEN"])
 def test_quant_flag_env_validated(monkeypatch, var):
-    """The 0/1 kernel switches raise naming the variable and the value."""
+    """The 0/1 kernel switches of the Triton tile kernels raise naming the variable and the
+    value (CUDA=0: on NVIDIA the 1x128 dual otherwise takes the CUDA kernel, which has no such
+    switch)."""
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA", "0")
     monkeypatch.setenv(var, "yes")
     x = _x(128, 128)
     with pytest.raises(ValueError, match=rf"{var} expected 0 or 1, got 'yes'"):
