@@ -66,7 +66,7 @@ SETUPTOOLS_HAS_BDIST_WHEEL := import sys, setuptools; \
   sys.exit(tuple(map(int, setuptools.__version__.split('.')[:2])) < (70, 1))
 
 .PHONY: help info venv deps setup build test test-quick test-deterministic test-dist \
-        aot-check bench env-check lint format clean distclean
+        aot-check cuda-check bench env-check lint format clean distclean
 
 help: ## list the targets (default)
 	@echo "Primus-Turbo make targets:"
@@ -133,6 +133,9 @@ test-dist: setup ## only the multi-GPU torch.distributed tests (--dist-only), se
 aot-check: setup ## compile Triton kernels ahead of time for gfx942/gfx950 -> build/aot_report.md
 	@mkdir -p build
 	$(PY) scripts/aot_check.py --out build/aot_report.md $(AOT_ARGS)
+
+cuda-check: ## compile csrc/kernels/*.cu for sm_90 with nvcc (no GPU needed; skipped without nvcc)
+	bash scripts/cuda_check.sh
 
 bench: setup ## run the benchmark suite (GPU or CPU profile chosen by the suite)
 	$(PY) benchmark/run_suite.py $(BENCH_ARGS)
