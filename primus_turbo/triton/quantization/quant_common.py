@@ -1,6 +1,6 @@
 """Pieces shared by the quantization kernel modules: the AOT signature of the
-``(x, q, s, qt, st)`` tile kernels (v2/v3, sliced and words) and the warps of the 8-slice MX
-kernels."""
+``(x, q, s, qt, st)`` tile kernels (v2/v3, sliced and words), the warps and the AOT constexprs
+of the 8-slice MX kernels."""
 
 from __future__ import annotations
 
@@ -25,3 +25,11 @@ def slice_warps(bm: int, bn: int, lanes: int) -> int:
     """Warps of a ``bm x bn`` tile of the 8-slice MX kernels (sliced and words): one 16-byte
     vector of bf16 per thread and slice, i.e. ``bm * bn / 64`` threads of ``lanes`` each."""
     return max(1, bm * bn // (64 * lanes))
+
+
+def mx_slice_constexprs(bm: int, bn: int, dual: bool, fmax: float, target: str,
+                        even: bool) -> dict:  # fmt: skip
+    """AOT constexprs of a ``bm x bn`` tile of the 8-slice MX kernels (sliced and words): the
+    target's e4m3 (``fmax``), E8M0 scales, NVIDIA satfinite conversion on sm_90."""
+    return {"BM": bm, "BN": bn, "DUAL": dual, "FMAX": fmax, "EMAX": 8, "FMT": (0, 0, 0, 0),
+            "SAT": target == "sm_90", "EVEN": even}  # fmt: skip

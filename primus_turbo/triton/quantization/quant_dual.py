@@ -30,7 +30,12 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
-from primus_turbo.triton.quantization.quant_common import aot_fp8, slice_warps, tile_signature
+from primus_turbo.triton.quantization.quant_common import (
+    aot_fp8,
+    mx_slice_constexprs,
+    slice_warps,
+    tile_signature,
+)
 from primus_turbo.triton.quantization.quant_kernel import _finite_abs
 from primus_turbo.triton.quantization.quant_kernel_v2 import MAXNREG, _cast2, _e8m0_scale
 
@@ -254,8 +259,7 @@ def aot_specs(target: str) -> list[AotSpec]:
     specs = []
     for name, (bm, bn, dual, _) in SLICED_CONFIGS.items():
         for even in (True, False):
-            cx = {"BM": bm, "BN": bn, "DUAL": dual, "FMAX": fmax, "EMAX": 8, "FMT": (0, 0, 0, 0),
-                  "SAT": target == "sm_90", "EVEN": even}  # fmt: skip
+            cx = mx_slice_constexprs(bm, bn, dual, fmax, target, even)
             specs.append(
                 AotSpec(f"quant_sliced_{name}{'_even' if even else ''}_{fp8}", quant_sliced_kernel,
                         tile_signature(fp8, True), cx,

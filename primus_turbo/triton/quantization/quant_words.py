@@ -40,7 +40,12 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
-from primus_turbo.triton.quantization.quant_common import aot_fp8, slice_warps, tile_signature
+from primus_turbo.triton.quantization.quant_common import (
+    aot_fp8,
+    mx_slice_constexprs,
+    slice_warps,
+    tile_signature,
+)
 from primus_turbo.triton.quantization.quant_dual import _join8, _ptrs, _store_row_scales
 from primus_turbo.triton.quantization.quant_kernel import _fp8_bits
 
@@ -310,8 +315,7 @@ def aot_specs(target: str) -> list[AotSpec]:
                                    "stride_xw", "stride_qm", "stride_qtn", "stride_sm",
                                    "stride_sn", "stride_stm", "stride_stn")}  # fmt: skip
         for even in evens:
-            cx = {"BM": bm, "BN": bn, "DUAL": dual, "FMAX": fmax, "EMAX": 8, "FMT": (0, 0, 0, 0),
-                  "SAT": target == "sm_90", "EVEN": even, "GRID2D": True}  # fmt: skip
+            cx = {**mx_slice_constexprs(bm, bn, dual, fmax, target, even), "GRID2D": True}
             opts = {"num_warps": slice_warps(bm, bn, lanes)}
             if target == "sm_90":
                 opts["maxnreg"] = WORDS_MAXNREG[base]
