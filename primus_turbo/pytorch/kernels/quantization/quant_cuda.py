@@ -16,18 +16,12 @@ extension built without the kernel, and torch.compile tracing (Triton, same bits
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
+from primus_turbo.triton.quantization.quant_launch import _env_flag, _hw_satfinite
+
 _DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
-def _flag() -> bool:
-    raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA", "").strip()
-    if raw not in ("", "0", "1"):
-        raise ValueError(f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA expected 0 or 1, got {raw!r}")
-    return raw != "0"
 
 
 @functools.cache
@@ -43,12 +37,12 @@ def cuda_kernel_available(index: int = 0) -> bool:
     name = "primus_turbo_cpp::quant_dual_fp8"
     if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CUDA"):
         return False
-    return torch.cuda.get_device_capability(index) >= (8, 9)
+    return _hw_satfinite(index)  # sm_89+: the fp8 conversions
 
 
 def cuda_dual_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
     """Whether the 1x128 dual recipe of ``x`` (2-D) takes the CUDA kernel."""
-    if torch.compiler.is_compiling() or not _flag():
+    if torch.compiler.is_compiling() or not _env_flag("PRIMUS_TURBO_QUANT_CUDA", True):
         return False
     n = x.shape[1]
     return (
