@@ -30,11 +30,125 @@ import functools
 
 import torch
 import triton
+import triton.language as tl
 
 from primus_turbo.pytorch.core.platform import ArchFamily, arch_family
 from primus_turbo.triton.gemm.gemm_configs import GemmConfig
+from primus_turbo.triton.gemm.gemm_kernel import _tile_coords
 from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import grouped_gemm_flat_tma_kernel
-from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import operand_descs
+from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import (
+    find_tile,
+    group_table,
+    masked_store,
+    operand_descs,
+    zero_tail,
+)
+
+# ---- session 8: the fp8 kernel with the scales loaded before the K loop ----------------------
+
+
+@triton.jit
+def _prefetch_l1(ptrs, mask):
+    """``prefetch.global.L1`` of every address in ``ptrs`` where ``mask`` (inline PTX, sm_90
+    only: the caller guards it with a constexpr); returns zeros the caller must use (an unused
+    result lets the compiler drop the asm)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L1 [$1]; mov.u32 $0, 0; }",
+        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _scaled_store(c_ptr, c_desc, acc, sa_ptr, sb_ptr, za, zb, g, row0, col0, stop, N,
+                  stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  TMA_STORE: tl.constexpr, EPI_SPLIT: tl.constexpr):  # fmt: skip
+    """``acc * sa[rows, None] * sb[g, None, cols]`` stored at ``(row0, col0)``: with
+    ``TMA_STORE`` a tile whose rows all lie in its group leaves through ``EPI_SPLIT`` TMA stores
+    of ``[BLOCK_M, BLOCK_N / EPI_SPLIT]`` (clipped at ``N`` by the hardware), a ragged last
+    tile through the masked pointer store (a TMA store would overwrite the next group's rows);
+    without it, the masked pointer store (``EPI_SPLIT`` 2: two column halves, each
+    converted and stored on its own)."""
+    rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M).to(tl.int64)
+    rn = col0 + tl.arange(0, BLOCK_N)
+    sa = tl.load(sa_ptr + rows * stride_sa + za, mask=rows < stop, other=0.0)
+    sb = tl.load(sb_ptr + tl.cast(g, tl.int64) * stride_sbg + rn.to(tl.int64) * stride_sbn + zb,
+                 mask=rn < N, other=0.0)  # fmt: skip
+    acc = acc * sa[:, None] * sb[None, :]
+    out = acc.to(c_ptr.dtype.element_ty)
+    if TMA_STORE:
+        full = row0 + BLOCK_M <= stop
+        if full:
+            if EPI_SPLIT == 2:
+                halves = out.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1)
+                lo_half, hi_half = halves.split()
+                c_desc.store([row0, col0], lo_half)
+                c_desc.store([row0, col0 + BLOCK_N // 2], hi_half)
+            else:
+                c_desc.store([row0, col0], out)
+        if not full:
+            masked_store(c_ptr, out, row0, col0, stop, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+    elif EPI_SPLIT == 2:
+        halves = out.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1)
+        lo_half, hi_half = halves.split()
+        masked_store(c_ptr, lo_half, row0, col0, stop, N, stride_cm, stride_cn,
+                     BLOCK_M, BLOCK_N // 2)  # fmt: skip
+        masked_store(c_ptr, hi_half, row0, col0 + BLOCK_N // 2, stop, N, stride_cm, stride_cn,
+                     BLOCK_M, BLOCK_N // 2)  # fmt: skip
+    else:
+        masked_store(c_ptr, out, row0, col0, stop, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def grouped_gemm_fp8_pre_kernel(
+    a_desc, b_desc, c_ptr, offs_ptr, sa_ptr, sb_ptr, M, N, K, G,
+    stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn, num_programs,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
+    c_desc=None, TMA_STORE: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
+    PREFETCH: tl.constexpr = True,
+):  # fmt: skip
+    """Plans ``f8p`` / ``f8ps``: the ``f8tma`` walk (flat persistent loop over the in-kernel
+    group table, flattened with its K loop so the next tile's first TMA loads are issued during
+    this tile's epilogue; tail rows past ``offs[G]`` zeroed by a second loop), but the tile's
+    row and column scales are LOADED at the start of the tile (carried through its K loop):
+    in ``f8tma`` the loads sit in the epilogue, after the last MMA, so every tile waited one
+    global-load latency (and two layout shuffles) between its MMAs and its store (the H200
+    ttgir of session 7's kernel: ``tt.load`` of ``sa`` / ``sb`` inside the epilogue branch).
+    ``TMA_STORE`` / ``EPI_SPLIT``: see ``_scaled_store``."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    gi, lo, hi, first, ends, total = group_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD)
+    for t_glob in tl.range(pid, total, num_programs, flatten=FLATTEN):
+        g, start, stop, t0 = find_tile(t_glob, gi, lo, hi, first, ends)
+        pid_m, pid_n = _tile_coords(t_glob - t0, tl.cdiv(stop - start, BLOCK_M), num_pid_n,
+                                    GROUP_M)  # fmt: skip
+        row0 = start + pid_m * BLOCK_M
+        col0 = pid_n * BLOCK_N
+        if PREFETCH:  # the scales' lines into L1 now, read by the epilogue after the K loop
+            rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M).to(tl.int64)
+            rn = col0 + tl.arange(0, BLOCK_N)
+            za = _prefetch_l1(sa_ptr + rows * stride_sa, rows < stop)
+            zb = _prefetch_l1(sb_ptr + tl.cast(g, tl.int64) * stride_sbg
+                              + rn.to(tl.int64) * stride_sbn, rn < N)  # fmt: skip
+        else:
+            za = tl.zeros((BLOCK_M,), dtype=tl.int32)
+            zb = tl.zeros((BLOCK_N,), dtype=tl.int32)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(0, k_tiles):
+            a = a_desc.load([row0, kt * BLOCK_K])
+            b = b_desc.load([g * N + col0, kt * BLOCK_K])
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b.T, acc)
+        # the prefetches' zeros are the epilogue's scale-load offsets (kept alive, carried)
+        _scaled_store(c_ptr, c_desc, acc, sa_ptr, sb_ptr, za, zb, g, row0, col0, stop, N,
+                      stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
+                      BLOCK_M, BLOCK_N, TMA_STORE, EPI_SPLIT)  # fmt: skip
+    zero_tail(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+
 
 # ---- configs, env knobs, launcher ------------------------------------------------------------
 
@@ -91,8 +205,14 @@ def fp8_tma_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
     """The tuner's candidates: ``f8tma`` and ``f8tmas`` plans, restricted to the names in
     ``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG`` when set. (Small-expert tiles 64x128 / 128x64,
     timed in H200 call 7.2 on Qwen3-30B-A3B, never won the tuner: removed.)"""
-    cands = [("f8tma", cfg) for cfg in fp8_tma_configs(family)]
-    cands += [("f8tmas", cfg) for cfg in fp8_tma_configs(family) if _tma_store_cfg(cfg, family)]
+    kernels = fp8_kernel_set()
+    cands = []
+    if kernels in ("tma", "all"):
+        cands += [("f8tma", cfg) for cfg in fp8_tma_configs(family)]
+        cands += [("f8tmas", cfg) for cfg in fp8_tma_configs(family)
+                  if _tma_store_cfg(cfg, family)]  # fmt: skip
+    if kernels in ("pre", "all"):
+        cands += pre_plans(family)
     names = fp8_config_filter()
     if not names:
         return cands
@@ -104,6 +224,38 @@ def fp8_tma_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
             f"got {names}"
         )
     return kept
+
+
+# Session-8 plans of ``grouped_gemm_fp8_pre_kernel`` (kernel constexprs per plan name).
+PRE_VARIANTS = {
+    "f8h": {"TMA_STORE": False, "EPI_SPLIT": 2, "PREFETCH": False},
+    "f8ph": {"TMA_STORE": False, "EPI_SPLIT": 2, "PREFETCH": True},
+}
+
+
+def _pre_cfg_ok(variant: str, cfg: GemmConfig, family: ArchFamily) -> bool:
+    """``f8ps`` (TMA-store staging in shared memory): the 3-stage tiles only (a 4-stage ring
+    plus the staging exceeds sm_90's shared memory); CPU: the first tile."""
+    if family == ArchFamily.CPU:
+        return variant != "f8ps" or cfg == fp8_tma_configs(family)[0]
+    return variant != "f8ps" or cfg.num_stages == 3
+
+
+def pre_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
+    """Every (plan, tile) of the session-8 kernel."""
+    return [(v, cfg) for v in PRE_VARIANTS for cfg in fp8_tma_configs(family)
+            if _pre_cfg_ok(v, cfg, family)]  # fmt: skip
+
+
+@functools.cache
+def fp8_kernel_set() -> str:
+    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL``: which plans the tuner times. ``tma``
+    (default: session 7's ``f8tma`` / ``f8tmas``), ``pre`` (session 8's ``f8p`` / ``f8ph`` /
+    ``f8ps``: scales loaded before the K loop, optional split or TMA-store epilogue), ``all``
+    (both)."""
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import _env_choice
+
+    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL", "tma", ("tma", "pre", "all"))
 
 
 def _descriptor_ok(t: torch.Tensor) -> bool:
@@ -150,6 +302,17 @@ def launch_fp8_tma(
     args = (a_desc, b_desc, c, group_offs, m, n, k, g, c.stride(0), c.stride(1), programs)
     scales = {"sa_ptr": sa, "sb_ptr": sb, "stride_sa": sa.stride(0), "stride_sbg": sb.stride(0),
               "stride_sbn": sb.stride(1), "SCALED": True}  # fmt: skip
+    if variant in PRE_VARIANTS:
+        knobs = dict(PRE_VARIANTS[variant])
+        knobs["PREFETCH"] = knobs["PREFETCH"] and not interp  # inline PTX: not interpreted
+        grouped_gemm_fp8_pre_kernel[(programs,)](
+            a_desc, b_desc, c, group_offs, sa, sb, m, n, k, g, c.stride(0), c.stride(1),
+            sa.stride(0), sb.stride(0), sb.stride(1), programs,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            G_PAD=triton.next_power_of_2(max(g, 2)), FLATTEN=not interp, UPCAST=interp,
+            c_desc=None, **knobs, **cfg.options,
+        )  # fmt: skip
+        return
     store = {}
     if variant == "f8tmas":
         c_desc = TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2])
@@ -243,4 +406,20 @@ def aot_specs(target: str) -> list:
                                  grouped_gemm_flat_tma_kernel, sig_s,
                                  {**consts, "TMA_STORE": True, "FLATTEN": False},
                                  cfg.options))  # fmt: skip
+    for variant, cfg in pre_plans(ArchFamily.HOPPER):
+        bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+        knobs = dict(PRE_VARIANTS[variant])
+        sig = {"a_desc": f"tensordesc<fp8e4nv[{bm},{bk}]>",
+               "b_desc": f"tensordesc<fp8e4nv[{bn},{bk}]>", "c_ptr": "*bf16", "offs_ptr": "*i64",
+               "sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32", "N": "i32:16", "K": "i32:16",
+               "G": "i32", "stride_cm": "i32:16", "stride_cn": "i32:1", "stride_sa": "i32",
+               "stride_sbg": "i32:16", "stride_sbn": "i32:1", "num_programs": "i32"}  # fmt: skip
+        consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
+                  "G_PAD": 256, "FLATTEN": True, "UPCAST": False, **knobs}  # fmt: skip
+        if knobs.get("TMA_STORE"):
+            sig["c_desc"] = f"tensordesc<bf16[{bm},{bn // knobs['EPI_SPLIT']}]>"
+        else:
+            consts["c_desc"] = None
+        specs.append(AotSpec(f"grouped_gemm_fp8_{variant}_{cfg.name}",
+                             grouped_gemm_fp8_pre_kernel, sig, consts, cfg.options))  # fmt: skip
     return specs

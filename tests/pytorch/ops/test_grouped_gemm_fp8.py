@@ -379,3 +379,75 @@ def test_grouped_gemm_fp8_weight_cache_never_stale(monkeypatch, device):
     finally:
         mod._weight_cache_on.cache_clear()
         mod.clear_weight_cache()
+
+
+# ---- session 8: grouped_gemm_fp8_pre_kernel (plans f8h / f8ph; env ..._FP8_KERNEL) ----
+
+
+@pytest.mark.parametrize("tensorwise", [False, True], ids=["rowwise", "tensorwise"])
+def test_grouped_gemm_fp8_pre_kernel_interpreter(tensorwise, device):
+    """Every interpreter tile of the session-8 plans vs the dequantized fp32 product and
+    bitwise vs the f8tma plan of the same tile: odd and empty groups, rows past the last
+    group zeroed, N and K not multiples of the tile."""
+    from primus_turbo.pytorch.core.platform import ArchFamily
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
+
+    if device != "cpu":
+        pytest.skip("interpreter tiles; the GPU tiles run in test_grouped_gemm_fp8_pre_gpu")
+    a, b, sa, sb, offs, ref = _tma_case([0, 5, 0, 20, 9, 0], 24, 48, device, 3, tensorwise)
+    for variant, cfg in mod.pre_plans(ArchFamily.CPU):
+        c = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.float32, cfg, variant)
+        torch.testing.assert_close(c, ref, rtol=1e-5, atol=1e-4, msg=f"{variant} {cfg.name}")
+        old = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.float32, cfg, "f8tma")
+        assert torch.equal(c, old), f"{variant} {cfg.name}"
+
+
+def test_grouped_gemm_fp8_kernel_env(monkeypatch):
+    """PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL picks the tuner's plan kinds (tma default, pre,
+    all); a bad value raises naming the variable."""
+    from primus_turbo.pytorch.core.platform import ArchFamily
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
+
+    try:
+        for value, kinds in (("", {"f8tma", "f8tmas"}), ("pre", set(mod.PRE_VARIANTS)),
+                             ("all", {"f8tma", "f8tmas", *mod.PRE_VARIANTS})):  # fmt: skip
+            monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL", value)
+            mod.fp8_kernel_set.cache_clear()
+            assert {v for v, _ in mod.fp8_tma_plans(ArchFamily.HOPPER)} == kinds, value
+        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL", "bogus")
+        mod.fp8_kernel_set.cache_clear()
+        with pytest.raises(ValueError, match="PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL"):
+            mod.fp8_tma_plans(ArchFamily.HOPPER)
+    finally:
+        mod.fp8_kernel_set.cache_clear()
+
+
+def _pre_plans_hopper():
+    from primus_turbo.pytorch.core.platform import ArchFamily
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
+
+    return mod.pre_plans(ArchFamily.HOPPER)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plan", _pre_plans_hopper(), ids=lambda p: f"{p[0]}-{p[1].name}")
+def test_grouped_gemm_fp8_pre_gpu(plan, device):
+    """Every sm_90 session-8 plan bitwise equal to the f8tma plan of the same tile (same MMA
+    order, same scaling), and vs the dequantized fp32 product; rows past the groups zeroed;
+    a Qwen3-like case (many small groups, K = 768) and ragged N / K."""
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
+
+    _tma_skip(device)
+    variant, cfg = plan
+    bad = []
+    qwen = [0, 300, 517, 1, 129, 0, 640, 255, 256, 1000, 77, 0, 384, 511, 2, 700]
+    cases = (([512, 0, 1000, 3, 2048, 129, 0], 768, 1024), ([0, 77, 300, 0], 1000, 1040),
+             (qwen, 2048, 768))  # fmt: skip
+    for lens, n, k in cases:
+        a, b, sa, sb, offs, ref = _tma_case(lens, n, k, device, tail=5)
+        c = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.bfloat16, cfg, variant)
+        old = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.bfloat16, cfg, "f8tma")
+        err = ((c.float() - ref).norm() / ref.norm()).item()
+        if not torch.equal(c, old) or not err < 5e-3 or c[sum(lens) :].any():
+            bad.append(f"{lens}, {n}, {k}: equal {torch.equal(c, old)}, rel err {err:.2e}")
+    assert not bad, bad
