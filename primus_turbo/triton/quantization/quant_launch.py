@@ -408,6 +408,11 @@ def _mx4d(dual: bool) -> bool:
 
 def quant_mx(x: torch.Tensor, dtype: torch.dtype, dual: bool = False, block: int = 32):
     """MXFP8: E8M0 scales per 32 along N (and, with ``dual``, of ``x.T`` per 32 along M)."""
+    if dual and block == 32 and x.device.type == "cuda" and torch.version.hip is None:
+        from primus_turbo.pytorch.kernels.quantization import quant_cuda
+
+        if quant_cuda.cuda_mx_dual_on(x, dtype):  # PRIMUS_TURBO_QUANT_CUDA_MX=a|b|c (opt-in)
+            return quant_cuda.quant_dual_mx_cuda(x, dtype)
     m, n = x.shape
     dev = x.device
     q = torch.empty(x.shape, dtype=dtype, device=dev)

@@ -156,3 +156,128 @@ def test_cuda_op_meta():
     with pytest.raises(RuntimeError, match="multiple of 8"):
         y = torch.empty(32, 990, dtype=torch.bfloat16, device="meta")
         torch.ops.primus_turbo_cpp.quant_dual_fp8(y, E4M3, 448.0)
+
+
+# ---- MX dual: the CUDA MXFP8 cast-transpose (csrc/kernels/quant_dual_mx.cu), opt-in by
+# PRIMUS_TURBO_QUANT_CUDA_MX=a|b|c, bitwise the Triton word kernel (PRIMUS_TURBO_QUANT_CUDA_MX=0)
+
+_KERNEL_MX = _NVIDIA and quant_cuda.cuda_mx_kernel_available()
+_SKIP_GPU_MX = pytest.mark.skipif(
+    not _KERNEL_MX,
+    reason="needs an NVIDIA GPU and a CUDA build of primus_turbo.pytorch._C with quant_dual_mx_fp8",
+)
+MX_VARIANTS = ["a", "b", "c"]
+
+
+def _quant_mx(x, dtype):
+    return quantize_fp8_with_trans(x, dtype, G.MX_BLOCKWISE, block_size=32)
+
+
+def _input_mx(m, n, special, device):
+    x = _input(m, n, special, device)
+    if special:
+        x[12, :] = x[12, :] * 1e-38  # tiny and subnormal bf16 values
+        x[13, : min(n, 64)] = 3e38  # huge finite values (a saturating block)
+        x[32:64, min(n - 1, 70)] = float("nan")  # an all-NaN column block (m >= 64)
+        x[min(m - 1, 90), :] = -0.0
+    return x
+
+
+def _compare_mx(monkeypatch, x, dtype, variant):
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "0")
+    ref = _quant_mx(x, dtype)  # Triton (the word kernel on NVIDIA)
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", variant)
+    out = _quant_mx(x, dtype)
+    assert len(out) == len(ref) == 4
+    for name, a, b in zip(("q", "scale", "q_t", "scale_t"), out, ref, strict=True):
+        assert same_bits(a, b), f"{tuple(x.shape)} {dtype} variant {variant}: {name} differs"
+
+
+# model shapes; several tiles per persistent block; M % 128 = 64 and N % 128 = 96 with N / 32
+# odd (byte-wise scale stores); N % 64 = 32 (half warp tiles); one 32 x 32 block; M = 96
+MX_SHAPES = [(8192, 4096), (6144, 4096), (4096, 2048), (4160, 2016), (320, 4064), (96, 160),
+             (2048, 96), (32, 32), (64, 128)]  # fmt: skip
+
+
+@_SKIP_GPU_MX
+@pytest.mark.parametrize("variant", MX_VARIANTS)
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("shape", MX_SHAPES, ids=lambda v: "x".join(map(str, v)))
+def test_cuda_mx_dual_bitwise(monkeypatch, shape, dtype, variant):
+    m, n = shape
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", variant)
+    assert quant_cuda.cuda_mx_dual_on(_input_mx(m, n, False, "cuda"), dtype)  # no fallback
+    for special in (False, True) if m >= 64 else (False,):
+        _compare_mx(monkeypatch, _input_mx(m, n, special, "cuda"), dtype, variant)
+
+
+@_SKIP_GPU_MX
+@pytest.mark.parametrize("variant", MX_VARIANTS)
+def test_cuda_mx_dual_values(monkeypatch, variant):
+    """Every finite exponent and the specials, column- and row-wise (against Triton)."""
+    bits = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16)
+    x = bits.view(torch.bfloat16).reshape(256, 256).cuda()
+    for xx in (x, x.t().contiguous(), x.flip(0).contiguous()):
+        for dtype in (E4M3, E5M2):
+            _compare_mx(monkeypatch, xx, dtype, variant)
+
+
+@_SKIP_GPU_MX
+def test_cuda_mx_dual_fallback_and_default(monkeypatch):
+    """Unset / 0: the Triton kernel; inputs it does not take run Triton silently."""
+    x = _input_mx(256, 256, False, "cuda")
+    monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA_MX", raising=False)
+    assert not quant_cuda.cuda_mx_dual_on(x, E4M3)
+    with unittest.mock.patch.object(quant_cuda, "quant_dual_mx_cuda", side_effect=AssertionError):
+        _quant_mx(x, E4M3)
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "a")
+    assert not quant_cuda.cuda_mx_dual_on(x.to(torch.float16), E4M3)
+    assert not quant_cuda.cuda_mx_dual_on(x[:, :100], E4M3)
+    assert not quant_cuda.cuda_mx_dual_on(x.t(), E4M3)
+    from primus_turbo.triton.quantization.quant_launch import quant_mx
+
+    with unittest.mock.patch.object(quant_cuda, "quant_dual_mx_cuda", side_effect=AssertionError):
+        quant_mx(x.to(torch.float16), E4M3, dual=True)
+
+
+@_SKIP_GPU_MX
+def test_cuda_mx_dual_compile(monkeypatch):
+    """Under torch.compile tracing the gate says no (Triton, the same bits)."""
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "a")
+    x = _input_mx(256, 384, True, "cuda")
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(lambda t: _quant_mx(t, E4M3), backend="eager")(x)
+    except Exception as exc:  # the Triton path's own tracing limits
+        pytest.skip(f"the Triton quantization path does not trace: {type(exc).__name__}")
+    finally:
+        torch._dynamo.reset()
+    for name, a, b in zip(("q", "scale", "q_t", "scale_t"), out, _quant_mx(x, E4M3), strict=True):
+        assert same_bits(a, b), f"compiled {name} differs"
+
+
+def test_cuda_mx_knob(monkeypatch):
+    """The knob is validated; CPU tensors never take the kernel."""
+    x = _input_mx(64, 128, True, "cpu")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "d")
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_CUDA_MX"):
+        quant_cuda.cuda_mx_dual_on(x, E4M3)
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "b")
+    assert not quant_cuda.cuda_mx_dual_on(x, E4M3)
+
+
+def test_cuda_mx_op_meta():
+    """The MX op's Meta implementation: the Triton layouts."""
+    from primus_turbo.build_info import native_status
+
+    ok, _ = native_status()
+    if not ok or not hasattr(torch.ops.primus_turbo_cpp, "quant_dual_mx_fp8"):
+        pytest.skip("primus_turbo.pytorch._C without quant_dual_mx_fp8 (rebuild the extension)")
+    x = torch.empty(320, 2016, dtype=torch.bfloat16, device="meta")
+    q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 1)
+    assert q.shape == (320, 2016) and qt.shape == (2016, 320) and q.dtype == E4M3
+    assert s.shape == (320, 63) and s.stride() == (63, 1) and s.dtype == torch.uint8
+    assert st.shape == (2016, 10) and st.stride() == (10, 1)
+    with pytest.raises(RuntimeError, match="multiples of 32"):
+        y = torch.empty(32, 48, dtype=torch.bfloat16, device="meta")
+        torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(y, E4M3, 1)

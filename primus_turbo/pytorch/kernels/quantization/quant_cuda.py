@@ -11,11 +11,19 @@ calls :func:`cuda_dual_on` first. ``PRIMUS_TURBO_QUANT_CUDA=0`` forces the Trito
 ROCm build compiles a stub and registers no GPU implementation), GPUs before sm_89, fp16/fp32,
 non-contiguous, N % 8 != 0, not 16-byte aligned, fp8 types other than e4m3fn / e5m2, an
 extension built without the kernel, and torch.compile tracing (Triton, same bits).
+
+The MX dual recipe (``quant_mx(x, dtype, dual=True)``) has a CUDA cast-transpose too
+(``torch.ops.primus_turbo_cpp.quant_dual_mx_fp8``, csrc/kernels/quant_dual_mx.cu), opt-in until
+measured: ``PRIMUS_TURBO_QUANT_CUDA_MX`` = ``0`` (unset: the Triton word kernel), ``a`` (one
+128x128 tile per block, 3 blocks per SM), ``b`` (persistent, cp.async double buffer, 3 blocks per
+SM) or ``c`` (the same, 2 per SM). It takes bf16, contiguous, 16-byte aligned inputs with both
+dims multiples of 32 on NVIDIA sm_89+; everything else (and torch.compile tracing) runs Triton.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -61,3 +69,57 @@ def quant_dual_cuda(x: torch.Tensor, dtype: torch.dtype, fmax: float):
     from primus_turbo.build_info import native_ops
 
     return tuple(native_ops().quant_dual_fp8(x, dtype, float(fmax)))
+
+
+_MX_VARIANTS = {"0": 0, "a": 1, "b": 2, "c": 3}
+
+
+def cuda_mx_variant() -> int:
+    """``PRIMUS_TURBO_QUANT_CUDA_MX``: 0 = off (the default), 1..3 = the kernel variant."""
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_MX", "").strip().lower() or "0"
+    if raw not in _MX_VARIANTS:
+        raise ValueError(
+            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX expected 0, a, b or c, got {raw!r}"
+        )
+    return _MX_VARIANTS[raw]
+
+
+@functools.cache
+def cuda_mx_kernel_available(index: int = 0) -> bool:
+    """True when the loaded extension carries the CUDA MX cast-transpose and device ``index``
+    is NVIDIA sm_89+."""
+    if torch.version.hip is not None or not torch.cuda.is_available():
+        return False
+    from primus_turbo.build_info import native_has_gpu, native_ops
+
+    if not native_has_gpu() or not hasattr(native_ops(), "quant_dual_mx_fp8"):
+        return False
+    name = "primus_turbo_cpp::quant_dual_mx_fp8"
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CUDA"):
+        return False
+    return _hw_satfinite(index)
+
+
+def cuda_mx_dual_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether the MX dual recipe of ``x`` (2-D) takes the CUDA kernel."""
+    if torch.compiler.is_compiling() or cuda_mx_variant() == 0:
+        return False
+    m, n = x.shape
+    return (
+        x.device.type == "cuda"
+        and torch.version.hip is None
+        and x.dtype == torch.bfloat16
+        and dtype in _DTYPES
+        and x.is_contiguous()
+        and m % 32 == 0
+        and n % 32 == 0
+        and x.data_ptr() % 16 == 0
+        and cuda_mx_kernel_available(x.device.index or 0)
+    )
+
+
+def quant_dual_mx_cuda(x: torch.Tensor, dtype: torch.dtype):
+    """``(q, s, qt, st)`` in the Triton launcher's layouts (see quant_dual_mx_op.h)."""
+    from primus_turbo.build_info import native_ops
+
+    return tuple(native_ops().quant_dual_mx_fp8(x, dtype, cuda_mx_variant()))

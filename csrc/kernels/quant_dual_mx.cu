@@ -1,0 +1,411 @@
+// Dual-output MXFP8 quantization of a bf16 matrix on NVIDIA: q in 1 x 32 blocks along rows and
+// qt = x.T in 1 x 32 blocks along M, E8M0 scales, one pass (recipe and layouts in
+// primus_turbo/quant_dual_mx.h; bitwise the Triton word kernel).
+//
+// Designed for MX (the 1x128 kernel's MX mode lost, session 7): a block of 256 threads takes a
+// 128 x 128 tile as 8 independent warp tiles of 32 rows x 64 columns (4 along M, 2 along N).
+// Lane (rq = lane / 8, cv = lane % 8) holds the 8 consecutive rows 8 rq .. +7 of the 8 columns
+// 8 cv .. +7 (8 loads of 16 bytes: one instruction reads 4 rows x 128 bytes). So both MX blocks
+// reduce inside the warp: a row block (32 columns) is a quad of lanes (2 shuffle steps), a column
+// block (32 rows) the 4 lanes of one cv (2 steps); no shared-memory round trip for any amax.
+// Amax works on exponent fields only (E8M0 needs nothing else): key = bits & 0x7f807f80 for two
+// bf16 at once, packed maxima with __vmaxu2; a thread that saw an exponent of 255 (inf/NaN)
+// redoes its maxima with those keys zeroed (rare). Scale math is integer: eb = max(e - EMAX, 0),
+// multiplier bits (254 - eb) << 23. Row copy: 8 bytes per row from registers (a warp writes 4
+// rows x 64 bytes per store). Column copy: a thread's 8 rows of one column are 8 consecutive
+// bytes of a qt row (8 stores of 8 bytes, full 32-byte sectors per 4 lanes), no shared memory.
+// Scales go through 2 KB of shared memory so each row of s and of st gets one 4-byte store per
+// tile (128 + 128 stores per tile instead of 512 + 128 scattered bytes), one __syncthreads per
+// tile (double-buffered in the persistent variants). Variants: 1 = one tile per block, 4 blocks
+// per SM (<= 64 registers: 32 warps per SM in flight); 2 / 3 = persistent blocks, 2 / 3 per SM,
+// the next tile loaded into registers while the current one is processed. Needs sm_89+ (fp8
+// conversions; other archs compile an empty kernel and the Python gate never calls it there).
+// ROCm builds compile a stub (AMD keeps the Triton kernels). Nothing here throws.
+#include <algorithm>
+#include <atomic>
+
+#include "primus_turbo/device.h"
+#include "primus_turbo/quant_dual_mx.h"
+
+namespace primus_turbo {
+
+#if PT_HIP
+
+bool quant_dual_mx_gpu_available() noexcept { return false; }
+
+Status quant_dual_mx_fp8_gpu(const void*, void*, void*, void*, void*, int64_t, int64_t, bool,
+                             int, void*) noexcept {
+  return kBadArgument;
+}
+
+#else
+
+namespace {
+
+constexpr int kTile = 128;  // rows and columns of a block tile
+constexpr int kThreads = 256;
+constexpr uint32_t kExpMask = 0x7f807f80u;  // the exponent fields of two bf16
+
+// Two fp32 -> two fp8 bytes (lo in the low byte), round to nearest even, finite values and inf
+// saturated to +-max, NaN kept: the conversion Triton emits on sm_89+ (as quant_dual.cu).
+template <bool E5M2>
+__device__ __forceinline__ uint32_t cvt2(float lo, float hi) {
+  unsigned short r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if (E5M2) {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  }
+#endif
+  return r;
+}
+
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+// Exponent keys of two bf16 (bits 7..14 of each half); FINITE: exponent 255 (inf/NaN) -> 0.
+template <bool FINITE>
+__device__ __forceinline__ uint32_t ekey2(uint32_t w) {
+  const uint32_t k = w & kExpMask;
+  if (!FINITE) return k;
+  const uint32_t f = (k + 0x00800080u) & 0x80008000u;  // bit 15 / 31: that half was 255
+  return k & ~(f | (f - (f >> 15)));                   // 0xffff over each such half
+}
+
+// Per-thread maxima of d (8 rows x 4 words): rk[p] = (row 2p, row 2p + 1) keys as u16x2 halves,
+// cm[i] = (column 2i, column 2i + 1) over the 8 rows.
+template <bool FINITE>
+__device__ __forceinline__ void thread_amax(const uint32_t (&d)[8][4], uint32_t (&rk)[4],
+                                            uint32_t (&cm)[4]) {
+  uint32_t r[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    uint32_t k[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      k[i] = ekey2<FINITE>(d[j][i]);
+      cm[i] = j == 0 ? k[i] : __vmaxu2(cm[i], k[i]);
+    }
+    r[j] = __vmaxu2(__vmaxu2(k[0], k[1]), __vmaxu2(k[2], k[3]));
+  }
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    rk[p] = __vmaxu2(__byte_perm(r[2 * p], r[2 * p + 1], 0x5410),
+                     __byte_perm(r[2 * p], r[2 * p + 1], 0x7632));
+  }
+}
+
+// Stored E8M0 bytes of two blocks with keys `key` (u16x2): max(e - EMAX, 0) in each half.
+template <int EMAX>
+__device__ __forceinline__ uint32_t eb2(uint32_t key) {
+  constexpr uint32_t kE = EMAX * 0x00010001u;
+  return __vmaxu2((key >> 7) & 0x00ff00ffu, kE) - kE;
+}
+
+// Multipliers 2^(127 - eb) of the low / high half of an eb2 result.
+__device__ __forceinline__ float mul_lo(uint32_t e) {
+  return __uint_as_float(0x7f000000u - (e << 23));
+}
+__device__ __forceinline__ float mul_hi(uint32_t e) {
+  return __uint_as_float(0x7f000000u - ((e >> 16) << 23));
+}
+
+// p, hidden from the optimizer (keeps it from precomputing a loop's addresses all at once).
+__device__ __forceinline__ uint8_t* opaque(uint8_t* p) {
+  asm volatile("" : "+l"(p));
+  return p;
+}
+
+__device__ __forceinline__ uint32_t pick4(const uint32_t (&a)[4], int i) {
+  return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
+}
+
+// The 8 vectors of this thread in tile (tm, tn), zero outside x (M % 32 == 0: a warp tile's
+// rows are all in or all out; N % 32 == 0: a vector is all in or out).
+__device__ __forceinline__ void load_tile(uint32_t (&d)[8][4], const uint16_t* __restrict__ x,
+                                          int M, int N, int tm, int tn) {
+  const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+  const int row = tm * kTile + 32 * (warp & 3) + 8 * (lane >> 3);
+  const int col = tn * kTile + 64 * (warp >> 2) + 8 * (lane & 7);
+  const bool ok = row < M && col < N;
+  const uint4* src = reinterpret_cast<const uint4*>(x + (ok ? int64_t{row} * N + col : 0));
+  const int step = N / 8;  // one row in uint4
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint4 u = ok ? src[j * step] : make_uint4(0u, 0u, 0u, 0u);
+    d[j][0] = u.x;
+    d[j][1] = u.y;
+    d[j][2] = u.z;
+    d[j][3] = u.w;
+  }
+}
+
+// Everything after the loads of tile (tm, tn). ssm / csm: this tile's 128 x 4 scale bytes of
+// s rows / st rows in shared memory.
+template <bool E5M2>
+__device__ __forceinline__ void tile_body(const uint32_t (&d)[8][4], uint32_t* ssm, uint32_t* csm,
+                                          uint8_t* __restrict__ q, uint8_t* __restrict__ s,
+                                          uint8_t* __restrict__ qt, uint8_t* __restrict__ st,
+                                          int M, int N, int tm, int tn) {
+  constexpr int EMAX = E5M2 ? 15 : 8;
+  const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+  const int wm = warp & 3, wn = warp >> 2, rq = lane >> 3, cv = lane & 7;
+  const int m0 = tm * kTile, n0 = tn * kTile;
+  const int row0 = m0 + 32 * wm + 8 * rq;  // the thread's first row
+  const int col = n0 + 64 * wn + 8 * cv;   // its first column
+  const bool ok = row0 < M && col < N;
+
+  uint32_t rk[4], cm[4];
+  thread_amax<false>(d, rk, cm);
+  {
+    const uint32_t top = __vmaxu2(__vmaxu2(cm[0], cm[1]), __vmaxu2(cm[2], cm[3]));
+    if ((top & 0x7f80u) == 0x7f80u || (top & 0x7f800000u) == 0x7f800000u) {
+      thread_amax<true>(d, rk, cm);
+    }
+  }
+  // row blocks: the 4 lanes of a quad (cv % 4); column blocks: the 4 lanes of one cv (rq)
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    rk[i] = __vmaxu2(rk[i], __shfl_xor_sync(0xffffffffu, rk[i], 1));
+    cm[i] = __vmaxu2(cm[i], __shfl_xor_sync(0xffffffffu, cm[i], 8));
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    rk[i] = __vmaxu2(rk[i], __shfl_xor_sync(0xffffffffu, rk[i], 2));
+    cm[i] = __vmaxu2(cm[i], __shfl_xor_sync(0xffffffffu, cm[i], 16));
+  }
+  uint32_t er[4], ec[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    er[i] = eb2<EMAX>(rk[i]);
+    ec[i] = eb2<EMAX>(cm[i]);
+  }
+
+  // scale bytes into shared memory: row (32 wm + 8 rq + j) byte (2 wn + cv / 4) of ssm, lane
+  // cv % 4 == c writing rows 2c, 2c + 1; column (64 wn + 8 cv + k) byte wm of csm, lane rq
+  // writing columns 2 rq, 2 rq + 1
+  {
+    auto* sb = reinterpret_cast<uint8_t*>(ssm);
+    auto* cb = reinterpret_cast<uint8_t*>(csm);
+    const int c = cv & 3;
+    const uint32_t rw = pick4(er, c), cw = pick4(ec, rq);
+    const int ri = (32 * wm + 8 * rq + 2 * c) * 4 + 2 * wn + (cv >> 2);
+    sb[ri] = static_cast<uint8_t>(rw);
+    sb[ri + 4] = static_cast<uint8_t>(rw >> 16);
+    const int ci = (64 * wn + 8 * cv + 2 * rq) * 4 + wm;
+    cb[ci] = static_cast<uint8_t>(cw);
+    cb[ci + 4] = static_cast<uint8_t>(cw >> 16);
+  }
+
+  // row copy: 8 bytes per row (the store address advanced one row at a time, opaque to the
+  // compiler: 8 hoisted 64-bit addresses would cost 16 registers)
+  uint8_t* qp = q + int64_t{row0} * N + col;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float sc = (j & 1) ? mul_hi(er[j >> 1]) : mul_lo(er[j >> 1]);
+    uint32_t b[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) b[i] = cvt2<E5M2>(bf_lo(d[j][i]) * sc, bf_hi(d[j][i]) * sc);
+    if (ok) *reinterpret_cast<uint2*>(qp) = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
+    qp = opaque(qp + N);
+  }
+  // column copy: column k's 8 rows = 8 consecutive bytes of qt row col + k
+  uint8_t* tp = qt + int64_t{col} * M + row0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float sc = (k & 1) ? mul_hi(ec[k >> 1]) : mul_lo(ec[k >> 1]);
+    uint32_t b[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t w0 = d[2 * p][k >> 1], w1 = d[2 * p + 1][k >> 1];
+      const float f0 = (k & 1) ? bf_hi(w0) : bf_lo(w0);
+      const float f1 = (k & 1) ? bf_hi(w1) : bf_lo(w1);
+      b[p] = cvt2<E5M2>(f0 * sc, f1 * sc);
+    }
+    if (ok) *reinterpret_cast<uint2*>(tp) = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
+    tp = opaque(tp + M);
+  }
+  __syncthreads();
+
+  // scales: threads 0..127 one s row each (4 blocks of 32 columns), 128..255 one st row each
+  // (4 blocks of 32 rows); 4-byte stores where the row's 4 bytes are in and aligned
+  const int nbs = N / 32, mbs = M / 32;
+  if (t < kTile) {
+    const int row = m0 + t;
+    if (row < M) {
+      const uint32_t v = ssm[t];
+      uint8_t* dst = s + int64_t{row} * nbs + n0 / 32;
+      if (nbs % 4 == 0) {
+        *reinterpret_cast<uint32_t*>(dst) = v;
+      } else {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          if (n0 + 32 * b < N) dst[b] = static_cast<uint8_t>(v >> (8 * b));
+        }
+      }
+    }
+  } else {
+    const int c = t - kTile;
+    const int n = n0 + c;
+    if (n < N) {
+      const uint32_t v = csm[c];
+      uint8_t* dst = st + int64_t{n} * mbs + m0 / 32;
+      if (mbs % 4 == 0) {
+        *reinterpret_cast<uint32_t*>(dst) = v;
+      } else {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          if (m0 + 32 * b < M) dst[b] = static_cast<uint8_t>(v >> (8 * b));
+        }
+      }
+    }
+  }
+}
+
+// Variant 1: one tile per block.
+template <bool E5M2>
+__global__ void __launch_bounds__(kThreads, 3)
+    quant_mx_tile_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
+                         uint8_t* __restrict__ s, uint8_t* __restrict__ qt,
+                         uint8_t* __restrict__ st, int M, int N, int tiles_n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  __shared__ uint32_t ssm[kTile], csm[kTile];
+  const int tm = blockIdx.x / tiles_n, tn = blockIdx.x % tiles_n;
+  uint32_t d[8][4];
+  load_tile(d, x, M, N, tm, tn);
+  tile_body<E5M2>(d, ssm, csm, q, s, qt, st, M, N, tm, tn);
+#endif
+}
+
+// The thread's 8 vectors of tile (tm, tn) into its own slots of `stg` (slot j at
+// stg[j * 256 + t]: conflict-free, no other thread reads them), zero-filled outside x; one
+// cp.async group.
+__device__ __forceinline__ void issue_tile(uint4* stg, const uint16_t* __restrict__ x, int M,
+                                           int N, int tm, int tn) {
+  const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+  const int row = tm * kTile + 32 * (warp & 3) + 8 * (lane >> 3);
+  const int col = tn * kTile + 64 * (warp >> 2) + 8 * (lane & 7);
+  const bool ok = row < M && col < N;
+  const uint16_t* src = x + (ok ? int64_t{row} * N + col : 0);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(stg + j * kThreads + t));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(src + (ok ? int64_t{j} * N : 0)), "r"(ok ? 16 : 0));
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Variants 2 / 3: persistent blocks (3 / 2 per SM) walking tiles blockIdx.x, + gridDim.x, ...;
+// the next tile's loads (cp.async into a second shared stage, 2 x 32 KB) are in flight while
+// the current one is processed (registers as variant 1).
+template <bool E5M2, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
+    quant_mx_persist_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
+                            uint8_t* __restrict__ s, uint8_t* __restrict__ qt,
+                            uint8_t* __restrict__ st, int M, int N, int tiles_n, int tiles) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  extern __shared__ uint4 stage[];  // [2][8][kThreads]
+  __shared__ uint32_t ssm[2][kTile], csm[2][kTile];  // by tile parity: one barrier per tile
+  const int t = threadIdx.x;
+  int tile = blockIdx.x;
+  if (tile < tiles) issue_tile(stage, x, M, N, tile / tiles_n, tile % tiles_n);
+  for (int i = 0; tile < tiles; i ^= 1, tile += gridDim.x) {
+    const int next = tile + gridDim.x;
+    if (next < tiles) {
+      issue_tile(stage + (i ^ 1) * 8 * kThreads, x, M, N, next / tiles_n, next % tiles_n);
+    } else {
+      asm volatile("cp.async.commit_group;\n" ::);
+    }
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    const uint4* cur = stage + i * 8 * kThreads;
+    uint32_t d[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint4 u = cur[j * kThreads + t];
+      d[j][0] = u.x;
+      d[j][1] = u.y;
+      d[j][2] = u.z;
+      d[j][3] = u.w;
+    }
+    const int tm = tile / tiles_n;
+    tile_body<E5M2>(d, ssm[i], csm[i], q, s, qt, st, M, N, tm, tile - tm * tiles_n);
+  }
+#endif
+}
+
+constexpr int kStageSmem = 2 * 8 * kThreads * 16;  // two stages of the bf16 tile (dynamic)
+
+// The dynamic shared-memory opt-in of `kern`, once per device (not inside a graph capture).
+template <typename K>
+Status smem_opt_in(K kern, std::atomic<bool> (&done)[64]) {
+  int dev = 0;
+  PT_RETURN_IF_ERROR(ptGetDevice(&dev));
+  if (dev < 0 || dev >= 64 || !done[dev].load(std::memory_order_relaxed)) {
+    PT_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kStageSmem));
+    if (dev >= 0 && dev < 64) done[dev].store(true, std::memory_order_relaxed);
+  }
+  return kOk;
+}
+
+template <bool E5M2>
+Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, int64_t n,
+              int variant, cudaStream_t stream) {
+  const int64_t tiles_m = (m + kTile - 1) / kTile, tiles_n = (n + kTile - 1) / kTile;
+  const int64_t tiles = tiles_m * tiles_n;
+  // 32-bit row / column indices (offsets are 64-bit)
+  if (tiles > 0x7fffffff || m > 0x7fffff00 || n > 0x7fffff00) return kBadArgument;
+  const auto* X = static_cast<const uint16_t*>(x);
+  auto* Q = static_cast<uint8_t*>(q);
+  auto* S = static_cast<uint8_t*>(s);
+  auto* QT = static_cast<uint8_t*>(qt);
+  auto* ST = static_cast<uint8_t*>(st);
+  const int tn = static_cast<int>(tiles_n), tt = static_cast<int>(tiles);
+  const int M = static_cast<int>(m), N = static_cast<int>(n);
+  if (variant == 1) {
+    quant_mx_tile_kernel<E5M2><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
+        X, Q, S, QT, ST, M, N, tn);
+  } else {
+    int sms = 1;
+    const Status st_sm = device_sm_count(&sms);
+    if (st_sm != kOk) return st_sm;
+    const int per_sm = variant == 2 ? 3 : 2;
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>(tiles, per_sm * int64_t{sms}));
+    if (variant == 2) {
+      static std::atomic<bool> done[64];
+      auto* kern = quant_mx_persist_kernel<E5M2, 3>;
+      const Status so = smem_opt_in(kern, done);
+      if (so != kOk) return so;
+      kern<<<blocks, kThreads, kStageSmem, stream>>>(X, Q, S, QT, ST, M, N, tn, tt);
+    } else {
+      static std::atomic<bool> done[64];
+      auto* kern = quant_mx_persist_kernel<E5M2, 2>;
+      const Status so = smem_opt_in(kern, done);
+      if (so != kOk) return so;
+      kern<<<blocks, kThreads, kStageSmem, stream>>>(X, Q, S, QT, ST, M, N, tn, tt);
+    }
+  }
+  PT_RETURN_LAUNCH_STATUS();
+  return kOk;
+}
+
+}  // namespace
+
+bool quant_dual_mx_gpu_available() noexcept { return true; }
+
+Status quant_dual_mx_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
+                             int64_t n, bool e5m2, int variant, void* stream) noexcept {
+  if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || variant < 1 || variant > 3) {
+    return kBadArgument;
+  }
+  if (m == 0 || n == 0) return kOk;
+  auto* cs = static_cast<cudaStream_t>(stream);
+  return e5m2 ? launch<true>(x, q, s, qt, st, m, n, variant, cs)
+              : launch<false>(x, q, s, qt, st, m, n, variant, cs);
+}
+
+#endif  // PT_HIP
+
+}  // namespace primus_turbo

@@ -1,0 +1,42 @@
+// Torch glue shared by the GPU and Meta registrations of primus_turbo_cpp::quant_dual_mx_fp8 (the
+// CUDA MXFP8 cast-transpose of primus_turbo/quant_dual_mx.h): argument checks and the output
+// tensors, in the layouts of the Triton launcher (quant_launch.quant_mx with dual=True).
+#pragma once
+
+#include <tuple>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+namespace primus_turbo::pytorch {
+
+// x: contiguous bf16 [M, N], M % 32 == 0, N % 32 == 0; dtype: fp8 e4m3fn or e5m2; variant 1..3.
+// Returns (M, N).
+inline std::pair<int64_t, int64_t> check_quant_dual_mx(const at::Tensor& x, at::ScalarType dtype,
+                                                       int64_t variant) {
+  const char* op = "primus_turbo_cpp.quant_dual_mx_fp8";
+  TORCH_CHECK(x.dim() == 2, op, ": argument 'x' expected a 2-D tensor, got ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16, op, ": argument 'x' expected dtype bfloat16, got ",
+              x.scalar_type());
+  TORCH_CHECK(x.is_contiguous(), op, ": argument 'x' expected contiguous");
+  TORCH_CHECK(dtype == at::kFloat8_e4m3fn || dtype == at::kFloat8_e5m2, op,
+              ": argument 'dtype' expected float8_e4m3fn or float8_e5m2, got ", dtype);
+  TORCH_CHECK(variant >= 1 && variant <= 3, op, ": argument 'variant' expected 1, 2 or 3, got ",
+              variant);
+  const int64_t m = x.size(0), n = x.size(1);
+  TORCH_CHECK(m % 32 == 0 && n % 32 == 0, op,
+              ": argument 'x' expected both dims multiples of 32, got ", x.sizes());
+  return {m, n};
+}
+
+// (q [M, N], s [M, N/32] uint8, qt [N, M], st [N, M/32] uint8), all contiguous.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> alloc_quant_dual_mx(
+    const at::Tensor& x, at::ScalarType dtype) {
+  const int64_t m = x.size(0), n = x.size(1);
+  const auto opts = x.options();
+  return {at::empty({m, n}, opts.dtype(dtype)), at::empty({m, n / 32}, opts.dtype(at::kByte)),
+          at::empty({n, m}, opts.dtype(dtype)), at::empty({n, m / 32}, opts.dtype(at::kByte))};
+}
+
+}  // namespace primus_turbo::pytorch
