@@ -63,12 +63,11 @@ def _scaled_store(c_ptr, c_desc, acc, sa_ptr, sb_ptr, za, zb, g, row0, col0, sto
                   stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   TMA_STORE: tl.constexpr, EPI_SPLIT: tl.constexpr):  # fmt: skip
-    """``acc * sa[rows, None] * sb[g, None, cols]`` stored at ``(row0, col0)``: with
-    ``TMA_STORE`` a tile whose rows all lie in its group leaves through ``EPI_SPLIT`` TMA stores
-    of ``[BLOCK_M, BLOCK_N / EPI_SPLIT]`` (clipped at ``N`` by the hardware), a ragged last
-    tile through the masked pointer store (a TMA store would overwrite the next group's rows);
-    without it, the masked pointer store (``EPI_SPLIT`` 2: two column halves, each
-    converted and stored on its own)."""
+    """``acc * sa[rows, None] * sb[g, None, cols]`` stored at ``(row0, col0)`` in
+    ``EPI_SPLIT`` column slices (each converted and stored on its own): TMA stores of
+    ``c_desc`` with ``TMA_STORE`` (the caller guarantees every row lies in the group; clipped
+    at ``N`` by the hardware), else masked pointer stores (rows ``>= stop`` dropped). ``za`` /
+    ``zb``: zero offsets of the scale loads (the results of the prefetches)."""
     rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M).to(tl.int64)
     rn = col0 + tl.arange(0, BLOCK_N)
     sa = tl.load(sa_ptr + rows * stride_sa + za, mask=rows < stop, other=0.0)
@@ -76,55 +75,57 @@ def _scaled_store(c_ptr, c_desc, acc, sa_ptr, sb_ptr, za, zb, g, row0, col0, sto
                  mask=rn < N, other=0.0)  # fmt: skip
     acc = acc * sa[:, None] * sb[None, :]
     out = acc.to(c_ptr.dtype.element_ty)
-    if TMA_STORE:
-        full = row0 + BLOCK_M <= stop
-        if full:
-            if EPI_SPLIT == 2:
-                halves = out.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1)
-                lo_half, hi_half = halves.split()
-                c_desc.store([row0, col0], lo_half)
-                c_desc.store([row0, col0 + BLOCK_N // 2], hi_half)
-            else:
-                c_desc.store([row0, col0], out)
-        if not full:
-            masked_store(c_ptr, out, row0, col0, stop, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
-    elif EPI_SPLIT == 2:
+    if EPI_SPLIT == 2:
         halves = out.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1)
         lo_half, hi_half = halves.split()
-        masked_store(c_ptr, lo_half, row0, col0, stop, N, stride_cm, stride_cn,
-                     BLOCK_M, BLOCK_N // 2)  # fmt: skip
-        masked_store(c_ptr, hi_half, row0, col0 + BLOCK_N // 2, stop, N, stride_cm, stride_cn,
-                     BLOCK_M, BLOCK_N // 2)  # fmt: skip
+        if TMA_STORE:
+            c_desc.store([row0, col0], lo_half)
+            c_desc.store([row0, col0 + BLOCK_N // 2], hi_half)
+        else:
+            masked_store(c_ptr, lo_half, row0, col0, stop, N, stride_cm, stride_cn,
+                         BLOCK_M, BLOCK_N // 2)  # fmt: skip
+            masked_store(c_ptr, hi_half, row0, col0 + BLOCK_N // 2, stop, N,
+                         stride_cm, stride_cn, BLOCK_M, BLOCK_N // 2)  # fmt: skip
+    elif TMA_STORE:
+        c_desc.store([row0, col0], out)
     else:
         masked_store(c_ptr, out, row0, col0, stop, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
-def grouped_gemm_fp8_pre_kernel(
-    a_desc, b_desc, c_ptr, offs_ptr, sa_ptr, sb_ptr, M, N, K, G,
-    stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn, num_programs,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
-    c_desc=None, TMA_STORE: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
-    PREFETCH: tl.constexpr = True,
-):  # fmt: skip
-    """Plans ``f8p`` / ``f8ps``: the ``f8tma`` walk (flat persistent loop over the in-kernel
-    group table, flattened with its K loop so the next tile's first TMA loads are issued during
-    this tile's epilogue; tail rows past ``offs[G]`` zeroed by a second loop), but the tile's
-    row and column scales are LOADED at the start of the tile (carried through its K loop):
-    in ``f8tma`` the loads sit in the epilogue, after the last MMA, so every tile waited one
-    global-load latency (and two layout shuffles) between its MMAs and its store (the H200
-    ttgir of session 7's kernel: ``tt.load`` of ``sa`` / ``sb`` inside the epilogue branch).
-    ``TMA_STORE`` / ``EPI_SPLIT``: see ``_scaled_store``."""
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
+def _split_table(offs_ptr, M, G, num_pid_n, BLOCK_M: tl.constexpr, G_PAD: tl.constexpr,
+                 BIG: tl.constexpr):  # fmt: skip
+    """``group_table`` over the groups of at least ``BLOCK_M`` rows (``BIG``) or of fewer
+    (the others count no tiles)."""
     gi, lo, hi, first, ends, total = group_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD)
+    tiles = ends - first
+    keep = (hi - lo) >= BLOCK_M if BIG else (hi - lo) < BLOCK_M
+    tiles = tl.where(keep, tiles, 0)
+    ends = tl.cumsum(tiles, axis=0)
+    return gi, lo, hi, ends - tiles, ends, tl.sum(tiles, axis=0)
+
+
+@triton.jit
+def _tile_loop(a_desc, b_desc, c_ptr, c_desc, sa_ptr, sb_ptr, N, K, num_pid_n,
+               stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
+               pid, num_programs, gi, lo, hi, first, ends, total,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               GROUP_M: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
+               TMA_STORE: tl.constexpr, EPI_SPLIT: tl.constexpr,
+               PREFETCH: tl.constexpr):  # fmt: skip
+    """The persistent walk over the table's tiles ``pid, pid + num_programs, ...``. With
+    ``TMA_STORE`` (a table of groups of at least ``BLOCK_M`` rows) a group's ragged last
+    tile is moved up to end at the group's last row: it recomputes rows of the tile before
+    it (the same values, bitwise: same operands, same MMA order) and every store stays in
+    the group, so no tile needs a mask."""
+    k_tiles = tl.cdiv(K, BLOCK_K)
     for t_glob in tl.range(pid, total, num_programs, flatten=FLATTEN):
         g, start, stop, t0 = find_tile(t_glob, gi, lo, hi, first, ends)
         pid_m, pid_n = _tile_coords(t_glob - t0, tl.cdiv(stop - start, BLOCK_M), num_pid_n,
                                     GROUP_M)  # fmt: skip
         row0 = start + pid_m * BLOCK_M
+        if TMA_STORE:
+            row0 = tl.minimum(row0, stop - BLOCK_M)
         col0 = pid_n * BLOCK_N
         if PREFETCH:  # the scales' lines into L1 now, read by the epilogue after the K loop
             rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M).to(tl.int64)
@@ -147,6 +148,56 @@ def grouped_gemm_fp8_pre_kernel(
         _scaled_store(c_ptr, c_desc, acc, sa_ptr, sb_ptr, za, zb, g, row0, col0, stop, N,
                       stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
                       BLOCK_M, BLOCK_N, TMA_STORE, EPI_SPLIT)  # fmt: skip
+
+
+@triton.jit
+def grouped_gemm_fp8_pre_kernel(
+    a_desc, b_desc, c_ptr, offs_ptr, sa_ptr, sb_ptr, M, N, K, G,
+    stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn, num_programs,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
+    c_desc=None, TMA_STORE: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
+    PREFETCH: tl.constexpr = True,
+):  # fmt: skip
+    """Session-8 plans (``PRE_VARIANTS``): the ``f8tma`` walk (flat persistent loop over the
+    in-kernel group table, flattened with its K loop so the next tile's first TMA loads are
+    issued during this tile's epilogue; rows past ``offs[G]`` zeroed by a last loop) with
+    * ``EPI_SPLIT`` 2: the epilogue in two column halves (fewer live registers);
+    * ``PREFETCH``: the tile's scale lines prefetched to L1 at the tile start (in ``f8tma``
+      the scale loads sit in the epilogue after the last MMA: the ttgir of session 7's kernel
+      shows ``tt.load`` of ``sa`` / ``sb`` inside the epilogue branch, one global latency per
+      tile; loading them into registers before the K loop spills: the column scales in the
+      MMA layout take 32 registers per thread);
+    * ``TMA_STORE``: groups of at least ``BLOCK_M`` rows in a first loop whose tiles all leave
+      through TMA stores (the ragged last tile moved up, see ``_tile_loop``), the smaller
+      groups in a second loop with masked stores (a branch between the two stores in one
+      flattened loop fails in Triton 3.6's loop fusion)."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    if TMA_STORE:
+        gi, lo, hi, first, ends, total = _split_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD,
+                                                      True)  # fmt: skip
+        _tile_loop(a_desc, b_desc, c_ptr, c_desc, sa_ptr, sb_ptr, N, K, num_pid_n,
+                   stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
+                   pid, num_programs, gi, lo, hi, first, ends, total,
+                   BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, UPCAST, True, EPI_SPLIT,
+                   PREFETCH)  # fmt: skip
+        # the small groups' tiles continue the round-robin where the first loop ended
+        pid2 = (pid + num_programs - total % num_programs) % num_programs
+        gi, lo, hi, first, ends, total = _split_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD,
+                                                      False)  # fmt: skip
+        _tile_loop(a_desc, b_desc, c_ptr, c_desc, sa_ptr, sb_ptr, N, K, num_pid_n,
+                   stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
+                   pid2, num_programs, gi, lo, hi, first, ends, total,
+                   BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, UPCAST, False, EPI_SPLIT,
+                   PREFETCH)  # fmt: skip
+    else:
+        gi, lo, hi, first, ends, total = group_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD)
+        _tile_loop(a_desc, b_desc, c_ptr, c_desc, sa_ptr, sb_ptr, N, K, num_pid_n,
+                   stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
+                   pid, num_programs, gi, lo, hi, first, ends, total,
+                   BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, UPCAST, False, EPI_SPLIT,
+                   PREFETCH)  # fmt: skip
     zero_tail(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
@@ -230,15 +281,21 @@ def fp8_tma_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
 PRE_VARIANTS = {
     "f8h": {"TMA_STORE": False, "EPI_SPLIT": 2, "PREFETCH": False},
     "f8ph": {"TMA_STORE": False, "EPI_SPLIT": 2, "PREFETCH": True},
+    "f8s": {"TMA_STORE": True, "EPI_SPLIT": 2, "PREFETCH": False},
+    "f8sp": {"TMA_STORE": True, "EPI_SPLIT": 2, "PREFETCH": True},
 }
 
 
 def _pre_cfg_ok(variant: str, cfg: GemmConfig, family: ArchFamily) -> bool:
-    """``f8ps`` (TMA-store staging in shared memory): the 3-stage tiles only (a 4-stage ring
-    plus the staging exceeds sm_90's shared memory); CPU: the first tile."""
-    if family == ArchFamily.CPU:
-        return variant != "f8ps" or cfg == fp8_tma_configs(family)[0]
-    return variant != "f8ps" or cfg.num_stages == 3
+    """TMA-store plans (staging in shared memory): the 3-stage tiles only (a 4-stage ring plus
+    the staging exceeds sm_90's shared memory); CPU: every tile."""
+    if family == ArchFamily.CPU or not PRE_VARIANTS[variant]["TMA_STORE"]:
+        return True
+    return cfg.num_stages == 3
+
+
+def _stores_by_tma(variant: str) -> bool:
+    return variant == "f8tmas" or PRE_VARIANTS.get(variant, {}).get("TMA_STORE", False)
 
 
 def pre_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
@@ -251,7 +308,7 @@ def pre_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
 def fp8_kernel_set() -> str:
     """``PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL``: which plans the tuner times. ``tma``
     (default: session 7's ``f8tma`` / ``f8tmas``), ``pre`` (session 8's ``f8p`` / ``f8ph`` /
-    ``f8ps``: scales loaded before the K loop, optional split or TMA-store epilogue), ``all``
+    ``f8s`` / ``f8sp``: see ``grouped_gemm_fp8_pre_kernel``), ``all``
     (both)."""
     from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import _env_choice
 
@@ -305,12 +362,17 @@ def launch_fp8_tma(
     if variant in PRE_VARIANTS:
         knobs = dict(PRE_VARIANTS[variant])
         knobs["PREFETCH"] = knobs["PREFETCH"] and not interp  # inline PTX: not interpreted
+        split = knobs["EPI_SPLIT"]
+        knobs["c_desc"] = (
+            TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // split])
+            if knobs["TMA_STORE"] else None
+        )  # fmt: skip
         grouped_gemm_fp8_pre_kernel[(programs,)](
             a_desc, b_desc, c, group_offs, sa, sb, m, n, k, g, c.stride(0), c.stride(1),
             sa.stride(0), sb.stride(0), sb.stride(1), programs,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             G_PAD=triton.next_power_of_2(max(g, 2)), FLATTEN=not interp, UPCAST=interp,
-            c_desc=None, **knobs, **cfg.options,
+            **knobs, **cfg.options,
         )  # fmt: skip
         return
     store = {}
@@ -365,7 +427,7 @@ def grouped_gemm_fp8_tma(
         return c
     plans = fp8_tma_plans(family)
     if c.element_size() != 2 or (n * 2) % 16:  # TMA store: 2-byte out (smem), 16-byte rows
-        plans = [p for p in plans if p[0] != "f8tmas"] or [("f8tma", plans[0][1])]
+        plans = [p for p in plans if not _stores_by_tma(p[0])] or [("f8tma", plans[0][1])]
     default = plans[0]
     if family != ArchFamily.CPU and m // g < 256:  # small groups: the 64-row tile if kept
         default = next((p for p in plans if p[1].block_m == 64), default)

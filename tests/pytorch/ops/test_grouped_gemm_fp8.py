@@ -387,19 +387,22 @@ def test_grouped_gemm_fp8_weight_cache_never_stale(monkeypatch, device):
 @pytest.mark.parametrize("tensorwise", [False, True], ids=["rowwise", "tensorwise"])
 def test_grouped_gemm_fp8_pre_kernel_interpreter(tensorwise, device):
     """Every interpreter tile of the session-8 plans vs the dequantized fp32 product and
-    bitwise vs the f8tma plan of the same tile: odd and empty groups, rows past the last
-    group zeroed, N and K not multiples of the tile."""
+    bitwise vs the f8tma plan of the same tile: odd, empty and multi-tile ragged groups, rows
+    past the last group zeroed, N and K not multiples of the tile."""
     from primus_turbo.pytorch.core.platform import ArchFamily
     from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
 
     if device != "cpu":
         pytest.skip("interpreter tiles; the GPU tiles run in test_grouped_gemm_fp8_pre_gpu")
-    a, b, sa, sb, offs, ref = _tma_case([0, 5, 0, 20, 9, 0], 24, 48, device, 3, tensorwise)
-    for variant, cfg in mod.pre_plans(ArchFamily.CPU):
-        c = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.float32, cfg, variant)
-        torch.testing.assert_close(c, ref, rtol=1e-5, atol=1e-4, msg=f"{variant} {cfg.name}")
-        old = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.float32, cfg, "f8tma")
-        assert torch.equal(c, old), f"{variant} {cfg.name}"
+    # groups of 40 / 33 rows: ragged last tiles of big groups (moved up by the TMA-store plans)
+    for lens in ([0, 5, 0, 20, 9, 0], [40, 0, 7, 33, 16]):
+        a, b, sa, sb, offs, ref = _tma_case(lens, 24, 48, device, 3, tensorwise)
+        for variant, cfg in mod.pre_plans(ArchFamily.CPU):
+            c = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.float32, cfg, variant)
+            msg = f"{lens} {variant} {cfg.name}"
+            torch.testing.assert_close(c, ref, rtol=1e-5, atol=1e-4, msg=msg)
+            old = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.float32, cfg, "f8tma")
+            assert torch.equal(c, old), msg
 
 
 def test_grouped_gemm_fp8_kernel_env(monkeypatch):
