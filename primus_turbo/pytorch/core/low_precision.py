@@ -51,7 +51,11 @@ class ScalingGranularity(enum.Enum):
 
 
 class ScalingStrategy(enum.Enum):
-    DYNAMIC = enum.auto()  # delayed scaling is not implemented
+    DYNAMIC = enum.auto()  # scale from the tensor's own amax (two reads for TENSORWISE)
+    DELAYED = enum.auto()  # scale from an amax history of earlier steps (TENSORWISE, one pass)
+
+
+AMAX_COMPUTE_ALGOS = ("max", "most_recent")  # DELAYED: amax taken from the history
 
 
 class ScalingRecipe(NamedTuple):
@@ -65,13 +69,23 @@ class ScalingRecipe(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class Float8QuantConfig:
     """FP8 recipe. BLOCKWISE needs ``block_size`` (GEMMs use 128); MX_BLOCKWISE needs
-    ``block_size == 32`` and ``scale_dtype == E8M0``."""
+    ``block_size == 32`` and ``scale_dtype == E8M0``.
+
+    ``strategy=DELAYED`` (TENSORWISE only; TransformerEngine's DelayedScaling recipe): each
+    tensor is cast with a scale derived from the amax history of earlier steps,
+    ``scale = fp8_max / (2**margin * amax)`` with ``amax`` the max of the last
+    ``amax_history_len`` amaxes (``amax_compute_algo="max"``) or the last one
+    (``"most_recent"``); the state lives in ``ops.Fp8DelayedScaler`` (``Float8Linear`` keeps
+    one per operand). The ``amax_*`` / ``margin`` fields are ignored by DYNAMIC."""
 
     format: Format = Format.E4M3
     granularity: ScalingGranularity = ScalingGranularity.TENSORWISE
     strategy: ScalingStrategy = ScalingStrategy.DYNAMIC
     scale_dtype: ScaleDtype = ScaleDtype.FP32
     block_size: int | None = None
+    amax_history_len: int = 1024
+    amax_compute_algo: str = "max"
+    margin: int = 0
 
     def __post_init__(self) -> None:
         op = "Float8QuantConfig"
@@ -99,6 +113,17 @@ class Float8QuantConfig:
             fail(op, "block_size", f"None for {g.name}", self.block_size)
         if g != ScalingGranularity.MX_BLOCKWISE and self.scale_dtype != ScaleDtype.FP32:
             fail(op, "scale_dtype", f"FP32 for {g.name}", self.scale_dtype.name)
+        if self.strategy == ScalingStrategy.DELAYED and g != ScalingGranularity.TENSORWISE:
+            fail(op, "strategy", "DYNAMIC for " + g.name + " (DELAYED scaling needs granularity "
+                 "TENSORWISE)", "DELAYED")  # fmt: skip
+        n = self.amax_history_len
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            fail(op, "amax_history_len", "an int >= 1", repr(n))
+        if self.amax_compute_algo not in AMAX_COMPUTE_ALGOS:
+            fail(op, "amax_compute_algo", f"one of {AMAX_COMPUTE_ALGOS}",
+                 repr(self.amax_compute_algo))  # fmt: skip
+        if not isinstance(self.margin, int) or isinstance(self.margin, bool) or self.margin < 0:
+            fail(op, "margin", "an int >= 0", repr(self.margin))
 
     def forward_dtype(self, device=None) -> torch.dtype:
         e4m3, e5m2 = fp8_dtypes(device)

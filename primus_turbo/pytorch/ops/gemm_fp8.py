@@ -17,6 +17,10 @@ Recipes (``config.granularity``):
   M, N, K multiples of 32 (else ValueError). TRITON (tl.dot_scaled) needs gfx950 or sm_90+ and
   K % 128 == 0; elsewhere the TORCH reference runs.
 ``Format.HYBRID`` quantizes grad_out to E5M2 and the inputs to E4M3.
+``ScalingStrategy.DELAYED`` (TENSORWISE): the scales come from amax histories kept in an
+``ops.Fp8DelayedScaling`` passed as ``delayed_scaling=`` (``modules.Float8Linear`` keeps one);
+every operand is then quantized in ONE pass, and the scalers are updated after the forward
+(input, weight) and after the backward (grad_output).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from primus_turbo.pytorch.core.low_precision import (
     MX_BLOCK_SIZE,
     Float8QuantConfig,
     ScalingGranularity,
+    ScalingStrategy,
     fp8_dtype_for_format,
 )
 from primus_turbo.pytorch.kernels.gemm.gemm_fp8_impl import gemm_fp8_impl
@@ -41,9 +46,14 @@ _FLOAT = (torch.float16, torch.bfloat16, torch.float32)
 _OUT = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _quant_dual(x: torch.Tensor, dtype, granularity: ScalingGranularity, two_d: bool = False):
-    """``((q, s, group), (q_t, s_t, group_t))``: x and x.T, each quantized along its last dim."""
+def _quant_dual(x: torch.Tensor, dtype, granularity: ScalingGranularity, two_d: bool = False,
+                scaler=None):  # fmt: skip
+    """``((q, s, group), (q_t, s_t, group_t))``: x and x.T, each quantized along its last dim
+    (tensorwise with a delayed ``scaler``: its current scale, one pass)."""
     g = granularity
+    if scaler is not None:
+        q, s, qt, st = scaler.quantize(x, dtype, dual=True)
+        return (q, s, 1), (qt, st, 1)
     if g == ScalingGranularity.TENSORWISE:
         q, s, qt, st = quantize_impl(x, dtype, "tensor", 0, None, True)
         return (q, s, 1), (qt, st, 1)
@@ -66,19 +76,23 @@ def _mm(x, y, gran: int, out_dtype, backend):
 
 class GemmFp8Function(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, trans_a, trans_b, out_dtype, config, backend):
+    def forward(ctx, a, b, trans_a, trans_b, out_dtype, config, backend, ds=None):
         a2 = a.t() if trans_a else a  # [M, K]
         bt = b if trans_b else b.t()  # [N, K]
         g = config.granularity
         fdt = fp8_dtype_for_format(config.format, a.device)
-        qa, qa_t = _quant_dual(a2, fdt, g)
-        qb, qb_t = _quant_dual(bt, fdt, g, two_d=g == ScalingGranularity.BLOCKWISE)
+        qa, qa_t = _quant_dual(a2, fdt, g, scaler=ds.input if ds is not None else None)
+        qb, qb_t = _quant_dual(bt, fdt, g, two_d=g == ScalingGranularity.BLOCKWISE,
+                               scaler=ds.weight if ds is not None else None)  # fmt: skip
+        if ds is not None:  # the casts above used the old scales (stream order)
+            ds.input.update()
+            ds.weight.update()
         out = _mm(qa, qb, g.value, out_dtype, backend)
         ctx.save_for_backward(qa_t[0], qa_t[1], qb_t[0], qb_t[1])
         ctx.groups = (qa_t[2], qb_t[2])
         ctx.trans = (trans_a, trans_b)
         ctx.in_dtypes = (a.dtype, b.dtype)
-        ctx.config, ctx.backend = config, backend
+        ctx.config, ctx.backend, ctx.ds = config, backend, ds
         return out
 
     @staticmethod
@@ -90,7 +104,11 @@ class GemmFp8Function(torch.autograd.Function):
         cfg = ctx.config
         gran = cfg.granularity
         gdt = fp8_dtype_for_format(cfg.format, grad_out.device, grad=True)
-        qg, qg_t = _quant_dual(grad_out.contiguous(), gdt, gran)  # g [M, N], g^T [N, M]
+        ds = ctx.ds
+        qg, qg_t = _quant_dual(grad_out.contiguous(), gdt, gran,
+                               scaler=ds.grad_output if ds is not None else None)  # fmt: skip
+        if ds is not None:
+            ds.grad_output.update()
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:  # d op(a) = g @ op(b)^T  -> [M, K]
             # trans_a too (a.grad is [K, M]): computed as [M, K] and returned as a transposed
@@ -105,7 +123,7 @@ class GemmFp8Function(torch.autograd.Function):
                 grad_b = _mm(qg_t, qa_t, gran.value, ctx.in_dtypes[1], ctx.backend)
             else:
                 grad_b = _mm(qa_t, qg_t, gran.value, ctx.in_dtypes[1], ctx.backend)
-        return grad_a, grad_b, None, None, None, None, None
+        return grad_a, grad_b, None, None, None, None, None, None
 
 
 @torch._dynamo.disable
@@ -117,6 +135,8 @@ def gemm_fp8(
     out_dtype: torch.dtype | None = None,
     config: Float8QuantConfig | None = None,
     backend=None,
+    *,
+    delayed_scaling=None,
 ) -> torch.Tensor:
     """FP8 GEMM ``op(a) @ op(b)`` with dynamic quantization inside and autograd.
 
@@ -128,6 +148,9 @@ def gemm_fp8(
             ``block_size=128``.
         backend: optional ``BackendChoice`` pinning the backend of every GEMM of this call
             (default: settings, then HIPBLASLT for tensorwise/rowwise where it can, else TRITON).
+        delayed_scaling: an ``ops.Fp8DelayedScaling`` (required by, and only allowed with,
+            ``config.strategy == DELAYED``): the amax histories and scales of a, b and
+            grad_out; updated once per forward / backward. ``modules.Float8Linear`` keeps one.
     Returns:
         ``[M, N]`` of ``out_dtype``. Not traced by torch.compile (runs eagerly inside graphs).
     """
@@ -146,6 +169,16 @@ def gemm_fp8(
     if not isinstance(config, Float8QuantConfig):
         fail(_OP, "config", "a Float8QuantConfig or None", type(config).__name__, TypeError)
     g = config.granularity
+    if config.strategy == ScalingStrategy.DELAYED:
+        from primus_turbo.pytorch.ops.fp8_delayed import Fp8DelayedScaling
+
+        if not isinstance(delayed_scaling, Fp8DelayedScaling):
+            fail(_OP, "delayed_scaling", "an ops.Fp8DelayedScaling(config) for strategy DELAYED "
+                 "(the scales live in its amax histories; modules.Float8Linear keeps one)",
+                 type(delayed_scaling).__name__, TypeError)  # fmt: skip
+    elif delayed_scaling is not None:
+        fail(_OP, "delayed_scaling", "None unless config.strategy is DELAYED",
+             type(delayed_scaling).__name__)  # fmt: skip
     if g == ScalingGranularity.MX_BLOCKWISE:
         m = a.shape[1] if trans_a else a.shape[0]
         n = b.shape[0] if trans_b else b.shape[1]
@@ -154,4 +187,5 @@ def gemm_fp8(
     if g == ScalingGranularity.BLOCKWISE:
         check(config.block_size == DEFAULT_BLOCK_SIZE, _OP, "config.block_size",
               f"{DEFAULT_BLOCK_SIZE} for BLOCKWISE GEMM", config.block_size)  # fmt: skip
-    return GemmFp8Function.apply(a, b, trans_a, trans_b, out_dtype, config, backend)
+    return GemmFp8Function.apply(a, b, trans_a, trans_b, out_dtype, config, backend,
+                                 delayed_scaling)  # fmt: skip

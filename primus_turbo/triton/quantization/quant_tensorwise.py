@@ -166,6 +166,78 @@ def tw_quant_kernel(
         _cast_store(x, scale, q_ptr, qt_ptr, oq, mask, rm, rn, M, FMAX, FMT, SAT, EVEN, DUAL, CS)
 
 
+@triton.jit
+def tw_delayed_kernel(
+    x_ptr, q_ptr, qt_ptr, scale_ptr, sinv_ptr, amax_ptr,
+    numel, M, N, stride_xm, P,
+    BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DUAL: tl.constexpr,
+    FMAX: tl.constexpr, FMT: tl.constexpr = (0, 0, 0, 0), SAT: tl.constexpr = False,
+    EVEN: tl.constexpr = False, FAST: tl.constexpr = True, CS: tl.constexpr = False,
+    EVC: tl.constexpr = "evict_first", STORE: tl.constexpr = True, RED: tl.constexpr = False,
+):  # fmt: skip
+    """Delayed (one-pass) tensorwise cast: ``q = cast(x * scale)`` with the GIVEN device scale
+    ``scale_ptr[0]`` (fp32), and the input's amax in the same read: every program keeps the
+    running max of its tiles' ``|x|`` (in x's dtype: exact) and adds it with ONE
+    ``atomic_max`` on the fp32 bits to ``amax_ptr[0]`` (int32 view; amax >= 0, so the integer
+    order of the bits is the float order; the caller zeroes or keeps the slot: the result is
+    ``max(old, amax(x))``). Program 0 writes ``sinv_ptr[0] = 1 / scale`` (IEEE division: the
+    same bits as torch's ``1 / scale``).
+    Tiles and walk as ``tw_quant_kernel`` (program ``p`` owns ``p, p + P, ...``, flat or, with
+    ``DUAL``, ``BM x BN`` 2-D tiles whose transposed copy goes to ``qt``), read once.
+    Special values as the dynamic kernels: NaN and +-inf are left out of the amax (``FAST``:
+    the plain max first, the program re-reads its tiles with the filter only when its max is
+    not finite), inf saturates to +-fmax, NaN stays NaN; values beyond the scale's range
+    saturate to +-fmax. ``STORE=False``: amax only (no q; the scaler's first call).
+    ``RED``: reduce every tile's max to a scalar (one cross-warp reduction per tile) instead of
+    a running max of the tile's shape (registers: the 128x128 dual tile spills without it)."""
+    pid = tl.program_id(0)
+    if DUAL:
+        ntiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
+        acc = tl.zeros((BM, BN), dtype=x_ptr.dtype.element_ty)
+    else:
+        ntiles = tl.cdiv(numel, BLOCK)
+        acc = tl.zeros((BLOCK,), dtype=x_ptr.dtype.element_ty)
+    if RED:
+        acc = _max_all(acc, DUAL).to(tl.float32)
+    kwalk = tl.cdiv(ntiles, P)
+    scale = tl.load(scale_ptr)
+    if STORE:
+        if pid == 0:
+            tl.store(sinv_ptr, tl.div_rn(1.0, scale))
+    for k in range(0, kwalk):
+        ox, oq, mask, rm, rn = _tile_ptrs(pid + k * P, numel, M, N, stride_xm, BLOCK, BM, BN,
+                                          DUAL)  # fmt: skip
+        x = _load(x_ptr, ox, mask, EVEN, EVC)
+        a = tl.abs(x)
+        if not FAST:
+            a = tl.where(a < float("inf"), a, tl.zeros_like(a))
+        if RED:
+            acc = tl.maximum(acc, _max_all(a, DUAL).to(tl.float32))
+        else:
+            acc = tl.maximum(acc, a).to(acc.dtype)
+        if STORE:
+            _cast_store(x.to(tl.float32), scale, q_ptr, qt_ptr, oq, mask, rm, rn, M, FMAX, FMT,
+                        SAT, EVEN, DUAL, CS)  # fmt: skip
+    if RED:
+        amax = acc
+    else:
+        amax = _max_all(acc, DUAL).to(tl.float32)
+    if FAST:
+        if tl.where(amax < float("inf"), 0, 1) != 0:  # an inf or NaN: the filtered re-walk
+            if RED:  # scalar per tile here too (a tile-shaped maximum costs registers)
+                amax = 0.0
+                for k in range(0, kwalk):
+                    ox, oq, mask, rm, rn = _tile_ptrs(pid + k * P, numel, M, N, stride_xm,
+                                                      BLOCK, BM, BN, DUAL)  # fmt: skip
+                    a = tl.abs(_load(x_ptr, ox, mask, EVEN, ""))
+                    a = tl.where(a < float("inf"), a, tl.zeros_like(a))
+                    amax = tl.maximum(amax, _max_all(a, DUAL).to(tl.float32))
+            else:
+                amax = _own_amax(x_ptr, numel, M, N, stride_xm, pid, P, kwalk, 0, BLOCK, BM,
+                                 BN, DUAL, EVEN, True, 0)  # fmt: skip
+    tl.atomic_max(amax_ptr, amax.to(tl.int32, bitcast=True), sem="relaxed")
+
+
 # AOT: the default launch configs (flat 8192 x 8 warps; dual 128 x 128 x 8 warps), per phase,
 # and the previous dual tile (64 x 128)
 _AOT = [  # (name, PHASE, DUAL, BLOCK, BM, BN, warps, maxnreg on sm_90)
@@ -206,6 +278,27 @@ def aot_specs(target: str) -> list[AotSpec]:
             specs.append(
                 AotSpec(f"quant_tw_{name}{'_even' if even else ''}_{fp8}", tw_quant_kernel, sig,
                         cx, {"num_warps": warps, **nv}, default=name == "cast" and even)
+            )  # fmt: skip
+    dsig = {k: v for k, v in sig.items() if k not in ("s_ptr", "part_ptr", "ktail")}
+    dsig.update(scale_ptr="*fp32", sinv_ptr="*fp32", amax_ptr="*i32")
+    dsig = {k: dsig[k] for k in ("x_ptr", "q_ptr", "qt_ptr", "scale_ptr", "sinv_ptr", "amax_ptr",
+                                 "numel", "M", "N", "stride_xm", "P")}  # fmt: skip
+    # delayed: flat 8192 x 8 warps, 4 per SM (cap 64); dual 128x128, 3 per SM (cap 80) on
+    # NVIDIA (the default), 64x128 4 per SM (cap 64; the AMD default)
+    for name, dual, block, bm, nreg in (("delayed", False, 8192, 16, 64),
+                                        ("delayed_dual", True, 16, 128, 80),
+                                        ("delayed_dual64", True, 16, 64, 64)):  # fmt: skip
+        if target != "sm_90" and name == "delayed_dual":
+            continue
+        nv = {"maxnreg": nreg} if target == "sm_90" else {}
+        for even in (True, False):
+            cx = {"BLOCK": block, "BM": bm, "BN": 128 if dual else 16,
+                  "DUAL": dual, "FMAX": fmax, "FMT": (0, 0, 0, 0), "SAT": target == "sm_90",
+                  "EVEN": even, "FAST": True, "CS": target == "sm_90", "EVC": "evict_first",
+                  "STORE": True, "RED": dual}  # fmt: skip
+            specs.append(
+                AotSpec(f"quant_tw_{name}{'_even' if even else ''}_{fp8}", tw_delayed_kernel,
+                        dsig, cx, {"num_warps": 8, **nv})
             )  # fmt: skip
     for sp in [sp for sp in specs if sp.name.startswith("quant_tw_amax_even")]:
         specs.append(AotSpec(sp.name.replace("quant_tw_", "quant_tw_tail_"), sp.fn, sp.signature,

@@ -45,7 +45,7 @@ from primus_turbo.triton.quantization.quant_launch import (
     _nvidia_sat,
     _u8,
 )
-from primus_turbo.triton.quantization.quant_tensorwise import tw_quant_kernel
+from primus_turbo.triton.quantization.quant_tensorwise import tw_delayed_kernel, tw_quant_kernel
 
 TW_MODES = ("v3", "own")
 _INTERP_PROGRAMS = 3  # interpreter grid of the two-launch path (programs run one by one)
@@ -67,10 +67,9 @@ def _pow2_env(var: str, default: int, lo: int, hi: int) -> int:
     return v
 
 
-def _tile_env(nvidia: bool) -> tuple[int, int]:
+def _tile_env(nvidia: bool, var: str = "PRIMUS_TURBO_QUANT_TW_TILE") -> tuple[int, int]:
     """Dual tile: 128x128 on NVIDIA (H200 run 5.2; 64 registers, a 52 B spill in the amax walk
     on sm_90, still faster), 64x128 elsewhere (not measured; 128x128 spills SGPRs on gfx950)."""
-    var = "PRIMUS_TURBO_QUANT_TW_TILE"
     raw = os.environ.get(var, "").strip().lower() or ("128x128" if nvidia else "64x128")
     try:
         bm, bn = (int(v) for v in raw.split("x"))
@@ -169,3 +168,59 @@ def quant_tensorwise_tw(x: torch.Tensor, dtype: torch.dtype, dual: bool):
     tw_quant_kernel[(p,)](*args, PHASE=1, **kw)
     tw_quant_kernel[(p,)](*args, PHASE=2, **kw)
     return (q, s, qt, s) if dual else (q, s)
+
+
+def quant_tensorwise_delayed(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor,
+                             amax: torch.Tensor, dual: bool, store: bool = True):  # fmt: skip
+    """One-pass tensorwise cast with a GIVEN scale (``tw_delayed_kernel``): ``(q, sinv)`` or
+    ``(q, sinv, qt, sinv)``; ``sinv`` a fresh 0-d ``1 / scale``. ``amax`` (fp32, 1 element,
+    contiguous) becomes ``max(amax, amax(x))`` (finite values only). ``store=False``: only the
+    amax, returns None. No host sync. Launch as the cast pass of ``quant_tensorwise_tw``
+    (``P`` = ``_TW_PER_SM`` programs per SM walking their own tiles; ``_TW_BLOCK``, ``_TW_TILE``,
+    ``_TW_WARPS``, ``_TW_CS``, ``_TW_EVICT_CAST`` apply) with its own ``_TWD_TILE`` (dual tile,
+    default as ``_TW_TILE``), ``_TWD_PER_SM`` (default 4; 3 for a dual tile of 128x128 or more
+    on NVIDIA: the register cap 80 instead of 64, where sm_90 spills 32 B) and ``_TWD_RED``
+    (0/1, default 1 with ``dual``: each tile's max reduced to a scalar, see the kernel)."""
+    m, n = x.shape
+    q = torch.empty(x.shape, dtype=dtype, device=x.device) if store else None
+    qt = _empty_like_t(x, dtype) if dual and store else None
+    sinv = torch.empty((), dtype=torch.float32, device=x.device) if store else None
+    if m == 0 or n == 0:
+        if store:
+            torch.reciprocal(scale.reshape(()), out=sinv)
+            return (q, sinv, qt, sinv) if dual else (q, sinv)
+        return None
+    xc = x if x.is_contiguous() else x.contiguous()
+    interp = triton_interpret()
+    nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
+    warps = _env_int("PRIMUS_TURBO_QUANT_TW_WARPS", 8)
+    bm, bn = _tile_env(nvidia, "PRIMUS_TURBO_QUANT_TWD_TILE")
+    per_sm = _env_int("PRIMUS_TURBO_QUANT_TWD_PER_SM", 3 if nvidia and dual and bm * bn >= 16384
+                      else 4)  # fmt: skip
+    block = _pow2_env("PRIMUS_TURBO_QUANT_TW_BLOCK", 8192, 1024, 32768)
+    numel = m * n
+    if dual:
+        ntiles = -(-m // bm) * -(-n // bn)
+        full = m % bm == 0 and n % bn == 0
+    else:
+        ntiles = -(-numel // block)
+        full = numel % block == 0
+    cap = _INTERP_PROGRAMS if interp else per_sm * num_compute_units(x.device)
+    p = _programs(ntiles, cap)
+    extra = {"maxnreg": min(255, 65536 // (per_sm * warps * 32)) // 8 * 8} if nvidia else {}
+    evc = _choice("PRIMUS_TURBO_QUANT_TW_EVICT_CAST", ("first", "none"), "first")
+    a32 = amax.view(torch.int32)
+    dummy = _u8(q) if store else a32
+    args = (xc, dummy, _u8(qt) if dual and store else dummy, scale, sinv if store else amax, a32,
+            numel, m, n, xc.stride(0), p)  # fmt: skip
+    tw_delayed_kernel[(p,)](
+        *args, BLOCK=block if not dual else 16, BM=bm if dual else 16, BN=bn if dual else 16,
+        DUAL=dual, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype), SAT=_nvidia_sat(xc),
+        EVEN=full and ntiles % p == 0, FAST=True,
+        CS=nvidia and _env_flag("PRIMUS_TURBO_QUANT_TW_CS", True),
+        EVC="evict_first" if evc == "first" else "", STORE=store,
+        RED=_env_flag("PRIMUS_TURBO_QUANT_TWD_RED", dual), num_warps=warps, **extra,
+    )  # fmt: skip
+    if not store:
+        return None
+    return (q, sinv, qt, sinv) if dual else (q, sinv)

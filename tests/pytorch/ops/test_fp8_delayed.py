@@ -1,0 +1,332 @@
+"""Delayed tensorwise FP8 scaling (ScalingStrategy.DELAYED): the one-pass kernel with a given
+scale vs the torch reference (bitwise, amax exact), saturation and special values, the scaler's
+history rules, first-use initialisation, Float8Linear training steps, config validation,
+torch.compile, CUDA-graph capture (GPU). CPU runs the interpreter with small tiles."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from primus_turbo.pytorch.core.low_precision import (
+    Float4QuantConfig,
+    Float8QuantConfig,
+    Format,
+    ScalingGranularity,
+    ScalingStrategy,
+    triton_fp8_support,
+)
+from primus_turbo.pytorch.modules.float8_linear import Float8Linear
+from primus_turbo.pytorch.ops.fp8_delayed import (
+    Fp8DelayedScaler,
+    Fp8DelayedScaling,
+    quantize_fp8_delayed,
+)
+from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8
+from primus_turbo.pytorch.ops.quantization import quantize_fp8
+from primus_turbo.pytorch.reference import fp8_delayed as ref
+from tests.conftest import HAS_GPU
+from tests.pytorch.test_utils import snr_db
+
+pytestmark = pytest.mark.quantization
+
+DEV = "cuda" if HAS_GPU else "cpu"
+G = ScalingGranularity
+DELAYED = ScalingStrategy.DELAYED
+E4M3, E5M2, FNUZ = torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz
+_FNUZ_OK, _FNUZ_WHY = triton_fp8_support(FNUZ, DEV)
+FP8 = [E4M3, E5M2, pytest.param(FNUZ, marks=pytest.mark.skipif(not _FNUZ_OK, reason=_FNUZ_WHY))]
+SHAPES = [(37, 200), (1, 1), (3, 520), (64, 128)]
+if HAS_GPU:
+    SHAPES += [(1000, 1000), (4096, 2048), (8192, 4096), (6144, 4096)]
+
+
+@pytest.fixture(autouse=True)
+def _small_tiles(monkeypatch):
+    """Interpreter: 1024-wide flat tiles and 16x32 dual tiles (many tiles per program)."""
+    if not HAS_GPU:
+        monkeypatch.setenv("PRIMUS_TURBO_QUANT_TW_BLOCK", "1024")
+        monkeypatch.setenv("PRIMUS_TURBO_QUANT_TW_TILE", "16x32")
+
+
+def _x(m, n, scale=3.0, dtype=torch.bfloat16):
+    return (torch.randn(m, n, device=DEV) * scale).to(dtype)
+
+
+def _bits_equal(a, b):
+    return a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def _check(x, dtype, scale_val, dual, amax0=0.0):
+    scale = torch.tensor([scale_val], device=DEV)
+    amax = torch.full((1,), amax0, device=DEV)
+    out = quantize_fp8_delayed(x, dtype, scale, amax, with_trans=dual)
+    q_ref, s_ref, a_ref = ref.quantize_tensorwise_given_ref(x, dtype, scale)
+    assert len(out) == (4 if dual else 2)
+    assert _bits_equal(out[0], q_ref)
+    assert out[1].shape == () and torch.equal(out[1], s_ref)
+    assert amax.item() == max(amax0, a_ref.item())  # exact: a max of input values
+    if dual:
+        assert out[2].is_contiguous() and out[3] is out[1]
+        assert _bits_equal(out[2], q_ref.t().contiguous())
+    return out, amax
+
+
+@pytest.mark.parametrize("dual", [False, True])
+@pytest.mark.parametrize("m,n", SHAPES)
+def test_given_scale_matches_reference_bitwise(dual, m, n):
+    x = _x(m, n)
+    x[m - 1, n - 1] = 40.0  # the amax in the last tile
+    _check(x, E4M3, 448.0 / 45.0, dual)
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_formats_and_input_dtypes(dtype):
+    _check(_x(37, 200), dtype, 5.0, True)
+    _check(_x(37, 200, dtype=torch.float16), dtype, 5.0, False)
+    _check(_x(37, 200, dtype=torch.float32), dtype, 5.0, False)
+
+
+def test_amax_accumulates_and_saturation():
+    x = _x(37, 200)
+    _, amax = _check(x, E4M3, 1.0, False, amax0=1e6)  # the larger old value stays
+    assert amax.item() == 1e6
+    # a scale far too large: everything beyond +-448 saturates, signs kept
+    out, _ = _check(x, E4M3, 1e4, True)
+    q = out[0].float()
+    big = (x.float() * 1e4).abs() > 448
+    assert big.any() and torch.equal(q[big].abs(), torch.full_like(q[big], 448.0))
+    assert torch.equal(q[big].sign(), x.float()[big].sign())
+
+
+def test_special_values():
+    x = _x(37, 200)
+    x[0, 0], x[1, 1], x[2, 2] = float("inf"), float("-inf"), float("nan")
+    x[36, 199] = 9.5
+    out, amax = _check(x, E4M3, 2.0, True)
+    assert amax.item() == ref.quantize_tensorwise_given_ref(x, E4M3, torch.tensor(2.0))[2]
+    q = out[0].float()
+    assert q[0, 0] == 448 and q[1, 1] == -448 and torch.isnan(q[2, 2])
+    assert torch.isnan(q).sum() == 1
+    for fill in (0.0, float("nan"), float("inf")):  # all-zero / all-NaN / all-inf: amax 0
+        _, amax = _check(torch.full((5, 70), fill, device=DEV, dtype=torch.bfloat16), E4M3, 3.0,
+                         False)  # fmt: skip
+        assert amax.item() == 0.0
+
+
+def test_zero_size():
+    for shape in ((0, 16), (16, 0)):
+        x = torch.empty(shape, device=DEV, dtype=torch.bfloat16)
+        out, amax = _check(x, E4M3, 4.0, True, amax0=2.0)
+        assert out[0].shape == shape and out[2].shape == shape[::-1] and amax.item() == 2.0
+        assert out[1].item() == 0.25
+
+
+def test_raw_op_bad_arguments():
+    x = _x(8, 8)
+    s, a = torch.ones(1, device=DEV), torch.zeros(1, device=DEV)
+    with pytest.raises(TypeError, match="quantize_fp8_delayed.*out_dtype"):
+        quantize_fp8_delayed(x, torch.bfloat16, s, a)
+    with pytest.raises(ValueError, match="quantize_fp8_delayed.*scale"):
+        quantize_fp8_delayed(x, E4M3, torch.ones(2, device=DEV), a)
+    with pytest.raises(TypeError, match="quantize_fp8_delayed.*amax_out"):
+        quantize_fp8_delayed(x, E4M3, s, torch.zeros(1, device=DEV, dtype=torch.float64))
+
+
+# ---- the scaler ------------------------------------------------------------------------
+
+
+def test_first_use_matches_dynamic_then_records_amax():
+    x = _x(37, 200)
+    sc = Fp8DelayedScaler(amax_history_len=4, device=DEV)
+    q, s = sc.quantize(x, E4M3)
+    q_dyn, s_dyn = quantize_fp8(x, E4M3, G.TENSORWISE)
+    amax = ref.quantize_tensorwise_given_ref(x, E4M3, torch.ones(()))[2]
+    assert _bits_equal(q, q_dyn)
+    torch.testing.assert_close(s, s_dyn, rtol=1e-6, atol=0)
+    assert sc.initialized and sc.amax_history.tolist() == [amax.item(), 0, 0, 0]
+    assert sc.scale.item() == pytest.approx(448.0 / amax.item(), rel=1e-6)
+    # step 2 casts with the CURRENT scale, whatever x2's range
+    x2 = x * 4
+    old = sc.scale.clone()
+    q2, _ = sc.quantize(x2, E4M3)
+    assert _bits_equal(q2, ref.quantize_tensorwise_given_ref(x2, E4M3, old)[0])
+    assert sc.amax_history[0].item() == 4 * amax.item()  # accumulated: max of both calls
+
+
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+@pytest.mark.parametrize("length", [1, 3])
+@pytest.mark.parametrize("margin", [0, 2])
+def test_update_rules_match_reference(algo, length, margin):
+    sc = Fp8DelayedScaler(length, algo, margin, device=DEV)
+    scale = sc.scale.clone()
+    hist = sc.amax_history.clone()
+    for i, mult in enumerate((2.0, 8.0, 1.0, 0.5, 0.0)):
+        # (+0, not x * 0: the interpreter's fp8 encoder writes -0 as +0)
+        x = _x(16, 64) * mult if mult else torch.zeros(16, 64, device=DEV, dtype=torch.bfloat16)
+        q, s = sc.quantize(x, E4M3)
+        if i == 0:  # first use: the scale of x's own amax
+            scale = sc.scale.clone()
+        assert _bits_equal(q, ref.quantize_tensorwise_given_ref(x, E4M3, scale)[0])
+        hist[0] = torch.maximum(hist[0], ref.quantize_tensorwise_given_ref(x, E4M3, scale)[2])
+        assert torch.equal(sc.amax_history, hist)
+        sc.update()
+        hist, scale, sinv = ref.update_history_ref(hist, scale, 448.0, algo, margin)
+        assert torch.equal(sc.amax_history, hist) and torch.equal(sc.scale, scale)
+        assert torch.equal(sc.scale_inv, sinv)
+
+
+def test_roll_order_and_zero_amax_keeps_scale():
+    sc = Fp8DelayedScaler(3, "max", device=DEV)
+    sc.fmax = 448.0
+    sc.initialized = True
+    for v in (1.0, 2.0, 4.0):
+        sc.amax_history[0] = v
+        sc.update()
+    # slot 0 accumulates; older entries move down: [0, 2, 4] after three steps (1 dropped)
+    assert sc.amax_history.tolist() == [0.0, 2.0, 4.0]
+    assert sc.scale.item() == 448.0 / 4.0
+    sc.update()  # max(0, 2, 4) = 4 again
+    assert sc.amax_history.tolist() == [0.0, 4.0, 0.0] and sc.scale.item() == 112.0
+    sc.update()
+    sc.update()  # history all zero: the scale stays
+    assert sc.amax_history.tolist() == [0.0, 0.0, 0.0] and sc.scale.item() == 112.0
+    mr = Fp8DelayedScaler(3, "most_recent", margin=1, device=DEV)
+    mr.fmax = 448.0
+    mr.amax_history[0] = 7.0
+    mr.amax_history[1] = 100.0
+    mr.update()
+    assert mr.scale.item() == 448.0 / 7.0 / 2.0 and mr.amax_history.tolist() == [0, 0, 7.0]
+
+
+def test_scaler_state_dict_round_trip():
+    sc = Fp8DelayedScaler(4, device=DEV)
+    sc.quantize(_x(8, 32), E4M3)
+    sc.update()
+    other = Fp8DelayedScaler(4, device=DEV)
+    other.load_state_dict(sc.state_dict())
+    assert other.initialized and other.fmax == 448.0
+    assert torch.equal(other.scale, sc.scale) and torch.equal(other.amax_history, sc.amax_history)
+
+
+# ---- config and GEMM wiring ---------------------------------------------------------------
+
+
+def test_config_validation():
+    cfg = Float8QuantConfig(strategy=DELAYED, amax_history_len=16, amax_compute_algo="most_recent",
+                            margin=1)  # fmt: skip
+    assert cfg.strategy.value == 2 and ScalingStrategy.DYNAMIC.value == 1
+    with pytest.raises(ValueError, match="DELAYED scaling needs granularity TENSORWISE"):
+        Float8QuantConfig(strategy=DELAYED, granularity=G.ROWWISE)
+    with pytest.raises(ValueError, match="amax_history_len"):
+        Float8QuantConfig(strategy=DELAYED, amax_history_len=0)
+    with pytest.raises(ValueError, match="amax_compute_algo"):
+        Float8QuantConfig(strategy=DELAYED, amax_compute_algo="mean")
+    with pytest.raises(ValueError, match="margin"):
+        Float8QuantConfig(strategy=DELAYED, margin=-1)
+    with pytest.raises(ValueError, match="strategy"):
+        Float4QuantConfig(strategy=DELAYED)
+    with pytest.raises(ValueError, match="Fp8DelayedScaling.*strategy"):
+        Fp8DelayedScaling(Float8QuantConfig())
+    with pytest.raises(ValueError, match="amax_compute_algo"):
+        Fp8DelayedScaler(amax_compute_algo="avg")
+
+
+def test_gemm_fp8_delayed_needs_state():
+    a, b = _x(16, 32), _x(8, 32)
+    cfg = Float8QuantConfig(strategy=DELAYED)
+    with pytest.raises(TypeError, match="delayed_scaling.*Float8Linear"):
+        gemm_fp8(a, b, trans_b=True, config=cfg)
+    with pytest.raises(ValueError, match="delayed_scaling.*None unless"):
+        gemm_fp8(a, b, trans_b=True, delayed_scaling=Fp8DelayedScaling(cfg))
+
+
+@pytest.mark.parametrize("fmt", [Format.E4M3, Format.HYBRID])
+def test_float8_linear_delayed_training_steps(fmt):
+    """A few training steps: every step's output and both grads reach the E4M3 gate (25 dB)
+    against fp32, the scalers are updated once per forward / backward. The input range grows
+    25% per step, so margin 1 (half the range) keeps the larger values from saturating
+    (without it the tiny CPU tensors, whose amax moves a lot, lose ~5 dB)."""
+    b, i, o = (512, 1024, 768) if HAS_GPU else (16, 128, 32)
+    torch.manual_seed(0)
+    cfg = Float8QuantConfig(format=fmt, strategy=DELAYED, amax_history_len=8, margin=1)
+    mod = Float8Linear(i, o, config=cfg, device=DEV, dtype=torch.bfloat16)
+    ref_lin = torch.nn.Linear(i, o, device=DEV, dtype=torch.float32)
+    opt = torch.optim.SGD(mod.parameters(), lr=1e-3)
+    ds = mod.fp8_scaling
+    assert isinstance(ds, Fp8DelayedScaling) and ds.input.amax_history.numel() == 8
+    for step in range(4):
+        ref_lin.zero_grad()
+        with torch.no_grad():
+            ref_lin.weight.copy_(mod.weight.float())
+            ref_lin.bias.copy_(mod.bias.float())
+        x = torch.randn(b, i, device=DEV) * (1.0 + 0.25 * step)  # a drifting range
+        x8 = x.to(torch.bfloat16).requires_grad_()
+        xr = x8.detach().float().requires_grad_()
+        y, yr = mod(x8), ref_lin(xr)
+        g = torch.randn_like(yr)
+        y.backward(g.to(torch.bfloat16))
+        yr.backward(g)
+        gate = 25.0 if fmt == Format.E4M3 else 20.0  # HYBRID: grad_out in E5M2
+        assert snr_db(yr.detach(), y.detach()) >= 25.0, step
+        assert snr_db(xr.grad, x8.grad) >= gate, step
+        assert snr_db(ref_lin.weight.grad, mod.weight.grad) >= gate, step
+        opt.step()
+        opt.zero_grad()
+        # one update per forward (slot 0 zeroed, the step's amax at the end) and per backward
+        for sc in (ds.input, ds.weight, ds.grad_output):
+            assert sc.amax_history[0].item() == 0.0 and sc.amax_history[-1].item() > 0
+    assert ds.grad_output.fmax == (448.0 if fmt == Format.E4M3 else 57344.0)
+    assert "fp8_scaling.input.amax_history" in mod.state_dict()
+
+
+def test_float8_linear_delayed_from_float_and_compile():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(128, 32, device=DEV, dtype=torch.bfloat16)
+    cfg = Float8QuantConfig(strategy=DELAYED, amax_history_len=4)
+    mod = Float8Linear.from_float(lin, config=cfg)
+    assert isinstance(mod.fp8_scaling, Fp8DelayedScaling)
+    x = torch.randn(16, 128, device=DEV, dtype=torch.bfloat16)
+    twin = Float8Linear(128, 32, config=cfg, device=DEV, dtype=torch.bfloat16)
+    twin.load_state_dict(mod.state_dict())
+    compiled = torch.compile(mod, backend="eager" if not HAS_GPU else "inductor")
+    for _ in range(2):  # same inputs, same state sequence: the same bits
+        torch.testing.assert_close(compiled(x), twin(x), rtol=0, atol=0)
+    assert torch.equal(mod.fp8_scaling.input.scale, twin.fp8_scaling.input.scale)
+
+
+# ---- GPU only ------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="CUDA-graph capture needs a GPU")
+@pytest.mark.parametrize("dual", [False, True])
+def test_cuda_graph_capture_quantize_update(dual):
+    torch.manual_seed(0)
+    xs = [_x(4096, 2048, scale=1.0 + k) for k in range(5)]
+    buf = xs[0].clone()
+    eager = Fp8DelayedScaler(4, device=DEV)
+    graphed = Fp8DelayedScaler(4, device=DEV)
+    eager.quantize(buf, E4M3, dual)  # the first (eager) use initialises both the same way
+    graphed.quantize(buf, E4M3, dual)
+    eager.update()
+    graphed.update()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up on a side stream, then capture
+        graphed.load_state_dict(eager.state_dict())
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = graphed.quantize(buf, E4M3, dual)
+        graphed.update()
+    graphed.load_state_dict(eager.state_dict())  # capture does not run the kernels
+    for x in xs[1:]:
+        buf.copy_(x)
+        g.replay()
+        want = eager.quantize(x, E4M3, dual)
+        eager.update()
+        torch.cuda.synchronize()
+        for a, b in zip(out, want, strict=True):
+            assert _bits_equal(a, b) if a.dtype != torch.float32 else torch.equal(a, b)
+        assert torch.equal(graphed.amax_history, eager.amax_history)
+        assert torch.equal(graphed.scale, eager.scale)
