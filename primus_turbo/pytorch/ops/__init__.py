@@ -11,6 +11,11 @@ from primus_turbo.pytorch.ops.activation import (
 )
 from primus_turbo.pytorch.ops.attention import flash_attn_func, flash_attn_varlen_func
 from primus_turbo.pytorch.ops.attention_fp8 import flash_attn_fp8_func
+from primus_turbo.pytorch.ops.fp8_delayed import (
+    Fp8DelayedScaler,
+    Fp8DelayedScaling,
+    quantize_fp8_delayed,
+)
 from primus_turbo.pytorch.ops.gemm import gemm
 from primus_turbo.pytorch.ops.gemm_fp4 import gemm_fp4
 from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8
@@ -55,3 +60,4 @@ __all__ += [
     "geglu_with_probs_fp8",
     "moe_quantize_permute_fp8",
 ]
+__all__ += ["quantize_fp8_delayed", "Fp8DelayedScaler", "Fp8DelayedScaling"]
