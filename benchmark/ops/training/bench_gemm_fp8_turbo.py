@@ -10,6 +10,9 @@ product of the original bf16 inputs (> 25 dB for E4M3).
 
 ``--suite linear``: ``Float8Linear`` forward+backward including every quantization, against the
 bf16 ``modules.Linear`` of the same size; combined TFLOPS = 6MNK / (fwd + bwd time).
+``--granularity tensorwise_delayed`` (linear suite only): tensorwise with
+``strategy=DELAYED`` (one-pass quantization from the amax history; the checked first step
+initialises the scales, the timed steps run the steady state incl. the history updates).
 
     python benchmark/ops/training/bench_gemm_fp8_turbo.py --granularity tensorwise rowwise
     python benchmark/ops/training/bench_gemm_fp8_turbo.py --granularity blockwise --backend TRITON
@@ -52,6 +55,7 @@ from primus_turbo.pytorch.core.backend import BackendChoice  # noqa: E402
 from primus_turbo.pytorch.core.low_precision import (  # noqa: E402
     Float8QuantConfig,
     ScalingGranularity,
+    ScalingStrategy,
 )
 from primus_turbo.pytorch.core.platform import fp8_dtypes  # noqa: E402
 from primus_turbo.pytorch.kernels.gemm.gemm_fp8_impl import (  # noqa: E402
@@ -65,6 +69,7 @@ from primus_turbo.pytorch.ops.gemm_fp8 import _quant_dual  # noqa: E402
 
 G = ScalingGranularity
 GRANS = {"tensorwise": G.TENSORWISE, "rowwise": G.ROWWISE, "blockwise": G.BLOCKWISE}
+LINEAR_ONLY = ("tensorwise_delayed",)  # --suite linear recipes that are no GEMM granularity
 BACKENDS = ("auto", "HIPBLASLT", "TRITON", "TORCH")
 GEMM_COLUMNS = ["Case", "Layer", "M", "N", "K", "Granularity", "Resolved Backend", "Config",
                 "Check", "TFLOPS", "Peer TFLOPS", "Ratio", "snr", "Note"]  # fmt: skip
@@ -170,6 +175,7 @@ def run_linear(args, info, results: Results) -> None:
         "tensorwise": Float8QuantConfig(),
         "rowwise": Float8QuantConfig(granularity=G.ROWWISE),
         "blockwise": Float8QuantConfig(granularity=G.BLOCKWISE, block_size=128),
+        "tensorwise_delayed": Float8QuantConfig(strategy=ScalingStrategy.DELAYED),
     }
     for name in args.granularity:
         cfg = recipes[name]
@@ -214,7 +220,7 @@ def run_linear(args, info, results: Results) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--suite", choices=("gemm", "linear"), default="gemm")
-    p.add_argument("--granularity", nargs="+", choices=sorted(GRANS),
+    p.add_argument("--granularity", nargs="+", choices=sorted(GRANS) + list(LINEAR_ONLY),
                    default=["tensorwise", "rowwise", "blockwise"])  # fmt: skip
     p.add_argument("--backend", choices=BACKENDS, default="auto")
     p.add_argument("--models", nargs="+", default=None)
@@ -239,6 +245,7 @@ def main(argv=None) -> int:
         print(f"\nGeomean Float8Linear step ratio vs bf16 Linear: "
               f"{geomean(results.column('Ratio', ok)):.3f}")  # fmt: skip
     else:
+        args.granularity = [g for g in args.granularity if g in GRANS]
         cases = dense_gemm_cases(args.models, args.mbs, profile)[: args.max_cases]
         for test_id, case in shard(cases, args.num_shards, args.shard_id):
             for name in args.granularity:

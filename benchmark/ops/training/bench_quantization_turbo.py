@@ -11,7 +11,10 @@ Honest accounting: dynamic TENSORWISE scaling needs the whole tensor's amax befo
 cast, so it reads the input twice (the second read partly from L2): 2+2+1 = 5 bytes moved per
 element for 3 counted (6 for 4 with the dual copy). "Moved GB/s" counts what the algorithm moves
 and "Bound" is the best "vs Copy" it can reach at copy's DRAM rate: 0.6 (0.67 dual) for
-tensorwise, 1.0 for the single-pass recipes.
+tensorwise, 1.0 for the single-pass recipes. ``tensorwise_delayed`` (``_dual``) is the one-pass
+DELAYED recipe (``ops.Fp8DelayedScaler.quantize``: the cast with the scaler's current scale and
+the amax recorded in the same pass; its first call, outside the timing, sets the scale), checked
+and compared against the torch reference with that scale (``quantize_tensorwise_given_ref``).
 
     python benchmark/ops/training/bench_quantization_turbo.py
     PRIMUS_TURBO_QUANT_IMPL=v1 python ... --no-compile --max-shapes 3   # A/B of the kernels
@@ -51,7 +54,9 @@ from harness import (  # noqa: E402
 
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity, ScalingRecipe  # noqa: E402
 from primus_turbo.pytorch.core.platform import fp8_dtypes  # noqa: E402
+from primus_turbo.pytorch.ops.fp8_delayed import Fp8DelayedScaler  # noqa: E402
 from primus_turbo.pytorch.ops.quantization import quantize_fp8, quantize_fp8_with_trans  # noqa: E402
+from primus_turbo.pytorch.reference import fp8_delayed as dref  # noqa: E402
 from primus_turbo.pytorch.reference import quantization as ref  # noqa: E402
 from primus_turbo.triton.quantization.quant_launch import quant_impl_version  # noqa: E402
 
@@ -65,12 +70,22 @@ def recipes(dtype):
     """name -> (ours, reference, fp8 bytes written per input element)."""
     blk2d = ScalingRecipe(use_2d_block=True)
     dual = quantize_fp8_with_trans
+    sc, scd = Fp8DelayedScaler(), Fp8DelayedScaler()  # state of the delayed recipes
     return {
         "tensorwise": (lambda x: quantize_fp8(x, dtype, G.TENSORWISE),
                        lambda x: ref.quantize_tensorwise_ref(x, dtype), 1),
         "tensorwise_dual": (lambda x: quantize_fp8_with_trans(x, dtype, G.TENSORWISE),
                             lambda x: (ref.quantize_tensorwise_ref(x, dtype),
                                        ref.quantize_tensorwise_ref(x.t(), dtype)), 2),
+        "tensorwise_delayed": (lambda x: sc.quantize(x, dtype),
+                               lambda x: dref.quantize_tensorwise_given_ref(x, dtype, sc.scale),
+                               1),
+        "tensorwise_delayed_dual": (lambda x: scd.quantize(x, dtype, dual=True),
+                                    lambda x: (dref.quantize_tensorwise_given_ref(x, dtype,
+                                                                                  scd.scale),
+                                               dref.quantize_tensorwise_given_ref(x.t(), dtype,
+                                                                                  scd.scale)),
+                                    2),
         "rowwise": (lambda x: quantize_fp8(x, dtype, G.ROWWISE, axis=-1),
                     lambda x: ref.quantize_rowwise_ref(x, dtype, -1), 1),
         "block1x128_dual": (lambda x: dual(x, dtype, G.BLOCKWISE, block_size=128),
