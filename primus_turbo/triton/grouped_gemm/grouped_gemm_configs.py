@@ -197,7 +197,24 @@ def tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
     if family in (ArchFamily.HOPPER, ArchFamily.OTHER_GPU):
         # + 256x128 with 4 stages for the wgrad (the M-major X tile: 192 KiB ring)
         base = (GemmConfig(128, 256, 64, 8, 8, 4), GemmConfig(256, 128, 64, 8, 8, 4), *base)
+        # + session 8 (opt-in, never a default candidate until measured): BLOCK_K 128 with
+        # 2 stages (the same 192 KiB ring as k64 s4, half the K steps and barriers per tile),
+        # and GROUP_M 16 bands (S8_TILES)
+        base = (*base, *S8_TILES)
     return base
+
+
+# Session 8: extra TMA tiles (``tma_configs``; selectable by name, e.g.
+# ``PRIMUS_TURBO_GROUPED_GEMM_CONFIG=tma:m128n256k128g8w8s2``, or ``..._CANDIDATES=s8``):
+# BLOCK_K 128 with 2 stages; GROUP_M 16 (a band of 16 row tiles: a DeepSeek-V3 expert's 2048
+# rows, so a wave of 132 programs reads half of the expert's B columns and all its A rows,
+# ~58 MB, instead of 8 row tiles and all of B, ~73 MB, on gate_up).
+S8_TILES = (
+    GemmConfig(128, 256, 128, 8, 8, 2),
+    GemmConfig(256, 128, 128, 8, 8, 2),
+    GemmConfig(128, 256, 64, 16, 8, 3),
+    GemmConfig(128, 256, 64, 16, 8, 4),
+)
 
 
 # Session-5 variants of the flat TMA kernel (``grouped_gemm_tma.TMA_VARIANTS``): TMA-store
@@ -248,6 +265,32 @@ HOPPER_S5_PLANS = {
 # plan kinds of session 5 (opt-in, see HOPPER_S5_PLANS)
 S5_VARIANTS = TMA_EXTRA_VARIANTS
 
+# Session 8 (opt-in until measured): the epilogue sub-tiled into two [BM, BN / 2] masked
+# stores on the flat pointer kernel (``flate``) and the flat TMA kernel (``tmae``), for the
+# 8-warp tiles of at least 128x256 (``_s8_ok``); plus the BLOCK_K 128 TMA tiles
+# (``S8_TILES``). ``PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES=s8`` adds ``HOPPER_S8_PLANS`` to
+# the timed winners.
+S8_VARIANTS = ("flate", "tmae")
+HOPPER_S8_PLANS = {
+    "fwd": (
+        ("flate", "m128n256k64g8w8s3"),
+        ("tmae", "m128n256k64g8w8s3"),
+        ("tmae", "m128n256k64g8w8s4"),
+        ("tma", "m128n256k128g8w8s2"),
+        ("tma", "m128n256k64g16w8s3"),
+    ),
+    "vk": (("tma", "m256n128k128g8w8s2"), ("tma", "m128n256k128g8w8s2")),
+}
+
+
+def _s8_ok(cfg: GemmConfig) -> bool:
+    return cfg.num_warps == 8 and cfg.block_m * cfg.block_n >= 128 * 256
+
+
+def flate_ok(cfg: GemmConfig) -> bool:
+    """Plan ``flate``: the wide tiles only (256x128 spills on sm_90: 255 registers, AOT)."""
+    return _s8_ok(cfg) and flat_config_ok(cfg) and cfg.block_n >= cfg.block_m
+
 
 @functools.cache
 def candidate_set() -> str:
@@ -255,9 +298,10 @@ def candidate_set() -> str:
     times only ``HOPPER_WINNERS``; no session-5 plan anywhere, also not for small groups),
     ``s4`` (the same; the name of session 5 round 1), ``s5`` (the winners plus the unverified
     session-5 plans ``HOPPER_S5_PLANS``; every plan, session-5 ones included, for small
-    groups) or ``all`` (every plan of the mode, session-5 ones included)."""
+    groups), ``s8`` (the winners plus the session-8 plans ``HOPPER_S8_PLANS``) or ``all``
+    (every plan of the mode, session-5 and session-8 ones included)."""
     return _env_choice(
-        "PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "winners", ("winners", "s4", "s5", "all")
+        "PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "winners", ("winners", "s4", "s5", "s8", "all")
     )
 
 
@@ -274,11 +318,14 @@ def _winners(plans: list, family: ArchFamily, gemm: str, avg_rows: int) -> list:
     cands = candidate_set()
     if cands not in ("s5", "all"):  # unverified on the GPU: opt-in only
         plans = [p for p in plans if p[0] not in S5_VARIANTS]
+    if cands not in ("s8", "all"):  # session 8: opt-in until measured
+        plans = [p for p in plans if p[0] not in S8_VARIANTS and p[1] not in S8_TILES]
     if family != ArchFamily.HOPPER or cands == "all":
         return plans
     if avg_rows < WINNERS_MIN_AVG_ROWS:
         return plans
     allowed = HOPPER_WINNERS[gemm] + (HOPPER_S5_PLANS[gemm] if cands == "s5" else ())
+    allowed += HOPPER_S8_PLANS[gemm] if cands == "s8" else ()
     kept = [p for p in plans if (p[0], p[1].name) in allowed]
     return kept or plans
 
@@ -308,12 +355,15 @@ def forward_plans(
     plans = [("table", cfg) for cfg in configs] if table else []
     if mode in ("flat", "tune") or (mode == "tma" and not tma_ok):
         plans += [("flat", cfg) for cfg in configs if flat_config_ok(cfg)]
+        if mode == "tune":  # session 8 (opt-in: ``_winners`` drops it unless s8 / all)
+            plans += [("flate", cfg) for cfg in configs if flate_ok(cfg)]
     if mode in ("tma", "tune") and tma_ok:
         tma = [("tma", cfg) for cfg in tma_configs(family) if trans_b or k % cfg.block_k == 0]
         if tma and mode == "tune":
             store_ok = n is None or n % 8 == 0
             tma += [(v, cfg) for v in TMA_EXTRA_VARIANTS for _, cfg in list(tma)
                     if _tma_extra_ok(cfg) and (store_ok or v == "tman")]  # fmt: skip
+            tma += [("tmae", cfg) for v, cfg in list(tma) if v == "tma" and _s8_ok(cfg)]
         if tma:
             plans += tma
         elif mode == "tma":  # NN with K not a multiple of any tile's BLOCK_K
@@ -347,7 +397,9 @@ def _filtered(plans: list, var: str, family: ArchFamily, gemm: str, avg_rows: in
     if not names:
         tuning = len({v for v, _ in plans}) > 1
         return _winners(plans, family, gemm, avg_rows) if tuning else plans
-    kept = [p for p in plans if f"{p[0]}:{p[1].name}" in names or p[1].name in names]
+    # a bare tile name matches every variant but the session-8 ones (named as ``variant:``)
+    kept = [p for p in plans if f"{p[0]}:{p[1].name}" in names
+            or (p[1].name in names and p[0] not in S8_VARIANTS)]  # fmt: skip
     if not kept:
         have = sorted({p[1].name for p in plans} | {f"{p[0]}:{p[1].name}" for p in plans})
         raise ValueError(f"primus_turbo: {var} expected config names in {have}, got {names}")

@@ -23,6 +23,7 @@ import triton.language as tl
 from primus_turbo.pytorch.core.checks import env_flag
 from primus_turbo.triton.gemm.gemm_configs import GemmConfig
 from primus_turbo.triton.gemm.gemm_kernel import _tile_coords
+from primus_turbo.triton.grouped_gemm.grouped_gemm_flat import store_halves
 from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import _group_rows
 from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import (
     UNSCALED,
@@ -193,6 +194,35 @@ def grouped_gemm_flat_tma_kernel(
 
 
 @triton.jit
+def grouped_gemm_flat_tma_sub_kernel(
+    a_desc, b_desc, c_ptr, offs_ptr, M, N, K, G, stride_cm, stride_cn, num_programs,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, TRANS_B: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Session 8, plan ``tmae`` (opt-in): ``grouped_gemm_flat_tma_kernel``'s plain bf16 path
+    (same walk, same TMA K loop) with the epilogue sub-tiled: the tile leaves as two masked
+    ``[BLOCK_M, BLOCK_N / 2]`` pointer stores (``store_halves``). A kernel of its own so the
+    shared kernel's constexprs (and the fp8 plans' compiles) stay as they are."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    gi, lo, hi, first, ends, total = group_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD)
+    for t_glob in tl.range(pid, total, num_programs, flatten=FLATTEN):
+        g, start, stop, t0 = find_tile(t_glob, gi, lo, hi, first, ends)
+        pid_m, pid_n = _tile_coords(t_glob - t0, tl.cdiv(stop - start, BLOCK_M), num_pid_n,
+                                    GROUP_M)  # fmt: skip
+        row0 = start + pid_m * BLOCK_M
+        col0 = pid_n * BLOCK_N
+        acc = desc_tile_mma(a_desc, b_desc, g, row0, col0, N, K, k_tiles,
+                            BLOCK_M, BLOCK_N, BLOCK_K, TRANS_B, UPCAST)  # fmt: skip
+        rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M).to(tl.int64)
+        store_halves(c_ptr, acc, rows, rows < stop, col0, N, stride_cm, stride_cn,
+                     BLOCK_M, BLOCK_N)  # fmt: skip
+    zero_tail(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
 def variable_k_tma_kernel(
     x_desc, y_desc, x_ptr, y_ptr, c_ptr, offs_ptr, M, P, Q, G,
     stride_xm, stride_ym, stride_cg, stride_cp, stride_cq, num_programs,
@@ -289,6 +319,9 @@ TMA_VARIANTS = {
     "tman": {"N_MAJOR": True},
     "tmasn": {"TMA_STORE": True, "N_MAJOR": True},
 }
+# session 8 (opt-in): plan ``tmae``, the same walk with the epilogue in two halves
+# (``grouped_gemm_flat_tma_sub_kernel``)
+SUB_VARIANT = "tmae"
 
 
 def tma_store_ok(n: int) -> bool:
@@ -303,11 +336,13 @@ def launch_flat_tma(
     ``TMA_VARIANTS``)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    knobs = dict(TMA_VARIANTS[variant])
+    sub = variant == SUB_VARIANT
+    knobs = {} if sub else dict(TMA_VARIANTS[variant])
     if knobs.get("TMA_STORE"):
         knobs["c_desc"] = TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2])
     a_desc, b_desc, m, n, k, g = operand_descs(a, b, trans_b, cfg)
-    grouped_gemm_flat_tma_kernel[(programs,)](
+    kernel = grouped_gemm_flat_tma_sub_kernel if sub else grouped_gemm_flat_tma_kernel
+    kernel[(programs,)](
         a_desc, b_desc, c, group_offs, m, n, k, g, c.stride(0), c.stride(1), programs,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         TRANS_B=trans_b, G_PAD=triton.next_power_of_2(max(g, 2)), FLATTEN=flatten,
@@ -340,7 +375,11 @@ def aot_specs(target: str) -> list:
     and NN (dgrad) and the TMA wgrad, bf16, every TMA config."""
     from primus_turbo.pytorch.core.platform import ArchFamily
     from primus_turbo.triton.aot import AotSpec
-    from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import _tma_extra_ok, tma_configs
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import (
+        _s8_ok,
+        _tma_extra_ok,
+        tma_configs,
+    )
 
     if target != "sm_90":
         return []
@@ -356,6 +395,10 @@ def aot_specs(target: str) -> list:
             constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
                           "TRANS_B": trans_b, "G_PAD": 256, "FLATTEN": True,
                           "UPCAST": False}  # fmt: skip
+            if _s8_ok(cfg):  # session 8 plan tmae
+                specs.append(AotSpec(f"grouped_gemm_flat_tma_bf16_{lay}_tmae_{cfg.name}",
+                                     grouped_gemm_flat_tma_sub_kernel, sig, constexprs,
+                                     cfg.options))  # fmt: skip
             for variant, knobs in TMA_VARIANTS.items():
                 if variant != "tma" and not _tma_extra_ok(cfg):
                     continue
