@@ -87,6 +87,20 @@ def test_formats_and_input_dtypes(dtype):
     _check(_x(37, 200, dtype=torch.float32), dtype, 5.0, False)
 
 
+@pytest.mark.parametrize("red", ["0", "1"])
+@pytest.mark.parametrize("dual", [False, True])
+def test_red_knob_same_bits(monkeypatch, red, dual):
+    """PRIMUS_TURBO_QUANT_TWD_RED (per-tile scalar max vs a tile-shaped running max) and the
+    filtered re-walk (an inf in the input) give the reference's bits and amax."""
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_TWD_RED", red)
+    if HAS_GPU:
+        monkeypatch.setenv("PRIMUS_TURBO_QUANT_TWD_TILE", "64x128")
+    x = _x(100, 300)
+    x[50, 7] = float("inf")
+    x[99, 299] = -30.0
+    _check(x, E4M3, 10.0, dual)
+
+
 def test_amax_accumulates_and_saturation():
     x = _x(37, 200)
     _, amax = _check(x, E4M3, 1.0, False, amax0=1e6)  # the larger old value stays
