@@ -11,16 +11,22 @@
 // Amax works on exponent fields only (E8M0 needs nothing else): key = bits & 0x7f807f80 for two
 // bf16 at once, packed maxima with __vmaxu2; a thread that saw an exponent of 255 (inf/NaN)
 // redoes its maxima with those keys zeroed (rare). Scale math is integer: eb = max(e - EMAX, 0),
-// multiplier bits (254 - eb) << 23. Row copy: 8 bytes per row from registers (a warp writes 4
-// rows x 64 bytes per store). Column copy: a thread's 8 rows of one column are 8 consecutive
-// bytes of a qt row (8 stores of 8 bytes, full 32-byte sectors per 4 lanes), no shared memory.
-// Scales go through 2 KB of shared memory so each row of s and of st gets one 4-byte store per
-// tile (128 + 128 stores per tile instead of 512 + 128 scattered bytes), one __syncthreads per
-// tile (double-buffered in the persistent variants). Variants: 1 = one tile per block, 4 blocks
-// per SM (<= 64 registers: 32 warps per SM in flight); 2 / 3 = persistent blocks, 2 / 3 per SM,
-// the next tile loaded into registers while the current one is processed. Needs sm_89+ (fp8
-// conversions; other archs compile an empty kernel and the Python gate never calls it there).
-// ROCm builds compile a stub (AMD keeps the Triton kernels). Nothing here throws.
+// multiplier bits (254 - eb) << 23. Both copies come from one walk over the thread's 4 column
+// pairs (each value unpacked once, multiplied by its row and its column scale): a column's 8
+// rows are 8 consecutive bytes of a qt row (8-byte stores straight from registers, full 32-byte
+// sectors per 4 lanes, no shared tile); the row bytes collect in registers and leave as 8 bytes
+// per row (a warp store covers 4 rows x 64 bytes). Scales go through 1 KB of shared memory so
+// each row of s and of st gets one 4-byte store per tile (256 stores per tile instead of 1024
+// single bytes), one __syncthreads per tile (double-buffered in the persistent variants).
+// sm_90 SASS per element (main path, 752 per thread and tile incl. the unexecuted byte-wise
+// edge stores): 2 FMUL, 1 unpack, 1 F2FP (two outputs), 0.5 exponent mask, ~0.9 packed max,
+// ~0.5 PRMT; 80 registers, no spill (the Triton word kernel: 11.75 per element, 96 registers).
+// Variants (PRIMUS_TURBO_QUANT_CUDA_MX): 1 (a) = one tile per block, 3 blocks per SM (24 warps,
+// 4 KB of loads each in flight); 2 (b) / 3 (c) = persistent blocks, 3 / 2 per SM, the next
+// tile loaded by cp.async into a second 32 KB shared stage while the current one is processed
+// (as quant_dual.cu). Needs sm_89+ (fp8 conversions; other archs compile an empty kernel and
+// the Python gate never calls it there). ROCm builds compile a stub (AMD keeps the Triton
+// kernels). Nothing here throws.
 #include <algorithm>
 #include <atomic>
 
@@ -117,6 +123,11 @@ __device__ __forceinline__ uint8_t* opaque(uint8_t* p) {
   return p;
 }
 
+// 8 bytes (4 converted pairs) at p.
+__device__ __forceinline__ void st8(uint8_t* p, const uint32_t (&b)[4]) {
+  *reinterpret_cast<uint2*>(p) = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
+}
+
 __device__ __forceinline__ uint32_t pick4(const uint32_t (&a)[4], int i) {
   return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
 }
@@ -198,33 +209,47 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[8][4], uint32_t* s
     cb[ci + 4] = static_cast<uint8_t>(cw >> 16);
   }
 
-  // row copy: 8 bytes per row (the store address advanced one row at a time, opaque to the
-  // compiler: 8 hoisted 64-bit addresses would cost 16 registers)
+  // both copies in one walk over the 4 words (column pairs 2i, 2i + 1): each value is unpacked
+  // once and multiplied by its row and its column scale. Column 2i / 2i + 1's 8 rows are 8
+  // consecutive bytes of qt row col + 2i / + 1 (stored at once); the row bytes collect in ra
+  // (row j: ra[j][0] columns 0..3, ra[j][1] columns 4..7) and are stored at the end, 8 bytes per
+  // row. Store addresses advance one row at a time, opaque to the compiler (hoisted 64-bit
+  // addresses would cost registers).
+  float rs[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) rs[j] = (j & 1) ? mul_hi(er[j >> 1]) : mul_lo(er[j >> 1]);
+  uint32_t ra[8][2];
+  uint8_t* tp = qt + int64_t{col} * M + row0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float cl = mul_lo(ec[i]), ch = mul_hi(ec[i]);
+    uint32_t tl[4], th[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t w0 = d[2 * p][i], w1 = d[2 * p + 1][i];
+      const float a0 = bf_lo(w0), b0 = bf_hi(w0), a1 = bf_lo(w1), b1 = bf_hi(w1);
+      tl[p] = cvt2<E5M2>(a0 * cl, a1 * cl);
+      th[p] = cvt2<E5M2>(b0 * ch, b1 * ch);
+      const uint32_t r0 = cvt2<E5M2>(a0 * rs[2 * p], b0 * rs[2 * p]);
+      const uint32_t r1 = cvt2<E5M2>(a1 * rs[2 * p + 1], b1 * rs[2 * p + 1]);
+      if (i & 1) {
+        ra[2 * p][i >> 1] |= r0 << 16;
+        ra[2 * p + 1][i >> 1] |= r1 << 16;
+      } else {
+        ra[2 * p][i >> 1] = r0;
+        ra[2 * p + 1][i >> 1] = r1;
+      }
+    }
+    if (ok) st8(tp, tl);
+    tp = opaque(tp + M);
+    if (ok) st8(tp, th);
+    tp = opaque(tp + M);
+  }
   uint8_t* qp = q + int64_t{row0} * N + col;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const float sc = (j & 1) ? mul_hi(er[j >> 1]) : mul_lo(er[j >> 1]);
-    uint32_t b[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) b[i] = cvt2<E5M2>(bf_lo(d[j][i]) * sc, bf_hi(d[j][i]) * sc);
-    if (ok) *reinterpret_cast<uint2*>(qp) = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
+    if (ok) *reinterpret_cast<uint2*>(qp) = make_uint2(ra[j][0], ra[j][1]);
     qp = opaque(qp + N);
-  }
-  // column copy: column k's 8 rows = 8 consecutive bytes of qt row col + k
-  uint8_t* tp = qt + int64_t{col} * M + row0;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const float sc = (k & 1) ? mul_hi(ec[k >> 1]) : mul_lo(ec[k >> 1]);
-    uint32_t b[4];
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const uint32_t w0 = d[2 * p][k >> 1], w1 = d[2 * p + 1][k >> 1];
-      const float f0 = (k & 1) ? bf_hi(w0) : bf_lo(w0);
-      const float f1 = (k & 1) ? bf_hi(w1) : bf_lo(w1);
-      b[p] = cvt2<E5M2>(f0 * sc, f1 * sc);
-    }
-    if (ok) *reinterpret_cast<uint2*>(tp) = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
-    tp = opaque(tp + M);
   }
   __syncthreads();
 

@@ -113,6 +113,7 @@ def cuda_mx_dual_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
         and x.is_contiguous()
         and m % 32 == 0
         and n % 32 == 0
+        and max(m, n) < 2**31 - 256  # the kernel's 32-bit row / column indices
         and x.data_ptr() % 16 == 0
         and cuda_mx_kernel_available(x.device.index or 0)
     )
