@@ -4,7 +4,9 @@ of bf16 inputs on NVIDIA, gives the same bits and scales as the Triton kernel
 (PRIMUS_TURBO_QUANT_CUDA=0), on the model shapes, odd shapes (edge tiles, masked rows/columns,
 unaligned qt rows, several tiles per persistent block), inf/-inf/NaN values, all-NaN / all-inf /
 all-zero rows and columns, e4m3 and e5m2, zero-size inputs; inputs it does not take fall back to
-Triton; the knob is validated; CPU tensors never take it; torch.compile traces (Triton)."""
+Triton; the knob is validated; CPU tensors never take it; torch.compile traces (Triton).
+The opt-in CUDA MX dual kernel (csrc/kernels/quant_dual_mx.cu, PRIMUS_TURBO_QUANT_CUDA_MX=a|b|c)
+is held to the same: bitwise the Triton word kernel, every variant (second half of the file)."""
 
 from __future__ import annotations
 
