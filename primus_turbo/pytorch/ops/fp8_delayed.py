@@ -12,8 +12,9 @@ same pass: one read (2 B) and one write (1 B) per bf16 element.
   with ``.to()`` and are saved in ``state_dict``). ``quantize(x, dtype)`` casts with the CURRENT
   scale and records the amax in slot 0; ``update()`` takes ``max(history)`` (``"max"``) or
   ``history[0]`` (``"most_recent"``), rolls the history by -1 (slot 0 -> slot L-1), zeroes slot 0
-  and sets ``scale = fp8_max / amax / 2**margin`` (amax 0, or a non-finite result: the old
-  scale stays). Device ops only: quantize + update can be captured in a CUDA graph.
+  and sets ``scale = fp8_max / amax * 2**-margin`` (amax 0, or a non-finite result: the old
+  scale stays), in one Triton launch. Device ops only: quantize + update can be captured in a
+  CUDA graph.
 * First use: a scaler with no history would cast step 1 with scale 1 (TransformerEngine's
   start), which saturates or flushes most values of a real tensor. Instead the first
   ``quantize`` of a scaler first computes the tensor's own amax (one extra read: one dynamic
@@ -30,6 +31,8 @@ same pass: one read (2 B) and one write (1 B) per bf16 element.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -41,6 +44,7 @@ from primus_turbo.pytorch.core.low_precision import (
     ScalingStrategy,
     is_fp8_dtype,
 )
+from primus_turbo.pytorch.core.platform import triton_interpret
 from primus_turbo.pytorch.kernels.quantization.quant_delayed_impl import quantize_delayed_impl
 from primus_turbo.pytorch.reference.fp8_delayed import scale_from_amax
 
@@ -85,6 +89,17 @@ def quantize_fp8_delayed(
     for arg, t in (("scale", scale), ("amax_out", amax_out)):
         check(t.device == x.device, op, arg, f"a tensor on {x.device}", t.device)
     return quantize_delayed_impl(x, out_dtype, scale, amax_out, with_trans)
+
+
+def _update_mode(t: torch.Tensor) -> str:
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_TWD_UPDATE", "").strip().lower() or "triton"
+    if raw not in ("triton", "torch"):
+        raise ValueError(
+            f"primus_turbo: PRIMUS_TURBO_QUANT_TWD_UPDATE expected 'triton' or 'torch', got {raw!r}"
+        )
+    if raw == "triton" and (t.device.type == "cuda" or triton_interpret()):
+        return "triton"
+    return "torch"
 
 
 class Fp8DelayedScaler(nn.Module):
@@ -140,8 +155,16 @@ class Fp8DelayedScaler(nn.Module):
 
     @torch.no_grad()
     def update(self) -> None:
-        """Roll the history and recompute the scale (device ops only)."""
+        """Roll the history and recompute the scale (device ops only): one Triton launch
+        (``PRIMUS_TURBO_QUANT_TWD_UPDATE=triton``, the default where Triton runs) or ~7 torch
+        ops (``torch``; also the fallback)."""
         h = self.amax_history
+        if self.fmax is not None and _update_mode(h) == "triton":
+            from primus_turbo.triton.quantization.quant_tw_launch import delayed_update
+
+            delayed_update(h, self.scale, self.scale_inv, self.fmax,
+                           self.amax_compute_algo == "most_recent", self.margin)  # fmt: skip
+            return
         amax = h.max() if self.amax_compute_algo == "max" else h[0].clone()
         if h.numel() > 1:
             h.copy_(torch.roll(h, -1, 0))

@@ -7,8 +7,8 @@
 * history update (TransformerEngine's DelayedScaling rules): slot 0 of ``amax_history [L]``
   accumulates the current step's amax. ``update``: ``amax = max(history)`` (``"max"``) or
   ``history[0]`` (``"most_recent"``); the history rolls by -1 (slot 0 moves to slot L-1, slot
-  k to k-1) and slot 0 is zeroed; ``scale = fmax / amax / 2**margin`` where ``amax > 0`` and the
-  result is finite, else the old scale stays; ``scale_inv = 1 / scale``.
+  k to k-1) and slot 0 is zeroed; ``scale = fmax / amax * 2**-margin`` where ``amax > 0`` and
+  the result is finite, else the old scale stays; ``scale_inv = 1 / scale``.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ def quantize_tensorwise_given_ref(x: torch.Tensor, dtype: torch.dtype, scale: to
 
 
 def scale_from_amax(amax: torch.Tensor, old_scale: torch.Tensor, fmax: float, margin: int):
-    """``fmax / amax / 2**margin`` where ``amax > 0`` and the result is finite, else the old."""
-    new = fmax / amax / (2.0**margin)
+    """``fmax / amax * 2**-margin`` (an IEEE division -- ``float / tensor`` in torch is a
+    reciprocal times the float -- then an exact power-of-two factor: the bits of the Triton
+    update kernel) where ``amax > 0`` and the result is finite, else the old scale."""
+    new = torch.div(torch.full_like(amax, fmax), amax) * (2.0**-margin)
     return torch.where((amax > 0) & torch.isfinite(new), new, old_scale)
 
 

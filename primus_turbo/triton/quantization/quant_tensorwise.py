@@ -238,6 +238,32 @@ def tw_delayed_kernel(
     tl.atomic_max(amax_ptr, amax.to(tl.int32, bitcast=True), sem="relaxed")
 
 
+@triton.jit
+def tw_delayed_update_kernel(hist_ptr, scale_ptr, sinv_ptr, L, FMAX: tl.constexpr,
+                             MARGIN_MUL: tl.constexpr, MOST_RECENT: tl.constexpr,
+                             BLOCK: tl.constexpr):  # fmt: skip
+    """Delayed-scaling update of one scaler in ONE launch (one program, ``BLOCK >= L``):
+    ``amax = max(history)`` (or ``history[0]`` with ``MOST_RECENT``); the history rolled by -1
+    with slot 0 zeroed; ``scale = div_rn(FMAX, amax) * 2**-margin`` where ``amax > 0`` and the
+    result is finite, else the old scale; ``scale_inv = div_rn(1, scale)``. Every load comes
+    before the barrier and every store after it (the roll is in place)."""
+    i = tl.arange(0, BLOCK)
+    live = i < L
+    h = tl.load(hist_ptr + i, mask=live, other=0.0)
+    nxt = tl.load(hist_ptr + (i + 1) % L, mask=live, other=0.0)
+    if MOST_RECENT:
+        amax = tl.load(hist_ptr)
+    else:
+        amax = tl.max(h, axis=0)
+    old = tl.load(scale_ptr)
+    new = tl.div_rn(FMAX, tl.where(amax > 0.0, amax, 1.0)) * MARGIN_MUL
+    new = tl.where((amax > 0.0) & (new < float("inf")), new, old)
+    tl.debug_barrier()
+    tl.store(hist_ptr + i, tl.where(i == 0, 0.0, nxt), mask=live)
+    tl.store(scale_ptr, new)
+    tl.store(sinv_ptr, tl.div_rn(1.0, new))
+
+
 # AOT: the default launch configs (flat 8192 x 8 warps; dual 128 x 128 x 8 warps), per phase,
 # and the previous dual tile (64 x 128)
 _AOT = [  # (name, PHASE, DUAL, BLOCK, BM, BN, warps, maxnreg on sm_90)
@@ -300,6 +326,13 @@ def aot_specs(target: str) -> list[AotSpec]:
                 AotSpec(f"quant_tw_{name}{'_even' if even else ''}_{fp8}", tw_delayed_kernel,
                         dsig, cx, {"num_warps": 8, **nv})
             )  # fmt: skip
+    for recent in (False, True):  # the update of a 1024-slot history (the default length)
+        specs.append(AotSpec(f"quant_tw_delayed_update{'_recent' if recent else ''}_{fp8}",
+                             tw_delayed_update_kernel,
+                             {"hist_ptr": "*fp32", "scale_ptr": "*fp32", "sinv_ptr": "*fp32",
+                              "L": "i32"},
+                             {"FMAX": fmax, "MARGIN_MUL": 1.0, "MOST_RECENT": recent,
+                              "BLOCK": 1024}, {"num_warps": 4}))  # fmt: skip
     for sp in [sp for sp in specs if sp.name.startswith("quant_tw_amax_even")]:
         specs.append(AotSpec(sp.name.replace("quant_tw_", "quant_tw_tail_"), sp.fn, sp.signature,
                              {**sp.constexprs, "EVA": 2}, sp.options))  # fmt: skip

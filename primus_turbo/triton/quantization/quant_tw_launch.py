@@ -45,7 +45,11 @@ from primus_turbo.triton.quantization.quant_launch import (
     _nvidia_sat,
     _u8,
 )
-from primus_turbo.triton.quantization.quant_tensorwise import tw_delayed_kernel, tw_quant_kernel
+from primus_turbo.triton.quantization.quant_tensorwise import (
+    tw_delayed_kernel,
+    tw_delayed_update_kernel,
+    tw_quant_kernel,
+)
 
 TW_MODES = ("v3", "own")
 _INTERP_PROGRAMS = 3  # interpreter grid of the two-launch path (programs run one by one)
@@ -224,3 +228,14 @@ def quant_tensorwise_delayed(x: torch.Tensor, dtype: torch.dtype, scale: torch.T
     if not store:
         return None
     return (q, sinv, qt, sinv) if dual else (q, sinv)
+
+
+def delayed_update(history: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor,
+                   fmax: float, most_recent: bool, margin: int) -> None:  # fmt: skip
+    """In place, one launch: see ``tw_delayed_update_kernel`` (fp32 contiguous buffers)."""
+    n = history.numel()
+    block = max(16, 1 << (n - 1).bit_length())
+    tw_delayed_update_kernel[(1,)](
+        history, scale, scale_inv, n, FMAX=fmax, MARGIN_MUL=2.0**-margin,
+        MOST_RECENT=most_recent, BLOCK=block, num_warps=4 if block <= 4096 else 8,
+    )  # fmt: skip
