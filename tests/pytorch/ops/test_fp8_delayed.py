@@ -369,3 +369,44 @@ def test_cuda_graph_capture_quantize_update(dual):
             assert _bits_equal(a, b) if a.dtype != torch.float32 else torch.equal(a, b)
         assert torch.equal(graphed.amax_history, eager.amax_history)
         assert torch.equal(graphed.scale, eager.scale)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="CUDA-graph capture needs a GPU")
+def test_float8_linear_delayed_step_captured():
+    """A whole Float8Linear DELAYED step (forward, backward, the three scaler updates) captured
+    once and replayed equals the eager steps of a twin module, bit for bit."""
+    torch.manual_seed(0)
+    cfg = Float8QuantConfig(strategy=DELAYED, amax_history_len=16)
+    mod = Float8Linear(1024, 768, bias=False, config=cfg, device=DEV, dtype=torch.bfloat16)
+    twin = Float8Linear(1024, 768, bias=False, config=cfg, device=DEV, dtype=torch.bfloat16)
+    twin.load_state_dict(mod.state_dict())
+    data = [(_x(512, 1024, 1.0 + 0.1 * k), _x(512, 768, 1.0)) for k in range(5)]
+    xs = data[0][0].clone().requires_grad_()
+    gs = data[0][1].clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # eager first steps (scaler initialisation, autograd warm-up)
+        for m in (mod, twin):
+            xw = data[0][0].clone().requires_grad_()
+            m(xw).backward(data[0][1])
+            m.weight.grad = None
+        xs.grad = None
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = mod(xs)
+        y.backward(gs)
+    for x, g in data[1:]:
+        with torch.no_grad():
+            xs.copy_(x)
+            gs.copy_(g)
+        graph.replay()
+        xt = x.clone().requires_grad_()
+        twin.weight.grad = None
+        yt = twin(xt)
+        yt.backward(g)
+        torch.cuda.synchronize()
+        assert _bits_equal(y, yt)
+        assert _bits_equal(xs.grad, xt.grad) and _bits_equal(mod.weight.grad, twin.weight.grad)
+        for a, b in zip(mod.fp8_scaling.buffers(), twin.fp8_scaling.buffers(), strict=True):
+            assert torch.equal(a, b)
