@@ -38,12 +38,13 @@ if str(_HERE.parents[2]) not in sys.path:
     sys.path.append(str(_HERE.parents[2]))
 
 from config import ragged_grouped_gemm_cases  # noqa: E402
-from harness import set_timing, time_ms  # noqa: E402
+from harness import set_timing, time_ms, use_bench_stream  # noqa: E402
 
 DEFAULT_PLANS = (
     "f8tma:m128n128k128g8w4s3,f8h:m128n128k128g8w4s3,f8ph:m128n128k128g8w4s3,"
-    "f8s:m128n128k128g8w4s3,f8sp:m128n128k128g8w4s3,f8tma:m128n256k128g8w8s3,"
-    "f8s:m128n256k128g8w8s3"
+    "f8s:m128n128k128g8w4s3,f8sp:m128n128k128g8w4s3,f8h:m128n128k128g8w8s3_maxnreg128,"
+    "f8s:m128n128k128g8w8s3_maxnreg128,"
+    "f8tma:m128n256k128g8w8s3,f8s:m128n256k128g8w8s3,f8s:m128n256k128g8w8s4"
 )
 
 
@@ -52,7 +53,7 @@ def _plan(name: str, family):
     from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
 
     variant, _, cfg_name = name.partition(":")
-    cfgs = {c.name: c for c in mod.fp8_tma_configs(family)}
+    cfgs = {c.name: c for c in (*mod.fp8_tma_configs(family), *mod.pre_configs(family))}
     kinds = ("f8tma", "f8tmas", *mod.PRE_VARIANTS)
     if variant not in kinds or cfg_name not in cfgs:
         raise ValueError(f"--plans: expected variant:config with variant in {kinds} and config "
@@ -145,6 +146,8 @@ def main(argv=None) -> int:
     if args.models:
         args.models = [x for item in args.models for x in item.split(",") if x]
     set_timing(args.timing)
+    if args.profile == "gpu" and args.timing == "graph":
+        use_bench_stream()
     rows = run(args)
     if args.output and rows:
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
