@@ -15,6 +15,17 @@ same pass: one read (2 B) and one write (1 B) per bf16 element.
   and sets ``scale = fp8_max / amax * 2**-margin`` (amax 0, or a non-finite result: the old
   scale stays), in one Triton launch. Device ops only: quantize + update can be captured in a
   CUDA graph.
+* Saturation guard: a tensor whose range outgrew its history (a weight after a large
+  optimizer step, an activation spike) would saturate under the old scale -- TransformerEngine
+  casts it that way. The scaler's cast is followed by ``tw_delayed_guard_kernel``: when the
+  recorded amax (slot 0, this tensor's included) times the scale exceeds 1.125 fp8_max (a clip
+  beyond an fp8 rounding step), the tensor
+  is cast again with ``fp8_max / amax * 2**-margin`` (and that ``scale_inv`` returned);
+  otherwise its programs return after two scalar loads. Found by the GPU test of Float8Linear
+  (H200 call 8.1): one SGD step at lr 1e-3 on a 512-token batch grew the weight's amax 4.4x
+  (0.031 -> 0.136), the step-0 scale (margin 1) clipped 2.7% of the weights and the output
+  fell to 22.0 dB (dynamic: 28.5). ``PRIMUS_TURBO_QUANT_TWD_GUARD=0`` turns it off (to time
+  it; TransformerEngine's behaviour).
 * First use: a scaler with no history would cast step 1 with scale 1 (TransformerEngine's
   start), which saturates or flushes most values of a real tensor. Instead the first
   ``quantize`` of a scaler first computes the tensor's own amax (one extra read: one dynamic
@@ -91,15 +102,11 @@ def quantize_fp8_delayed(
     return quantize_delayed_impl(x, out_dtype, scale, amax_out, with_trans)
 
 
-def _update_mode(t: torch.Tensor) -> str:
-    raw = os.environ.get("PRIMUS_TURBO_QUANT_TWD_UPDATE", "").strip().lower() or "triton"
-    if raw not in ("triton", "torch"):
-        raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_QUANT_TWD_UPDATE expected 'triton' or 'torch', got {raw!r}"
-        )
-    if raw == "triton" and (t.device.type == "cuda" or triton_interpret()):
-        return "triton"
-    return "torch"
+def _guard_on() -> bool:
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_TWD_GUARD", "").strip() or "1"
+    if raw not in ("0", "1"):
+        raise ValueError(f"primus_turbo: PRIMUS_TURBO_QUANT_TWD_GUARD expected 0 or 1, got {raw!r}")
+    return raw == "1"
 
 
 class Fp8DelayedScaler(nn.Module):
@@ -147,7 +154,9 @@ class Fp8DelayedScaler(nn.Module):
             quantize_delayed_impl(x, dtype, self.scale, amax, False, store=False)
             self._set_scale(scale_from_amax(amax[0], self.scale, fmax, self.margin))
             self.initialized = True
-        return quantize_delayed_impl(x, dtype, self.scale, self.amax_history[:1], dual)
+        guard = self.margin if _guard_on() else None
+        return quantize_delayed_impl(x, dtype, self.scale, self.amax_history[:1], dual,
+                                     guard=guard)  # fmt: skip
 
     def _set_scale(self, new: torch.Tensor) -> None:
         self.scale.copy_(new)
@@ -155,11 +164,12 @@ class Fp8DelayedScaler(nn.Module):
 
     @torch.no_grad()
     def update(self) -> None:
-        """Roll the history and recompute the scale (device ops only): one Triton launch
-        (``PRIMUS_TURBO_QUANT_TWD_UPDATE=triton``, the default where Triton runs) or ~7 torch
-        ops (``torch``; also the fallback)."""
+        """Roll the history and recompute the scale (device ops only): one Triton launch where
+        Triton runs (GPU or interpreter), else ~7 torch ops. (The torch ops on a GPU were
+        removed: a host->device copy broke CUDA-graph capture, and 1.45x bf16 vs 1.80x eager
+        in H200 call 8.1.)"""
         h = self.amax_history
-        if self.fmax is not None and _update_mode(h) == "triton":
+        if self.fmax is not None and (h.device.type == "cuda" or triton_interpret()):
             from primus_turbo.triton.quantization.quant_tw_launch import delayed_update
 
             delayed_update(h, self.scale, self.scale_inv, self.fmax,

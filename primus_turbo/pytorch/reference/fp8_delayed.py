@@ -9,6 +9,11 @@
   ``history[0]`` (``"most_recent"``); the history rolls by -1 (slot 0 moves to slot L-1, slot
   k to k-1) and slot 0 is zeroed; ``scale = fmax / amax * 2**-margin`` where ``amax > 0`` and
   the result is finite, else the old scale stays; ``scale_inv = 1 / scale``.
+* saturation guard (the scaler's casts): when the step's recorded amax (this tensor's
+  included) times the scale the cast used exceeds ``1.125 * fmax`` (fp32 product: clipped by
+  more than an fp8 rounding step), the tensor is cast
+  with ``fmax / amax * 2**-margin`` instead (the scale of the recorded amax); the scaler's
+  own ``scale`` changes only at ``update``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,15 @@ def scale_from_amax(amax: torch.Tensor, old_scale: torch.Tensor, fmax: float, ma
     update kernel) where ``amax > 0`` and the result is finite, else the old scale."""
     new = torch.div(torch.full_like(amax, fmax), amax) * (2.0**-margin)
     return torch.where((amax > 0) & torch.isfinite(new), new, old_scale)
+
+
+def guard_scale(amax: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, margin: int):
+    """The scale a guarded cast uses: ``scale``, or the recorded ``amax``'s scale where
+    ``amax * scale > 1.125 * fmax`` (the given scale clipped a finite value by more than an
+    fp8 rounding step)."""
+    fmax = float(torch.finfo(dtype).max)
+    sat = amax.float() * scale > fmax * 1.125
+    return torch.where(sat, scale_from_amax(amax.float(), scale, fmax, margin), scale)
 
 
 def update_history_ref(history: torch.Tensor, scale: torch.Tensor, fmax: float, algo: str,

@@ -239,6 +239,43 @@ def tw_delayed_kernel(
 
 
 @triton.jit
+def tw_delayed_guard_kernel(
+    x_ptr, q_ptr, qt_ptr, scale_ptr, sinv_ptr, amax_ptr,
+    numel, M, N, stride_xm, P,
+    BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DUAL: tl.constexpr,
+    FMAX: tl.constexpr, MARGIN_MUL: tl.constexpr, FMT: tl.constexpr = (0, 0, 0, 0),
+    SAT: tl.constexpr = False, EVEN: tl.constexpr = False, CS: tl.constexpr = False,
+):  # fmt: skip
+    """Saturation guard of a delayed cast, launched right after ``tw_delayed_kernel`` on the
+    same tensors: ``amax_ptr[0]`` (fp32, the step's recorded amax, this tensor's included) and
+    the scale the cast used. When ``amax * scale <= 1.125 * FMAX`` nothing saturated by more
+    than an fp8 rounding step (E4M3's top spacing is 7%; a threshold at FMAX would fire on every
+    1-ulp growth of a steady tensor with margin 0): every program returns after two scalar
+    loads. Otherwise (the tensor's range outgrew the history, e.g. a weight after a large
+    optimizer step) the whole tensor is cast again with the scale of the
+    recorded amax, ``div_rn(FMAX, amax) * 2**-margin`` (the update kernel's formula), and
+    program 0 rewrites ``sinv_ptr[0]``; the scaler's own ``scale`` is left to ``update()``
+    (other programs still read it). Same grid, tiles and walk as the cast."""
+    amax = tl.load(amax_ptr)
+    scale = tl.load(scale_ptr)
+    if amax * scale > FMAX * 1.125:
+        scale = tl.div_rn(FMAX, amax) * MARGIN_MUL
+        pid = tl.program_id(0)
+        if pid == 0:
+            tl.store(sinv_ptr, tl.div_rn(1.0, scale))
+        if DUAL:
+            ntiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
+        else:
+            ntiles = tl.cdiv(numel, BLOCK)
+        for k in range(0, tl.cdiv(ntiles, P)):
+            ox, oq, mask, rm, rn = _tile_ptrs(pid + k * P, numel, M, N, stride_xm, BLOCK, BM, BN,
+                                              DUAL)  # fmt: skip
+            x = _load(x_ptr, ox, mask, EVEN, "").to(tl.float32)
+            _cast_store(x, scale, q_ptr, qt_ptr, oq, mask, rm, rn, M, FMAX, FMT, SAT, EVEN, DUAL,
+                        CS)  # fmt: skip
+
+
+@triton.jit
 def tw_delayed_update_kernel(hist_ptr, scale_ptr, sinv_ptr, L, FMAX: tl.constexpr,
                              MARGIN_MUL: tl.constexpr, MOST_RECENT: tl.constexpr,
                              BLOCK: tl.constexpr):  # fmt: skip
@@ -320,11 +357,18 @@ def aot_specs(target: str) -> list[AotSpec]:
         for even in (True, False):
             cx = {"BLOCK": block, "BM": bm, "BN": 128 if dual else 16,
                   "DUAL": dual, "FMAX": fmax, "FMT": (0, 0, 0, 0), "SAT": target == "sm_90",
-                  "EVEN": even, "FAST": True, "CS": target == "sm_90", "EVC": "evict_first",
-                  "STORE": True, "RED": dual}  # fmt: skip
+                  "EVEN": even, "FAST": True, "CS": target == "sm_90",
+                  "EVC": "" if dual else "evict_first", "STORE": True, "RED": dual}  # fmt: skip
             specs.append(
                 AotSpec(f"quant_tw_{name}{'_even' if even else ''}_{fp8}", tw_delayed_kernel,
                         dsig, cx, {"num_warps": 8, **nv})
+            )  # fmt: skip
+            gx = {k: cx[k] for k in ("BLOCK", "BM", "BN", "DUAL", "FMAX", "FMT", "SAT", "EVEN",
+                                     "CS")}  # fmt: skip
+            specs.append(
+                AotSpec(f"quant_tw_{name}_guard{'_even' if even else ''}_{fp8}",
+                        tw_delayed_guard_kernel, {**dsig, "amax_ptr": "*fp32"},
+                        {**gx, "MARGIN_MUL": 1.0}, {"num_warps": 8, **nv})
             )  # fmt: skip
     for recent in (False, True):  # the update of a 1024-slot history (the default length)
         specs.append(AotSpec(f"quant_tw_delayed_update{'_recent' if recent else ''}_{fp8}",

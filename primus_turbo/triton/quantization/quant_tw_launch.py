@@ -46,6 +46,7 @@ from primus_turbo.triton.quantization.quant_launch import (
     _u8,
 )
 from primus_turbo.triton.quantization.quant_tensorwise import (
+    tw_delayed_guard_kernel,
     tw_delayed_kernel,
     tw_delayed_update_kernel,
     tw_quant_kernel,
@@ -175,16 +176,23 @@ def quant_tensorwise_tw(x: torch.Tensor, dtype: torch.dtype, dual: bool):
 
 
 def quant_tensorwise_delayed(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor,
-                             amax: torch.Tensor, dual: bool, store: bool = True):  # fmt: skip
+                             amax: torch.Tensor, dual: bool, store: bool = True,
+                             guard: int | None = None):  # fmt: skip
     """One-pass tensorwise cast with a GIVEN scale (``tw_delayed_kernel``): ``(q, sinv)`` or
     ``(q, sinv, qt, sinv)``; ``sinv`` a fresh 0-d ``1 / scale``. ``amax`` (fp32, 1 element,
     contiguous) becomes ``max(amax, amax(x))`` (finite values only). ``store=False``: only the
     amax, returns None. No host sync. Launch as the cast pass of ``quant_tensorwise_tw``
     (``P`` = ``_TW_PER_SM`` programs per SM walking their own tiles; ``_TW_BLOCK``, ``_TW_TILE``,
-    ``_TW_WARPS``, ``_TW_CS``, ``_TW_EVICT_CAST`` apply) with its own ``_TWD_TILE`` (dual tile,
-    default as ``_TW_TILE``), ``_TWD_PER_SM`` (default 4; 3 for a dual tile of 128x128 or more
-    on NVIDIA: the register cap 80 instead of 64, where sm_90 spills 32 B) and ``_TWD_RED``
-    (0/1, default 1 with ``dual``: each tile's max reduced to a scalar, see the kernel)."""
+    ``_TW_WARPS``, ``_TW_CS``, ``_TW_EVICT_CAST`` apply; ``_TW_EVICT_CAST`` defaults to ``none``
+    for the dual cast: H200 call 8.1 0.866 of copy vs 0.837 with ``first``) with its own
+    ``_TWD_TILE`` (dual tile, default as ``_TW_TILE``: 128x128 on NVIDIA, 64x128 on AMD), 4
+    programs per SM (3 for a dual tile of 128x128 or more on NVIDIA: the register cap 80
+    instead of 64, where sm_90 spills 32 B); the dual cast reduces each tile's max to a scalar
+    (``RED``). Call 8.1 losers removed: ``_TWD_PER_SM`` 2 (0.829) or 4 at 128x128 (0.823),
+    dual 64x128 (0.798) and the tile-shaped running max (``_TWD_RED=0``, 0.816).
+    ``guard`` (the scaler's margin, or None): then ``tw_delayed_guard_kernel`` follows on the
+    same grid and re-casts the tensor with the recorded amax's scale if the given scale
+    saturated it (see the kernel; a launch of early-returning programs otherwise)."""
     m, n = x.shape
     q = torch.empty(x.shape, dtype=dtype, device=x.device) if store else None
     qt = _empty_like_t(x, dtype) if dual and store else None
@@ -199,8 +207,7 @@ def quant_tensorwise_delayed(x: torch.Tensor, dtype: torch.dtype, scale: torch.T
     nvidia = not interp and x.device.type == "cuda" and torch.version.hip is None
     warps = _env_int("PRIMUS_TURBO_QUANT_TW_WARPS", 8)
     bm, bn = _tile_env(nvidia, "PRIMUS_TURBO_QUANT_TWD_TILE")
-    per_sm = _env_int("PRIMUS_TURBO_QUANT_TWD_PER_SM", 3 if nvidia and dual and bm * bn >= 16384
-                      else 4)  # fmt: skip
+    per_sm = 3 if nvidia and dual and bm * bn >= 16384 else 4
     block = _pow2_env("PRIMUS_TURBO_QUANT_TW_BLOCK", 8192, 1024, 32768)
     numel = m * n
     if dual:
@@ -212,7 +219,10 @@ def quant_tensorwise_delayed(x: torch.Tensor, dtype: torch.dtype, scale: torch.T
     cap = _INTERP_PROGRAMS if interp else per_sm * num_compute_units(x.device)
     p = _programs(ntiles, cap)
     extra = {"maxnreg": min(255, 65536 // (per_sm * warps * 32)) // 8 * 8} if nvidia else {}
-    evc = _choice("PRIMUS_TURBO_QUANT_TW_EVICT_CAST", ("first", "none"), "first")
+    evc = _choice(
+        "PRIMUS_TURBO_QUANT_TW_EVICT_CAST", ("first", "none"), "none" if dual else "first"
+    )
+    cs = nvidia and _env_flag("PRIMUS_TURBO_QUANT_TW_CS", True)
     a32 = amax.view(torch.int32)
     dummy = _u8(q) if store else a32
     args = (xc, dummy, _u8(qt) if dual and store else dummy, scale, sinv if store else amax, a32,
@@ -221,12 +231,18 @@ def quant_tensorwise_delayed(x: torch.Tensor, dtype: torch.dtype, scale: torch.T
         *args, BLOCK=block if not dual else 16, BM=bm if dual else 16, BN=bn if dual else 16,
         DUAL=dual, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype), SAT=_nvidia_sat(xc),
         EVEN=full and ntiles % p == 0, FAST=True,
-        CS=nvidia and _env_flag("PRIMUS_TURBO_QUANT_TW_CS", True),
-        EVC="evict_first" if evc == "first" else "", STORE=store,
-        RED=_env_flag("PRIMUS_TURBO_QUANT_TWD_RED", dual), num_warps=warps, **extra,
+        CS=cs, EVC="evict_first" if evc == "first" else "", STORE=store,
+        RED=dual, num_warps=warps, **extra,
     )  # fmt: skip
     if not store:
         return None
+    if guard is not None:
+        tw_delayed_guard_kernel[(p,)](
+            *args[:5], amax, *args[6:], BLOCK=block if not dual else 16,
+            BM=bm if dual else 16, BN=bn if dual else 16, DUAL=dual, FMAX=_fmax(dtype),
+            MARGIN_MUL=2.0**-guard, FMT=_interp_fmt(dtype), SAT=_nvidia_sat(xc),
+            EVEN=full and ntiles % p == 0, CS=cs, num_warps=warps, **extra,
+        )  # fmt: skip
     return (q, sinv, qt, sinv) if dual else (q, sinv)
 
 

@@ -94,14 +94,10 @@ def test_formats_and_input_dtypes(dtype):
     _check(_x(37, 200, dtype=torch.float32), dtype, 5.0, False)
 
 
-@pytest.mark.parametrize("red", ["0", "1"])
 @pytest.mark.parametrize("dual", [False, True])
-def test_red_knob_same_bits(monkeypatch, red, dual):
-    """PRIMUS_TURBO_QUANT_TWD_RED (per-tile scalar max vs a tile-shaped running max) and the
-    filtered re-walk (an inf in the input) give the reference's bits and amax."""
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_TWD_RED", red)
-    if HAS_GPU:
-        monkeypatch.setenv("PRIMUS_TURBO_QUANT_TWD_TILE", "64x128")
+def test_filtered_rewalk_same_bits(dual):
+    """The filtered re-walk (an inf in the input; plain: tile-shaped running max, dual: per-tile
+    scalar max) gives the reference's bits and amax."""
     x = _x(100, 300)
     x[50, 7] = float("inf")
     x[99, 299] = -30.0
@@ -172,22 +168,26 @@ def test_first_use_matches_dynamic_then_records_amax():
         assert _bits_equal(q, q_dyn)
     assert sc.initialized and sc.amax_history.tolist() == [amax.item(), 0, 0, 0]
     assert sc.scale.item() == pytest.approx(448.0 / amax.item(), rel=1e-6)
-    # step 2 casts with the CURRENT scale, whatever x2's range
-    x2 = x * 4
+    # step 2 casts with the CURRENT scale when x2 fits it (1.05x), re-cast by the saturation
+    # guard when it does not (4x); the scaler's scale changes only at update()
     old = sc.scale.clone()
-    q2, _ = sc.quantize(x2, E4M3)
-    assert _bits_equal(q2, ref.quantize_tensorwise_given_ref(x2, E4M3, old)[0])
-    assert sc.amax_history[0].item() == 4 * amax.item()  # accumulated: max of both calls
+    q2, _ = sc.quantize(x * 1.05, E4M3)
+    assert _bits_equal(q2, ref.quantize_tensorwise_given_ref(x * 1.05, E4M3, old)[0])
+    x2 = x * 4
+    q2, s2 = sc.quantize(x2, E4M3)
+    eff = ref.guard_scale(sc.amax_history[0], old, E4M3, 0)
+    assert not torch.equal(eff, old) and torch.equal(s2, torch.reciprocal(eff))
+    assert _bits_equal(q2, ref.quantize_tensorwise_given_ref(x2, E4M3, eff)[0])
+    assert torch.equal(sc.scale, old)
+    assert sc.amax_history[0].item() == 4 * amax.item()  # accumulated: max of the calls
 
 
-@pytest.mark.parametrize("mode", ["triton", "torch"])
 @pytest.mark.parametrize("algo", ["max", "most_recent"])
 @pytest.mark.parametrize("length", [1, 3])
 @pytest.mark.parametrize("margin", [0, 2])
-def test_update_rules_match_reference(monkeypatch, mode, algo, length, margin):
-    """Both updates (PRIMUS_TURBO_QUANT_TWD_UPDATE: one Triton launch / torch ops) give the
-    reference's bits."""
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_TWD_UPDATE", mode)
+def test_update_rules_match_reference(algo, length, margin):
+    """The update (one Triton launch) and the guarded casts give the reference's bits (the
+    8x step outgrows the scale: the saturation guard re-casts it)."""
     sc = Fp8DelayedScaler(length, algo, margin, device=DEV)
     scale = sc.scale.clone()
     hist = sc.amax_history.clone()
@@ -196,8 +196,10 @@ def test_update_rules_match_reference(monkeypatch, mode, algo, length, margin):
         q, s = sc.quantize(x, E4M3)
         if i == 0:  # first use: the scale of x's own amax
             scale = sc.scale.clone()
-        assert _bits_equal(q, ref.quantize_tensorwise_given_ref(x, E4M3, scale)[0])
         hist[0] = torch.maximum(hist[0], ref.quantize_tensorwise_given_ref(x, E4M3, scale)[2])
+        eff = ref.guard_scale(hist[0], scale, E4M3, margin)
+        assert _bits_equal(q, ref.quantize_tensorwise_given_ref(x, E4M3, eff)[0])
+        assert torch.equal(s, torch.reciprocal(eff)) and torch.equal(sc.scale, scale)
         assert torch.equal(sc.amax_history, hist)
         sc.update()
         hist, scale, sinv = ref.update_history_ref(hist, scale, 448.0, algo, margin)
@@ -205,9 +207,7 @@ def test_update_rules_match_reference(monkeypatch, mode, algo, length, margin):
         assert torch.equal(sc.scale_inv, sinv)
 
 
-@pytest.mark.parametrize("mode", ["triton", "torch"])
-def test_roll_order_and_zero_amax_keeps_scale(monkeypatch, mode):
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_TWD_UPDATE", mode)
+def test_roll_order_and_zero_amax_keeps_scale():
     sc = Fp8DelayedScaler(3, "max", device=DEV)
     sc.fmax = 448.0
     sc.initialized = True
@@ -228,6 +228,36 @@ def test_roll_order_and_zero_amax_keeps_scale(monkeypatch, mode):
     mr.amax_history[1] = 100.0
     mr.update()
     assert mr.scale.item() == 448.0 / 7.0 / 2.0 and mr.amax_history.tolist() == [0, 0, 7.0]
+
+
+@pytest.mark.parametrize("dual", [False, True])
+@pytest.mark.parametrize("guard", ["1", "0"])
+def test_saturation_guard(monkeypatch, dual, guard):
+    """A tensor whose range outgrew the history (4x: a weight after a large optimizer step) is
+    re-cast with the recorded amax's scale (margin kept), not clipped; a growth within an fp8
+    rounding step (1.1x) keeps the delayed scale; the scaler's own scale changes only at
+    update(). PRIMUS_TURBO_QUANT_TWD_GUARD=0: the plain delayed cast (clipped)."""
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_TWD_GUARD", guard)
+    sc = Fp8DelayedScaler(4, margin=1, device=DEV)
+    x0 = _x(48, 96)
+    sc.quantize(x0, E4M3)
+    sc.update()
+    scale = sc.scale.clone()
+    for mult, fires in ((1.1, False), (4.0, True)):
+        x = x0 * mult
+        out = sc.quantize(x, E4M3, dual=dual)
+        eff = scale
+        if fires and guard == "1":
+            eff = ref.scale_from_amax(x.float().abs().amax(), scale, 448.0, 1)
+            assert torch.equal(eff, ref.guard_scale(sc.amax_history[0], scale, E4M3, 1))
+        q_ref = ref.quantize_tensorwise_given_ref(x, E4M3, eff)[0]
+        assert _bits_equal(out[0], q_ref) and torch.equal(out[1], torch.reciprocal(eff))
+        if dual:
+            assert _bits_equal(out[2], q_ref.t().contiguous()) and out[3] is out[1]
+        sat = (out[0].float().abs() == 448.0).sum().item()
+        assert (sat > 10) == (fires and guard == "0")
+        assert torch.equal(sc.scale, scale)
+        sc.amax_history.zero_()
 
 
 def test_scaler_state_dict_round_trip():
@@ -263,12 +293,11 @@ def test_config_validation():
         Fp8DelayedScaler(amax_compute_algo="avg")
 
 
-def test_update_env_validated(monkeypatch):
+def test_guard_env_validated(monkeypatch):
     sc = Fp8DelayedScaler(2, device=DEV)
-    sc.fmax = 448.0
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_TWD_UPDATE", "cuda")
-    with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_TWD_UPDATE"):
-        sc.update()
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_TWD_GUARD", "yes")
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_TWD_GUARD"):
+        sc.quantize(_x(8, 32), E4M3)
 
 
 def test_gemm_fp8_delayed_needs_state():

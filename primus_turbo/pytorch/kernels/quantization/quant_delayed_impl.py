@@ -2,7 +2,9 @@
 
 Every backend takes ``x`` (2-D), ``dtype`` (fp8), ``scale`` (fp32, 1 element: the multiplier),
 ``amax`` (fp32, 1 element, updated in place to ``max(amax, amax(x))``), ``dual`` (also write
-``x.T`` quantized with the same scale) and ``store`` (False: only record the amax) and returns
+``x.T`` quantized with the same scale), ``store`` (False: only record the amax) and ``guard``
+(None, or the scaler's margin: re-cast with the recorded amax's scale where the given scale
+saturated, see ``tw_delayed_guard_kernel``) and returns
 ``(q, scale_inv)`` / ``(q, scale_inv, q_t, scale_inv)`` (None when not ``store``); see
 reference/fp8_delayed.py for the math.
 """
@@ -54,10 +56,10 @@ class QuantizeDelayedTritonBackend(KernelBackend):
         return YES if ok else no(reason)
 
     @staticmethod
-    def execute(x, dtype, scale, amax, dual, store, **kwargs):
+    def execute(x, dtype, scale, amax, dual, store, guard=None, **kwargs):
         from primus_turbo.triton.quantization.quant_tw_launch import quant_tensorwise_delayed
 
-        return quant_tensorwise_delayed(x, dtype, scale, amax, dual, store)
+        return quant_tensorwise_delayed(x, dtype, scale, amax, dual, store, guard)
 
 
 @QuantizeDelayedDispatcher.register
@@ -70,18 +72,22 @@ class QuantizeDelayedTorchBackend(KernelBackend):
         return YES
 
     @staticmethod
-    def execute(x, dtype, scale, amax, dual, store, **kwargs):
+    def execute(x, dtype, scale, amax, dual, store, guard=None, **kwargs):
         q, sinv, a = ref.quantize_tensorwise_given_ref(x, dtype, scale)
         torch.maximum(amax.reshape(()), a, out=amax.reshape(()))
         if not store:
             return None
+        if guard is not None:  # device ops only (no host sync): always re-cast here
+            s = ref.guard_scale(amax.reshape(()), scale.reshape(()).float(), dtype, guard)
+            q, sinv, _ = ref.quantize_tensorwise_given_ref(x, dtype, s)
         if not dual:
             return q, sinv
         return q, sinv, q.t().contiguous(), sinv
 
 
 def quantize_delayed_impl(x: torch.Tensor, dtype, scale, amax, dual: bool = False,
-                          store: bool = True):  # fmt: skip
+                          store: bool = True, guard: int | None = None):  # fmt: skip
     """Resolve and run the delayed-quantization backend (eager; see ops.fp8_delayed)."""
     kw = dict(x=x, dtype=dtype, scale=scale, amax=amax, dual=dual, store=store)
-    return QuantizeDelayedDispatcher.execute(QuantizeDelayedDispatcher.resolve(**kw), **kw)
+    backend = QuantizeDelayedDispatcher.resolve(**kw)
+    return QuantizeDelayedDispatcher.execute(backend, guard=guard, **kw)
