@@ -12,6 +12,7 @@ from torch import nn
 
 from primus_turbo.pytorch.core.checks import check
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
+from primus_turbo.pytorch.ops.fp8_delayed import refuse_delayed
 from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm
 from primus_turbo.pytorch.ops.grouped_gemm_fp8 import (
     _mode,
@@ -57,6 +58,7 @@ class GroupedLinear(nn.Module):
         op = "GroupedLinear"
         check(fp8_config is None or isinstance(fp8_config, Float8QuantConfig), op, "fp8_config",
               "None or a Float8QuantConfig", type(fp8_config).__name__, TypeError)  # fmt: skip
+        refuse_delayed(op, "fp8_config", fp8_config)
         check(fp8_weight_cache in (None, True, False), op, "fp8_weight_cache",
               "None, True or False", repr(fp8_weight_cache), TypeError)  # fmt: skip
         check(not fp8_weight_cache or fp8_config is not None, op, "fp8_weight_cache",

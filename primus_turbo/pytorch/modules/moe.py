@@ -59,6 +59,7 @@ from primus_turbo.pytorch.ops.activation import (
     swiglu_with_probs,
     swiglu_with_probs_fp8,
 )
+from primus_turbo.pytorch.ops.fp8_delayed import refuse_delayed
 from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm
 from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_gemm_fp8
 from primus_turbo.pytorch.ops.moe import moe_permute, moe_router_topk, moe_unpermute
@@ -126,6 +127,7 @@ class MoELayer(torch.nn.Module):
         self.activation = activation
         check(fp8_config is None or isinstance(fp8_config, Float8QuantConfig), op, "fp8_config",
               "None or a Float8QuantConfig", type(fp8_config).__name__, TypeError)  # fmt: skip
+        refuse_delayed(op, "fp8_config", fp8_config)
         self.fp8_config = fp8_config
         row = fp8_config is not None and fp8_config.granularity == ScalingGranularity.ROWWISE
         if fp8_act is None:

@@ -22,6 +22,7 @@ from primus_turbo.pytorch.core.checks import check, fail
 from primus_turbo.pytorch.core.platform import fp8_dtypes
 from primus_turbo.pytorch.kernels.attention.attention_impl import attn_bwd_impl
 from primus_turbo.pytorch.ops.attention import _check_common
+from primus_turbo.pytorch.ops.fp8_delayed import refuse_delayed
 
 __all__ = ["flash_attn_fp8_func", "quantize_attn_fp8"]
 
@@ -87,6 +88,7 @@ def flash_attn_fp8_func(
     """FP8 attention on bf16/fp16 ``[B, S, H, D]`` inputs (same semantics as
     :func:`flash_attn_func`); ``fp8_config`` None or BLOCKWISE with ``block_size=64``.
     Needs a GPU (or ``TRITON_INTERPRET=1``). Returns ``out`` or ``(out, lse)``."""
+    refuse_delayed(_OP, "fp8_config", fp8_config)
     _check_common(_OP, q, k, v, 4, dropout_p, bias, alibi_slopes, return_attn_probs, None,
                   window_size)  # fmt: skip
     check(q.dtype in (torch.bfloat16, torch.float16), _OP, "q", "bf16/fp16 input", q.dtype,

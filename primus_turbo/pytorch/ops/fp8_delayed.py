@@ -59,9 +59,17 @@ from primus_turbo.pytorch.core.platform import triton_interpret
 from primus_turbo.pytorch.kernels.quantization.quant_delayed_impl import quantize_delayed_impl
 from primus_turbo.pytorch.reference.fp8_delayed import scale_from_amax
 
-__all__ = ["Fp8DelayedScaler", "Fp8DelayedScaling", "quantize_fp8_delayed"]
+__all__ = ["Fp8DelayedScaler", "Fp8DelayedScaling", "quantize_fp8_delayed", "refuse_delayed"]
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def refuse_delayed(op: str, arg: str, config) -> None:
+    """The FP8 entry points without delayed-scaling state (grouped GEMM, GroupedLinear,
+    MoELayer, FP8 attention) refuse a DELAYED config instead of running it as dynamic."""
+    if getattr(config, "strategy", None) == ScalingStrategy.DELAYED:
+        fail(op, f"{arg}.strategy", "DYNAMIC (DELAYED scaling works only in gemm_fp8 with "
+             "delayed_scaling= and Float8Linear)", "DELAYED")  # fmt: skip
 
 
 def _scalar_f32(op, arg, t) -> None:

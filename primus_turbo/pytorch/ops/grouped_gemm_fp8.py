@@ -65,6 +65,7 @@ from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_impl import (
     grouped_gemm_impl,
     grouped_gemm_variable_k_impl,
 )
+from primus_turbo.pytorch.ops.fp8_delayed import refuse_delayed
 from primus_turbo.pytorch.ops.grouped_gemm import _check_group_values
 from primus_turbo.pytorch.ops.quantization import quantize_fp8
 from primus_turbo.pytorch.reference.grouped_gemm import group_offsets
@@ -380,6 +381,7 @@ def quantize_grouped_weight(
     config = config or Float8QuantConfig()
     if not isinstance(config, Float8QuantConfig):
         fail(_OP, "config", "a Float8QuantConfig", type(config).__name__, TypeError)
+    refuse_delayed("quantize_grouped_weight", "config", config)
     check_tensor(_OP, "b", b, ndim=3, dtypes=_FLOAT)
     gran = config.granularity
     k_axis, n_axis = (2, 1) if trans_b else (1, 2)
@@ -450,6 +452,7 @@ def grouped_gemm_fp8(
     config = config or Float8QuantConfig()
     if not isinstance(config, Float8QuantConfig):
         fail(_OP, "config", "a Float8QuantConfig", type(config).__name__, TypeError)
+    refuse_delayed(_OP, "config", config)
     if config.granularity not in (_ROW, _TENSOR):
         fail(
             _OP,

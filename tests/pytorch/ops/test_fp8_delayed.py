@@ -309,6 +309,60 @@ def test_gemm_fp8_delayed_needs_state():
         gemm_fp8(a, b, trans_b=True, delayed_scaling=Fp8DelayedScaling(cfg))
 
 
+def _entry_grouped_gemm(cfg):
+    from primus_turbo.pytorch.ops import grouped_gemm_fp8
+
+    a, b = _x(8, 32), _x(2 * 16, 32).reshape(2, 16, 32)
+    grouped_gemm_fp8(a, b, torch.tensor([3, 5], device=DEV), config=cfg)
+
+
+def _entry_grouped_weight(cfg):
+    from primus_turbo.pytorch.ops import quantize_grouped_weight
+
+    quantize_grouped_weight(_x(32, 16).reshape(2, 16, 16), cfg)
+
+
+def _entry_grouped_linear(cfg):
+    from primus_turbo.pytorch.modules import GroupedLinear
+
+    GroupedLinear(2, 16, 8, device=DEV, fp8_config=cfg)
+
+
+def _entry_moe(cfg):
+    from primus_turbo.pytorch.modules import MoELayer
+
+    MoELayer(16, 32, 4, 2, fp8_config=cfg, device=DEV)
+
+
+def _entry_attention(cfg):
+    from primus_turbo.pytorch.ops import flash_attn_fp8_func
+
+    q = _x(16, 64).reshape(1, 4, 4, 64)
+    flash_attn_fp8_func(q, q, q, fp8_config=cfg)
+
+
+@pytest.mark.parametrize(
+    "entry,name,arg",
+    [
+        (_entry_grouped_gemm, "grouped_gemm_fp8", "config"),
+        (_entry_grouped_weight, "quantize_grouped_weight", "config"),
+        (_entry_grouped_linear, "GroupedLinear", "fp8_config"),
+        (_entry_moe, "MoELayer", "fp8_config"),
+        (_entry_attention, "flash_attn_fp8", "fp8_config"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_other_fp8_entries_refuse_delayed(entry, name, arg):
+    """The FP8 entry points without delayed-scaling state refuse a DELAYED config (they used to
+    run it as dynamic tensorwise): op, argument, expected DYNAMIC, got DELAYED, and where
+    DELAYED works."""
+    with pytest.raises(ValueError) as ei:
+        entry(Float8QuantConfig(strategy=DELAYED))
+    msg = str(ei.value)
+    assert f"primus_turbo.{name}: argument '{arg}.strategy' expected DYNAMIC" in msg, msg
+    assert "got DELAYED" in msg and "Float8Linear" in msg and "gemm_fp8" in msg
+
+
 @pytest.mark.parametrize("fmt", [Format.E4M3, Format.HYBRID])
 def test_float8_linear_delayed_training_steps(fmt):
     """A few training steps: every step's output and both grads reach the E4M3 gate (25 dB)
