@@ -5,7 +5,8 @@
 // Designed for MX (the 1x128 kernel's MX mode lost, session 7): a block of 256 threads takes a
 // 128 x 128 tile as 8 independent warp tiles of 32 rows x 64 columns (4 along M, 2 along N).
 // Lane (rq = lane / 8, cv = lane % 8) holds the 8 consecutive rows 8 rq .. +7 of the 8 columns
-// 8 cv .. +7 (8 loads of 16 bytes: one instruction reads 4 rows x 128 bytes). So both MX blocks
+// 8 cv .. +7 (8 loads of 16 bytes: one instruction reads 4 rows x 128 bytes; variant d: R = 4
+// rows per lane, see Layout). So both MX blocks
 // reduce inside the warp: a row block (32 columns) is a quad of lanes (2 shuffle steps), a column
 // block (32 rows) the 4 lanes of one cv (2 steps); no shared-memory round trip for any amax.
 // Amax works on exponent fields only (E8M0 needs nothing else): key = bits & 0x7f807f80 for two
@@ -21,14 +22,15 @@
 // sm_90 SASS per element (main path, 752 per thread and tile incl. the unexecuted byte-wise
 // edge stores): 2 FMUL, 1 unpack, 1 F2FP (two outputs), 0.5 exponent mask, ~0.9 packed max,
 // ~0.5 PRMT; 80 registers, no spill (the Triton word kernel: 11.75 per element, 96 registers).
-// Variants (PRIMUS_TURBO_QUANT_CUDA_MX): 1 (a) = one tile per block, 3 blocks per SM (24 warps,
-// 4 KB of loads each in flight); 2 (b) / 3 (c) = persistent blocks, 3 / 2 per SM, the next
-// tile loaded by cp.async into a second 32 KB shared stage while the current one is processed
-// (as quant_dual.cu). Needs sm_89+ (fp8 conversions; other archs compile an empty kernel and
+// Variants (PRIMUS_TURBO_QUANT_CUDA_MX; H200 call 8.1: a 0.818 of copy vs Triton 0.787, the
+// round-1 persistent cp.async variants 0.801 / 0.792 and removed): 1 (a, the default) = one tile
+// per 256-thread block, 3 blocks per SM (79 registers); 4 (d) = R = 4 rows per lane, 512-thread
+// blocks of 32 x 32 warp tiles, 2 blocks per SM (61 registers, 32 warps); 5 (e) = persistent
+// blocks (2 per SM, 128 registers) that load the next tile into a second register set before
+// this tile's conversions. Needs sm_89+ (fp8 conversions; other archs compile an empty kernel and
 // the Python gate never calls it there). ROCm builds compile a stub (AMD keeps the Triton
 // kernels). Nothing here throws.
 #include <algorithm>
-#include <atomic>
 
 #include "primus_turbo/device.h"
 #include "primus_turbo/quant_dual_mx.h"
@@ -49,7 +51,6 @@ Status quant_dual_mx_fp8_gpu(const void*, void*, void*, void*, void*, int64_t, i
 namespace {
 
 constexpr int kTile = 128;  // rows and columns of a block tile
-constexpr int kThreads = 256;
 constexpr uint32_t kExpMask = 0x7f807f80u;  // the exponent fields of two bf16
 
 // Two fp32 -> two fp8 bytes (lo in the low byte), round to nearest even, finite values and inf
@@ -79,14 +80,14 @@ __device__ __forceinline__ uint32_t ekey2(uint32_t w) {
   return k & ~(f | (f - (f >> 15)));                   // 0xffff over each such half
 }
 
-// Per-thread maxima of d (8 rows x 4 words): rk[p] = (row 2p, row 2p + 1) keys as u16x2 halves,
-// cm[i] = (column 2i, column 2i + 1) over the 8 rows.
-template <bool FINITE>
-__device__ __forceinline__ void thread_amax(const uint32_t (&d)[8][4], uint32_t (&rk)[4],
+// Per-thread maxima of d (R rows x 4 words): rk[p] = (row 2p, row 2p + 1) keys as u16x2 halves,
+// cm[i] = (column 2i, column 2i + 1) over the R rows.
+template <bool FINITE, int R>
+__device__ __forceinline__ void thread_amax(const uint32_t (&d)[R][4], uint32_t (&rk)[R / 2],
                                             uint32_t (&cm)[4]) {
-  uint32_t r[8];
+  uint32_t r[R];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < R; ++j) {
     uint32_t k[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -96,7 +97,7 @@ __device__ __forceinline__ void thread_amax(const uint32_t (&d)[8][4], uint32_t 
     r[j] = __vmaxu2(__vmaxu2(k[0], k[1]), __vmaxu2(k[2], k[3]));
   }
 #pragma unroll
-  for (int p = 0; p < 4; ++p) {
+  for (int p = 0; p < R / 2; ++p) {
     rk[p] = __vmaxu2(__byte_perm(r[2 * p], r[2 * p + 1], 0x5410),
                      __byte_perm(r[2 * p], r[2 * p + 1], 0x7632));
   }
@@ -123,27 +124,49 @@ __device__ __forceinline__ uint8_t* opaque(uint8_t* p) {
   return p;
 }
 
-// 8 bytes (4 converted pairs) at p.
-__device__ __forceinline__ void st8(uint8_t* p, const uint32_t (&b)[4]) {
-  *reinterpret_cast<uint2*>(p) = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
+// 2 R / 2 bytes (R / 2 converted pairs) at p.
+template <int R>
+__device__ __forceinline__ void st_pairs(uint8_t* p, const uint32_t (&b)[R / 2]) {
+  if constexpr (R == 8) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
+  } else {
+    *reinterpret_cast<uint32_t*>(p) = b[0] | (b[1] << 16);
+  }
 }
 
 __device__ __forceinline__ uint32_t pick4(const uint32_t (&a)[4], int i) {
   return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
 }
 
-// The 8 vectors of this thread in tile (tm, tn), zero outside x (M % 32 == 0: a warp tile's
+// Thread layout of the R-rows-per-lane kernels (R = 8: 256 threads, R = 4: 512 threads per
+// 128 x 128 block tile): 4 x (16 / R) warps of 32 rows x 8R columns; lane (rq = lane / R,
+// cv = lane % R) holds rows R rq .. + R - 1 of columns 8 cv .. + 7.
+template <int R>
+struct Layout {
+  static constexpr int kThreads = 2048 / R;
+  int wm, wn, rq, cv;
+  __device__ __forceinline__ Layout() {
+    const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+    wm = warp & 3;
+    wn = warp >> 2;
+    rq = lane / R;
+    cv = lane % R;
+  }
+};
+
+// The R vectors of this thread in tile (tm, tn), zero outside x (M % 32 == 0: a warp tile's
 // rows are all in or all out; N % 32 == 0: a vector is all in or out).
-__device__ __forceinline__ void load_tile(uint32_t (&d)[8][4], const uint16_t* __restrict__ x,
+template <int R>
+__device__ __forceinline__ void load_tile(uint32_t (&d)[R][4], const uint16_t* __restrict__ x,
                                           int M, int N, int tm, int tn) {
-  const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
-  const int row = tm * kTile + 32 * (warp & 3) + 8 * (lane >> 3);
-  const int col = tn * kTile + 64 * (warp >> 2) + 8 * (lane & 7);
+  const Layout<R> L;
+  const int row = tm * kTile + 32 * L.wm + R * L.rq;
+  const int col = tn * kTile + 8 * R * L.wn + 8 * L.cv;
   const bool ok = row < M && col < N;
   const uint4* src = reinterpret_cast<const uint4*>(x + (ok ? int64_t{row} * N + col : 0));
   const int step = N / 8;  // one row in uint4
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < R; ++j) {
     const uint4 u = ok ? src[j * step] : make_uint4(0u, 0u, 0u, 0u);
     d[j][0] = u.x;
     d[j][1] = u.y;
@@ -154,84 +177,92 @@ __device__ __forceinline__ void load_tile(uint32_t (&d)[8][4], const uint16_t* _
 
 // Everything after the loads of tile (tm, tn). ssm / csm: this tile's 128 x 4 scale bytes of
 // s rows / st rows in shared memory.
-template <bool E5M2>
-__device__ __forceinline__ void tile_body(const uint32_t (&d)[8][4], uint32_t* ssm, uint32_t* csm,
+template <bool E5M2, int R>
+__device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* ssm, uint32_t* csm,
                                           uint8_t* __restrict__ q, uint8_t* __restrict__ s,
                                           uint8_t* __restrict__ qt, uint8_t* __restrict__ st,
                                           int M, int N, int tm, int tn) {
   constexpr int EMAX = E5M2 ? 15 : 8;
-  const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
-  const int wm = warp & 3, wn = warp >> 2, rq = lane >> 3, cv = lane & 7;
+  constexpr int H = R / 2;  // row pairs per lane
+  const Layout<R> L;
+  const int t = threadIdx.x, wm = L.wm, wn = L.wn, rq = L.rq, cv = L.cv;
   const int m0 = tm * kTile, n0 = tn * kTile;
-  const int row0 = m0 + 32 * wm + 8 * rq;  // the thread's first row
-  const int col = n0 + 64 * wn + 8 * cv;   // its first column
+  const int row0 = m0 + 32 * wm + R * rq;  // the thread's first row
+  const int col = n0 + 8 * R * wn + 8 * cv;  // its first column
   const bool ok = row0 < M && col < N;
 
-  uint32_t rk[4], cm[4];
-  thread_amax<false>(d, rk, cm);
+  uint32_t rk[H], cm[4];
+  thread_amax<false, R>(d, rk, cm);
   {
     const uint32_t top = __vmaxu2(__vmaxu2(cm[0], cm[1]), __vmaxu2(cm[2], cm[3]));
     if ((top & 0x7f80u) == 0x7f80u || (top & 0x7f800000u) == 0x7f800000u) {
-      thread_amax<true>(d, rk, cm);
+      thread_amax<true, R>(d, rk, cm);
     }
   }
-  // row blocks: the 4 lanes of a quad (cv % 4); column blocks: the 4 lanes of one cv (rq)
+  // row blocks: the 4 lanes of a quad (cv % 4); column blocks: the 32 / R lanes of one cv (rq)
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < H; ++i) {
     rk[i] = __vmaxu2(rk[i], __shfl_xor_sync(0xffffffffu, rk[i], 1));
-    cm[i] = __vmaxu2(cm[i], __shfl_xor_sync(0xffffffffu, cm[i], 8));
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
     rk[i] = __vmaxu2(rk[i], __shfl_xor_sync(0xffffffffu, rk[i], 2));
-    cm[i] = __vmaxu2(cm[i], __shfl_xor_sync(0xffffffffu, cm[i], 16));
   }
-  uint32_t er[4], ec[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    er[i] = eb2<EMAX>(rk[i]);
-    ec[i] = eb2<EMAX>(cm[i]);
+  for (int sh = R; sh < 32; sh <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cm[i] = __vmaxu2(cm[i], __shfl_xor_sync(0xffffffffu, cm[i], sh));
   }
+  uint32_t er[H], ec[4];
+#pragma unroll
+  for (int i = 0; i < H; ++i) er[i] = eb2<EMAX>(rk[i]);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) ec[i] = eb2<EMAX>(cm[i]);
 
-  // scale bytes into shared memory: row (32 wm + 8 rq + j) byte (2 wn + cv / 4) of ssm, lane
-  // cv % 4 == c writing rows 2c, 2c + 1; column (64 wn + 8 cv + k) byte wm of csm, lane rq
-  // writing columns 2 rq, 2 rq + 1
+  // scale bytes into shared memory: row (32 wm + R rq + j) byte (8R wn + 8 cv) / 32 of ssm, lane
+  // cv % 4 == c < R / 2 writing rows 2c, 2c + 1; column (8R wn + 8 cv + k) byte wm of csm, lane
+  // rq < 4 writing columns 2 rq, 2 rq + 1
   {
     auto* sb = reinterpret_cast<uint8_t*>(ssm);
     auto* cb = reinterpret_cast<uint8_t*>(csm);
     const int c = cv & 3;
-    const uint32_t rw = pick4(er, c), cw = pick4(ec, rq);
-    const int ri = (32 * wm + 8 * rq + 2 * c) * 4 + 2 * wn + (cv >> 2);
-    sb[ri] = static_cast<uint8_t>(rw);
-    sb[ri + 4] = static_cast<uint8_t>(rw >> 16);
-    const int ci = (64 * wn + 8 * cv + 2 * rq) * 4 + wm;
-    cb[ci] = static_cast<uint8_t>(cw);
-    cb[ci + 4] = static_cast<uint8_t>(cw >> 16);
+    if (c < H) {
+      uint32_t rw;
+      if constexpr (H == 4) {
+        rw = pick4(er, c);
+      } else {
+        rw = c == 0 ? er[0] : er[1];
+      }
+      const int ri = (32 * wm + R * rq + 2 * c) * 4 + (8 * R * wn + 8 * cv) / 32;
+      sb[ri] = static_cast<uint8_t>(rw);
+      sb[ri + 4] = static_cast<uint8_t>(rw >> 16);
+    }
+    if (rq < 4) {
+      const uint32_t cw = pick4(ec, rq);
+      const int ci = (8 * R * wn + 8 * cv + 2 * rq) * 4 + wm;
+      cb[ci] = static_cast<uint8_t>(cw);
+      cb[ci + 4] = static_cast<uint8_t>(cw >> 16);
+    }
   }
 
   // both copies in one walk over the 4 words (column pairs 2i, 2i + 1): each value is unpacked
-  // once and multiplied by its row and its column scale. Column 2i / 2i + 1's 8 rows are 8
+  // once and multiplied by its row and its column scale. Column 2i / 2i + 1's R rows are R
   // consecutive bytes of qt row col + 2i / + 1 (stored at once); the row bytes collect in ra
   // (row j: ra[j][0] columns 0..3, ra[j][1] columns 4..7) and are stored at the end, 8 bytes per
   // row. Store addresses advance one row at a time, opaque to the compiler (hoisted 64-bit
   // addresses would cost registers).
-  float rs[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) rs[j] = (j & 1) ? mul_hi(er[j >> 1]) : mul_lo(er[j >> 1]);
-  uint32_t ra[8][2];
+  uint32_t ra[R][2];
   uint8_t* tp = qt + int64_t{col} * M + row0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float cl = mul_lo(ec[i]), ch = mul_hi(ec[i]);
-    uint32_t tl[4], th[4];
+    uint32_t tl[H], th[H];
 #pragma unroll
-    for (int p = 0; p < 4; ++p) {
+    for (int p = 0; p < H; ++p) {
       const uint32_t w0 = d[2 * p][i], w1 = d[2 * p + 1][i];
       const float a0 = bf_lo(w0), b0 = bf_hi(w0), a1 = bf_lo(w1), b1 = bf_hi(w1);
       tl[p] = cvt2<E5M2>(a0 * cl, a1 * cl);
       th[p] = cvt2<E5M2>(b0 * ch, b1 * ch);
-      const uint32_t r0 = cvt2<E5M2>(a0 * rs[2 * p], b0 * rs[2 * p]);
-      const uint32_t r1 = cvt2<E5M2>(a1 * rs[2 * p + 1], b1 * rs[2 * p + 1]);
+      const float rl = mul_lo(er[p]), rh = mul_hi(er[p]);  // rows 2p, 2p + 1
+      const uint32_t r0 = cvt2<E5M2>(a0 * rl, b0 * rl);
+      const uint32_t r1 = cvt2<E5M2>(a1 * rh, b1 * rh);
       if (i & 1) {
         ra[2 * p][i >> 1] |= r0 << 16;
         ra[2 * p + 1][i >> 1] |= r1 << 16;
@@ -240,14 +271,14 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[8][4], uint32_t* s
         ra[2 * p + 1][i >> 1] = r1;
       }
     }
-    if (ok) st8(tp, tl);
+    if (ok) st_pairs<R>(tp, tl);
     tp = opaque(tp + M);
-    if (ok) st8(tp, th);
+    if (ok) st_pairs<R>(tp, th);
     tp = opaque(tp + M);
   }
   uint8_t* qp = q + int64_t{row0} * N + col;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < R; ++j) {
     if (ok) *reinterpret_cast<uint2*>(qp) = make_uint2(ra[j][0], ra[j][1]);
     qp = opaque(qp + N);
   }
@@ -270,7 +301,7 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[8][4], uint32_t* s
         }
       }
     }
-  } else {
+  } else if (t < 2 * kTile) {
     const int c = t - kTile;
     const int n = n0 + c;
     if (n < N) {
@@ -288,91 +319,60 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[8][4], uint32_t* s
   }
 }
 
-// Variant 1: one tile per block.
-template <bool E5M2>
-__global__ void __launch_bounds__(kThreads, 3)
+// One 128 x 128 tile per block; R rows per lane (8: 256 threads, 4: 512 threads), at least
+// MINB blocks per SM (the register cap).
+template <bool E5M2, int R, int MINB>
+__global__ void __launch_bounds__(Layout<R>::kThreads, MINB)
     quant_mx_tile_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
                          uint8_t* __restrict__ s, uint8_t* __restrict__ qt,
                          uint8_t* __restrict__ st, int M, int N, int tiles_n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   __shared__ uint32_t ssm[kTile], csm[kTile];
   const int tm = blockIdx.x / tiles_n, tn = blockIdx.x % tiles_n;
-  uint32_t d[8][4];
-  load_tile(d, x, M, N, tm, tn);
-  tile_body<E5M2>(d, ssm, csm, q, s, qt, st, M, N, tm, tn);
+  uint32_t d[R][4];
+  load_tile<R>(d, x, M, N, tm, tn);
+  tile_body<E5M2, R>(d, ssm, csm, q, s, qt, st, M, N, tm, tn);
 #endif
 }
 
-// The thread's 8 vectors of tile (tm, tn) into its own slots of `stg` (slot j at
-// stg[j * 256 + t]: conflict-free, no other thread reads them), zero-filled outside x; one
-// cp.async group.
-__device__ __forceinline__ void issue_tile(uint4* stg, const uint16_t* __restrict__ x, int M,
-                                           int N, int tm, int tn) {
-  const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
-  const int row = tm * kTile + 32 * (warp & 3) + 8 * (lane >> 3);
-  const int col = tn * kTile + 64 * (warp >> 2) + 8 * (lane & 7);
-  const bool ok = row < M && col < N;
-  const uint16_t* src = x + (ok ? int64_t{row} * N + col : 0);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(stg + j * kThreads + t));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
-                 "l"(src + (ok ? int64_t{j} * N : 0)), "r"(ok ? 16 : 0));
-  }
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-
-// Variants 2 / 3: persistent blocks (3 / 2 per SM) walking tiles blockIdx.x, + gridDim.x, ...;
-// the next tile's loads (cp.async into a second shared stage, 2 x 32 KB) are in flight while
-// the current one is processed (registers as variant 1).
-template <bool E5M2, int MINB>
-__global__ void __launch_bounds__(kThreads, MINB)
-    quant_mx_persist_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
-                            uint8_t* __restrict__ s, uint8_t* __restrict__ qt,
-                            uint8_t* __restrict__ st, int M, int N, int tiles_n, int tiles) {
+// Persistent blocks (2 per SM, 256 threads, R = 8) walking tiles blockIdx.x, + gridDim.x, ...:
+// the next tile's 8 vectors are loaded into a second register set before this tile's math, so
+// 32 KB per block stay in flight while it computes (no shared-memory stage, unlike the lost
+// cp.async variants of round 1).
+template <bool E5M2>
+__global__ void __launch_bounds__(256, 2)
+    quant_mx_prefetch_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
+                             uint8_t* __restrict__ s, uint8_t* __restrict__ qt,
+                             uint8_t* __restrict__ st, int M, int N, int tiles_n, int tiles) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  extern __shared__ uint4 stage[];  // [2][8][kThreads]
   __shared__ uint32_t ssm[2][kTile], csm[2][kTile];  // by tile parity: one barrier per tile
-  const int t = threadIdx.x;
   int tile = blockIdx.x;
-  if (tile < tiles) issue_tile(stage, x, M, N, tile / tiles_n, tile % tiles_n);
-  for (int i = 0; tile < tiles; i ^= 1, tile += gridDim.x) {
-    const int next = tile + gridDim.x;
-    if (next < tiles) {
-      issue_tile(stage + (i ^ 1) * 8 * kThreads, x, M, N, next / tiles_n, next % tiles_n);
-    } else {
-      asm volatile("cp.async.commit_group;\n" ::);
-    }
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    const uint4* cur = stage + i * 8 * kThreads;
-    uint32_t d[8][4];
+  uint32_t d[8][4];
+  // a tile index past the end gives rows >= M: no loads (zeros)
+  load_tile<8>(d, x, M, N, tile / tiles_n, tile % tiles_n);
+  for (int i = 0; tile < tiles; i ^= 1) {
+    const int next = tile + static_cast<int>(gridDim.x);
+    const int pf = next < tiles ? next : tiles;  // past the end: rows >= M, no loads
+    uint32_t nx[8][4];
+    load_tile<8>(nx, x, M, N, pf / tiles_n, pf % tiles_n);
+    const int tm = tile / tiles_n;
+    tile_body<E5M2, 8>(d, ssm[i], csm[i], q, s, qt, st, M, N, tm, tile - tm * tiles_n);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const uint4 u = cur[j * kThreads + t];
-      d[j][0] = u.x;
-      d[j][1] = u.y;
-      d[j][2] = u.z;
-      d[j][3] = u.w;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) d[j][k] = nx[j][k];
     }
-    const int tm = tile / tiles_n;
-    tile_body<E5M2>(d, ssm[i], csm[i], q, s, qt, st, M, N, tm, tile - tm * tiles_n);
+    tile = next;
   }
 #endif
 }
 
-constexpr int kStageSmem = 2 * 8 * kThreads * 16;  // two stages of the bf16 tile (dynamic)
-
-// The dynamic shared-memory opt-in of `kern`, once per device (not inside a graph capture).
-template <typename K>
-Status smem_opt_in(K kern, std::atomic<bool> (&done)[64]) {
-  int dev = 0;
-  PT_RETURN_IF_ERROR(ptGetDevice(&dev));
-  if (dev < 0 || dev >= 64 || !done[dev].load(std::memory_order_relaxed)) {
-    PT_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kStageSmem));
-    if (dev >= 0 && dev < 64) done[dev].store(true, std::memory_order_relaxed);
-  }
-  return kOk;
+template <bool E5M2, int R, int MINB>
+void launch_tiles(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* QT, uint8_t* ST, int M,
+                  int N, int tn, int64_t tiles, cudaStream_t stream) {
+  quant_mx_tile_kernel<E5M2, R, MINB>
+      <<<static_cast<unsigned>(tiles), Layout<R>::kThreads, 0, stream>>>(X, Q, S, QT, ST, M, N,
+                                                                           tn);
 }
 
 template <bool E5M2>
@@ -387,29 +387,23 @@ Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, in
   auto* S = static_cast<uint8_t*>(s);
   auto* QT = static_cast<uint8_t*>(qt);
   auto* ST = static_cast<uint8_t*>(st);
-  const int tn = static_cast<int>(tiles_n), tt = static_cast<int>(tiles);
+  const int tn = static_cast<int>(tiles_n);
   const int M = static_cast<int>(m), N = static_cast<int>(n);
-  if (variant == 1) {
-    quant_mx_tile_kernel<E5M2><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
-        X, Q, S, QT, ST, M, N, tn);
-  } else {
-    int sms = 1;
-    const Status st_sm = device_sm_count(&sms);
-    if (st_sm != kOk) return st_sm;
-    const int per_sm = variant == 2 ? 3 : 2;
-    const auto blocks = static_cast<unsigned>(std::min<int64_t>(tiles, per_sm * int64_t{sms}));
-    if (variant == 2) {
-      static std::atomic<bool> done[64];
-      auto* kern = quant_mx_persist_kernel<E5M2, 3>;
-      const Status so = smem_opt_in(kern, done);
-      if (so != kOk) return so;
-      kern<<<blocks, kThreads, kStageSmem, stream>>>(X, Q, S, QT, ST, M, N, tn, tt);
-    } else {
-      static std::atomic<bool> done[64];
-      auto* kern = quant_mx_persist_kernel<E5M2, 2>;
-      const Status so = smem_opt_in(kern, done);
-      if (so != kOk) return so;
-      kern<<<blocks, kThreads, kStageSmem, stream>>>(X, Q, S, QT, ST, M, N, tn, tt);
+  switch (variant) {
+    case 1:  // a
+      launch_tiles<E5M2, 8, 3>(X, Q, S, QT, ST, M, N, tn, tiles, stream);
+      break;
+    case 4:  // d
+      launch_tiles<E5M2, 4, 2>(X, Q, S, QT, ST, M, N, tn, tiles, stream);
+      break;
+    default: {  // e
+      int sms = 1;
+      const Status st_sm = device_sm_count(&sms);
+      if (st_sm != kOk) return st_sm;
+      const auto blocks = static_cast<unsigned>(std::min<int64_t>(tiles, 2 * int64_t{sms}));
+      quant_mx_prefetch_kernel<E5M2><<<blocks, 256, 0, stream>>>(X, Q, S, QT, ST, M, N, tn,
+                                                                 static_cast<int>(tiles));
+      break;
     }
   }
   PT_RETURN_LAUNCH_STATUS();
@@ -422,9 +416,8 @@ bool quant_dual_mx_gpu_available() noexcept { return true; }
 
 Status quant_dual_mx_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                              int64_t n, bool e5m2, int variant, void* stream) noexcept {
-  if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || variant < 1 || variant > 3) {
-    return kBadArgument;
-  }
+  const bool known = variant == 1 || variant == 4 || variant == 5;
+  if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || !known) return kBadArgument;
   if (m == 0 || n == 0) return kOk;
   auto* cs = static_cast<cudaStream_t>(stream);
   return e5m2 ? launch<true>(x, q, s, qt, st, m, n, variant, cs)

@@ -5,8 +5,9 @@ of bf16 inputs on NVIDIA, gives the same bits and scales as the Triton kernel
 unaligned qt rows, several tiles per persistent block), inf/-inf/NaN values, all-NaN / all-inf /
 all-zero rows and columns, e4m3 and e5m2, zero-size inputs; inputs it does not take fall back to
 Triton; the knob is validated; CPU tensors never take it; torch.compile traces (Triton).
-The opt-in CUDA MX dual kernel (csrc/kernels/quant_dual_mx.cu, PRIMUS_TURBO_QUANT_CUDA_MX=a|b|c)
-is held to the same: bitwise the Triton word kernel, every variant (second half of the file)."""
+The CUDA MX dual kernel (csrc/kernels/quant_dual_mx.cu, PRIMUS_TURBO_QUANT_CUDA_MX=a (default) |
+d | e) is held to the same: bitwise the Triton word kernel, every variant (second half of the
+file)."""
 
 from __future__ import annotations
 
@@ -160,15 +161,16 @@ def test_cuda_op_meta():
         torch.ops.primus_turbo_cpp.quant_dual_fp8(y, E4M3, 448.0)
 
 
-# ---- MX dual: the CUDA MXFP8 cast-transpose (csrc/kernels/quant_dual_mx.cu), opt-in by
-# PRIMUS_TURBO_QUANT_CUDA_MX=a|b|c, bitwise the Triton word kernel (PRIMUS_TURBO_QUANT_CUDA_MX=0)
+# ---- MX dual: the CUDA MXFP8 cast-transpose (csrc/kernels/quant_dual_mx.cu), the default on
+# NVIDIA (PRIMUS_TURBO_QUANT_CUDA_MX unset = a; d / e opt-in), bitwise the Triton word kernel
+# (PRIMUS_TURBO_QUANT_CUDA_MX=0)
 
 _KERNEL_MX = _NVIDIA and quant_cuda.cuda_mx_kernel_available()
 _SKIP_GPU_MX = pytest.mark.skipif(
     not _KERNEL_MX,
     reason="needs an NVIDIA GPU and a CUDA build of primus_turbo.pytorch._C with quant_dual_mx_fp8",
 )
-MX_VARIANTS = ["a", "b", "c"]
+MX_VARIANTS = ["a", "d", "e"]
 
 
 def _quant_mx(x, dtype):
@@ -226,9 +228,15 @@ def test_cuda_mx_dual_values(monkeypatch, variant):
 
 @_SKIP_GPU_MX
 def test_cuda_mx_dual_fallback_and_default(monkeypatch):
-    """Unset / 0: the Triton kernel; inputs it does not take run Triton silently."""
+    """Unset: the CUDA kernel (variant a); 0: the Triton kernel; inputs it does not take run
+    Triton silently."""
     x = _input_mx(256, 256, False, "cuda")
     monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA_MX", raising=False)
+    assert quant_cuda.cuda_mx_variant() == 1 and quant_cuda.cuda_mx_dual_on(x, E4M3)
+    with unittest.mock.patch.object(quant_cuda, "quant_dual_mx_cuda", side_effect=RuntimeError):
+        with pytest.raises(RuntimeError):
+            _quant_mx(x, E4M3)
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "0")
     assert not quant_cuda.cuda_mx_dual_on(x, E4M3)
     with unittest.mock.patch.object(quant_cuda, "quant_dual_mx_cuda", side_effect=AssertionError):
         _quant_mx(x, E4M3)
@@ -261,11 +269,13 @@ def test_cuda_mx_dual_compile(monkeypatch):
 def test_cuda_mx_knob(monkeypatch):
     """The knob is validated; CPU tensors never take the kernel."""
     x = _input_mx(64, 128, True, "cpu")
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "d")
-    with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_CUDA_MX"):
-        quant_cuda.cuda_mx_dual_on(x, E4M3)
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "b")
-    assert not quant_cuda.cuda_mx_dual_on(x, E4M3)
+    for bad in ("b", "c", "1"):  # b / c: the round-1 persistent cp.async variants, removed
+        monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", bad)
+        with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_CUDA_MX"):
+            quant_cuda.cuda_mx_dual_on(x, E4M3)
+    for ok in ("a", "d", "e", "A", ""):
+        monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", ok)
+        assert not quant_cuda.cuda_mx_dual_on(x, E4M3)
 
 
 def test_cuda_mx_op_meta():
@@ -283,3 +293,5 @@ def test_cuda_mx_op_meta():
     with pytest.raises(RuntimeError, match="multiples of 32"):
         y = torch.empty(32, 48, dtype=torch.bfloat16, device="meta")
         torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(y, E4M3, 1)
+    with pytest.raises(RuntimeError, match="variant"):
+        torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 2)
