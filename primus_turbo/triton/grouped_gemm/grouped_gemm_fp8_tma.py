@@ -18,10 +18,14 @@ masked store drops; K and the end of each tensor are zero-filled by the hardware
 scale vectors of a tile are loaded before its K loop (their latency hides under the MMAs). fp8
 tiles: ``BLOCK_K = 128``.
 
-Selected by ``PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA`` (``1`` default: this kernel where usable;
-``0``: the pointer kernels of ``grouped_gemm_kernel``, as before session 5) through
-``grouped_gemm_fp8_triton``; ``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG`` (comma-separated config
-names) restricts the tuner's candidates. CUDA sm_90+ only (no TMA on AMD: the pointer path).
+Session 8's ``grouped_gemm_fp8_pre_kernel`` (plans ``f8s``, default, and opt-in ``f8sm``:
+TMA-store epilogue, ragged last tiles moved up inside their group; see its docstring) is what
+the tuner times by default; ``PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL`` (``fp8_kernel_set``)
+selects the plan families. Selected by ``PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA`` (``1`` default:
+these kernels where usable; ``0``: the pointer kernels of ``grouped_gemm_kernel``, as before
+session 5) through ``grouped_gemm_fp8_triton``; ``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG``
+(comma-separated config names) restricts the tuner's candidates. CUDA sm_90+ only (no TMA on
+AMD: the pointer path).
 """
 
 from __future__ import annotations
@@ -44,63 +48,69 @@ from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import (
     zero_tail,
 )
 
-# ---- session 8: the fp8 kernel with the scales loaded before the K loop ----------------------
+# ---- session 8: the fp8 kernel with the TMA-store epilogue (plans f8s / f8sm) -----------------
 
 
 @triton.jit
-def _prefetch_l1(ptrs, mask):
-    """``prefetch.global.L1`` of every address in ``ptrs`` where ``mask`` (inline PTX, sm_90
-    only: the caller guards it with a constexpr); returns zeros the caller must use (an unused
-    result lets the compiler drop the asm)."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L1 [$1]; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
-
-
-@triton.jit
-def _scaled_store(c_ptr, c_desc, acc, sa_ptr, sb_ptr, za, zb, g, row0, col0, stop, N,
+def _scaled_store(c_ptr, c_desc, acc, sa_ptr, sb_ptr, g, row0, col0, stop, N,
                   stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  TMA_STORE: tl.constexpr, EPI_SPLIT: tl.constexpr):  # fmt: skip
-    """``acc * sa[rows, None] * sb[g, None, cols]`` stored at ``(row0, col0)`` in
-    ``EPI_SPLIT`` column slices (each converted and stored on its own): TMA stores of
+                  TMA_STORE: tl.constexpr):  # fmt: skip
+    """``acc * sa[rows, None] * sb[g, None, cols]`` stored at ``(row0, col0)`` in two column
+    halves (each converted and stored on its own: fewer live registers): TMA stores of
     ``c_desc`` with ``TMA_STORE`` (the caller guarantees every row lies in the group; clipped
-    at ``N`` by the hardware), else masked pointer stores (rows ``>= stop`` dropped). ``za`` /
-    ``zb``: zero offsets of the scale loads (the results of the prefetches)."""
+    at ``N`` by the hardware), else masked pointer stores (rows ``>= stop`` dropped)."""
     rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M).to(tl.int64)
     rn = col0 + tl.arange(0, BLOCK_N)
-    sa = tl.load(sa_ptr + rows * stride_sa + za, mask=rows < stop, other=0.0)
-    sb = tl.load(sb_ptr + tl.cast(g, tl.int64) * stride_sbg + rn.to(tl.int64) * stride_sbn + zb,
+    sa = tl.load(sa_ptr + rows * stride_sa, mask=rows < stop, other=0.0)
+    sb = tl.load(sb_ptr + tl.cast(g, tl.int64) * stride_sbg + rn.to(tl.int64) * stride_sbn,
                  mask=rn < N, other=0.0)  # fmt: skip
     acc = acc * sa[:, None] * sb[None, :]
     out = acc.to(c_ptr.dtype.element_ty)
-    if EPI_SPLIT == 2:
-        halves = out.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1)
-        lo_half, hi_half = halves.split()
-        if TMA_STORE:
-            c_desc.store([row0, col0], lo_half)
-            c_desc.store([row0, col0 + BLOCK_N // 2], hi_half)
-        else:
-            masked_store(c_ptr, lo_half, row0, col0, stop, N, stride_cm, stride_cn,
-                         BLOCK_M, BLOCK_N // 2)  # fmt: skip
-            masked_store(c_ptr, hi_half, row0, col0 + BLOCK_N // 2, stop, N,
-                         stride_cm, stride_cn, BLOCK_M, BLOCK_N // 2)  # fmt: skip
-    elif TMA_STORE:
-        c_desc.store([row0, col0], out)
+    halves = out.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1)
+    lo_half, hi_half = halves.split()
+    if TMA_STORE:
+        c_desc.store([row0, col0], lo_half)
+        c_desc.store([row0, col0 + BLOCK_N // 2], hi_half)
     else:
-        masked_store(c_ptr, out, row0, col0, stop, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+        masked_store(c_ptr, lo_half, row0, col0, stop, N, stride_cm, stride_cn,
+                     BLOCK_M, BLOCK_N // 2)  # fmt: skip
+        masked_store(c_ptr, hi_half, row0, col0 + BLOCK_N // 2, stop, N,
+                     stride_cm, stride_cn, BLOCK_M, BLOCK_N // 2)  # fmt: skip
 
 
 @triton.jit
-def _split_table(offs_ptr, M, G, num_pid_n, BLOCK_M: tl.constexpr, G_PAD: tl.constexpr,
-                 BIG: tl.constexpr):  # fmt: skip
-    """``group_table`` over the groups of at least ``BLOCK_M`` rows (``BIG``) or of fewer
-    (the others count no tiles)."""
+def _part_table(offs_ptr, M, G, num_pid_n, BLOCK_M: tl.constexpr, G_PAD: tl.constexpr,
+                PART: tl.constexpr, MIXED: tl.constexpr):  # fmt: skip
+    """The group table (``group_table``) of one part of the walk; ``BLOCK_M`` is the big tile,
+    ``H = BLOCK_M // 2``. Without ``MIXED``: part 0 = groups of ``>= BLOCK_M`` rows, part 2 =
+    the smaller ones (``BLOCK_M``-row tiles). With ``MIXED`` (remainders ``r = rows %
+    BLOCK_M``): part 0 = the ``BLOCK_M``-row tiles of groups of ``>= BLOCK_M`` rows, a
+    remainder ``0 < r <= H`` cut off (``hi - r``); part 1 (``H``-row tiles, TMA-stored) = the
+    groups of ``H .. BLOCK_M - 1`` rows (one or two tiles, the second moved up: two tiles of
+    one shape, bitwise the same rows); part 2 (``H``-row tiles, masked stores) = those
+    remainders (``lo = hi - r``: not moved up over rows a ``BLOCK_M``-row tile, another MMA
+    shape, already wrote) and the groups of ``1 .. H - 1`` rows."""
     gi, lo, hi, first, ends, total = group_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD)
-    tiles = ends - first
-    keep = (hi - lo) >= BLOCK_M if BIG else (hi - lo) < BLOCK_M
-    tiles = tl.where(keep, tiles, 0)
+    n = hi - lo
+    H: tl.constexpr = BLOCK_M // 2
+    if MIXED:
+        r = n % BLOCK_M
+        cut = (n >= BLOCK_M) & (r > 0) & (r <= H)
+        if PART == 0:
+            hi = tl.where(cut, hi - r, hi)
+            mt = tl.where(n >= BLOCK_M, tl.cdiv(hi - lo, BLOCK_M), 0)
+        elif PART == 1:
+            mt = tl.where((n >= H) & (n < BLOCK_M), tl.cdiv(n, H), 0)
+        else:
+            lo = tl.where(cut, hi - r, lo)
+            mt = tl.where(cut | ((n > 0) & (n < H)), 1, 0)
+    else:
+        if PART == 0:
+            mt = tl.where(n >= BLOCK_M, tl.cdiv(n, BLOCK_M), 0)
+        else:
+            mt = tl.where(n < BLOCK_M, tl.cdiv(n, BLOCK_M), 0)
+    tiles = mt * num_pid_n
     ends = tl.cumsum(tiles, axis=0)
     return gi, lo, hi, ends - tiles, ends, tl.sum(tiles, axis=0)
 
@@ -111,13 +121,12 @@ def _tile_loop(a_desc, b_desc, c_ptr, c_desc, sa_ptr, sb_ptr, N, K, num_pid_n,
                pid, num_programs, gi, lo, hi, first, ends, total,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                GROUP_M: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
-               TMA_STORE: tl.constexpr, EPI_SPLIT: tl.constexpr,
-               PREFETCH: tl.constexpr):  # fmt: skip
+               TMA_STORE: tl.constexpr):  # fmt: skip
     """The persistent walk over the table's tiles ``pid, pid + num_programs, ...``. With
-    ``TMA_STORE`` (a table of groups of at least ``BLOCK_M`` rows) a group's ragged last
-    tile is moved up to end at the group's last row: it recomputes rows of the tile before
-    it (the same values, bitwise: same operands, same MMA order) and every store stays in
-    the group, so no tile needs a mask."""
+    ``TMA_STORE`` (every tile fits inside its group) a group's ragged last tile is moved up to
+    end at the group's last row: it recomputes rows of the tile before it (the same values,
+    bitwise: same operands, same MMA order) and every store stays in the group, so no tile
+    needs a mask."""
     k_tiles = tl.cdiv(K, BLOCK_K)
     for t_glob in tl.range(pid, total, num_programs, flatten=FLATTEN):
         g, start, stop, t0 = find_tile(t_glob, gi, lo, hi, first, ends)
@@ -127,15 +136,6 @@ def _tile_loop(a_desc, b_desc, c_ptr, c_desc, sa_ptr, sb_ptr, N, K, num_pid_n,
         if TMA_STORE:
             row0 = tl.minimum(row0, stop - BLOCK_M)
         col0 = pid_n * BLOCK_N
-        if PREFETCH:  # the scales' lines into L1 now, read by the epilogue after the K loop
-            rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M).to(tl.int64)
-            rn = col0 + tl.arange(0, BLOCK_N)
-            za = _prefetch_l1(sa_ptr + rows * stride_sa, rows < stop)
-            zb = _prefetch_l1(sb_ptr + tl.cast(g, tl.int64) * stride_sbg
-                              + rn.to(tl.int64) * stride_sbn, rn < N)  # fmt: skip
-        else:
-            za = tl.zeros((BLOCK_M,), dtype=tl.int32)
-            zb = tl.zeros((BLOCK_N,), dtype=tl.int32)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(0, k_tiles):
             a = a_desc.load([row0, kt * BLOCK_K])
@@ -144,60 +144,61 @@ def _tile_loop(a_desc, b_desc, c_ptr, c_desc, sa_ptr, sb_ptr, N, K, num_pid_n,
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
             acc = tl.dot(a, b.T, acc)
-        # the prefetches' zeros are the epilogue's scale-load offsets (kept alive, carried)
-        _scaled_store(c_ptr, c_desc, acc, sa_ptr, sb_ptr, za, zb, g, row0, col0, stop, N,
+        _scaled_store(c_ptr, c_desc, acc, sa_ptr, sb_ptr, g, row0, col0, stop, N,
                       stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
-                      BLOCK_M, BLOCK_N, TMA_STORE, EPI_SPLIT)  # fmt: skip
+                      BLOCK_M, BLOCK_N, TMA_STORE)  # fmt: skip
 
 
 @triton.jit
 def grouped_gemm_fp8_pre_kernel(
-    a_desc, b_desc, c_ptr, offs_ptr, sa_ptr, sb_ptr, M, N, K, G,
+    a_desc, b_desc, c_ptr, c_desc, offs_ptr, sa_ptr, sb_ptr, M, N, K, G,
     stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn, num_programs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
-    c_desc=None, TMA_STORE: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
-    PREFETCH: tl.constexpr = True,
+    a_desc_h=None, c_desc_h=None, MIXED: tl.constexpr = False,
 ):  # fmt: skip
     """Session-8 plans (``PRE_VARIANTS``): the ``f8tma`` walk (flat persistent loop over the
     in-kernel group table, flattened with its K loop so the next tile's first TMA loads are
-    issued during this tile's epilogue; rows past ``offs[G]`` zeroed by a last loop) with
-    * ``EPI_SPLIT`` 2: the epilogue in two column halves (fewer live registers);
-    * ``PREFETCH``: the tile's scale lines prefetched to L1 at the tile start (in ``f8tma``
-      the scale loads sit in the epilogue after the last MMA: the ttgir of session 7's kernel
-      shows ``tt.load`` of ``sa`` / ``sb`` inside the epilogue branch, one global latency per
-      tile; loading them into registers before the K loop spills: the column scales in the
-      MMA layout take 32 registers per thread);
-    * ``TMA_STORE``: groups of at least ``BLOCK_M`` rows in a first loop whose tiles all leave
-      through TMA stores (the ragged last tile moved up, see ``_tile_loop``), the smaller
-      groups in a second loop with masked stores (a branch between the two stores in one
-      flattened loop fails in Triton 3.6's loop fusion)."""
+    issued during this tile's epilogue; rows past ``offs[G]`` zeroed by a last loop) with a
+    TMA-store epilogue in two column halves: groups of at least ``BLOCK_M`` rows in a first
+    loop whose tiles all leave through TMA stores (the ragged last tile moved up, see
+    ``_tile_loop``), the smaller groups in a last loop with masked stores (a branch between
+    the two stores in one flattened loop fails in Triton 3.6's loop fusion). ``MIXED``
+    (plan ``f8sm``): a group's remainder of at most ``BLOCK_M // 2`` rows (masked stores) and
+    the groups smaller than ``BLOCK_M`` in ``BLOCK_M // 2``-row tiles (descriptors
+    ``a_desc_h`` / ``c_desc_h``), see ``_part_table``: on Qwen3-30B-A3B's 128 experts 6 % of
+    the MMA rows are padding instead of 11 %. Each loop continues the round-robin where the
+    one before ended."""
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    if TMA_STORE:
-        gi, lo, hi, first, ends, total = _split_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD,
-                                                      True)  # fmt: skip
-        _tile_loop(a_desc, b_desc, c_ptr, c_desc, sa_ptr, sb_ptr, N, K, num_pid_n,
+    gi, lo, hi, first, ends, total = _part_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD, 0,
+                                                 MIXED)  # fmt: skip
+    _tile_loop(a_desc, b_desc, c_ptr, c_desc, sa_ptr, sb_ptr, N, K, num_pid_n,
+               stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
+               pid, num_programs, gi, lo, hi, first, ends, total,
+               BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, UPCAST, True)  # fmt: skip
+    pid = (pid + num_programs - total % num_programs) % num_programs
+    if MIXED:
+        gi, lo, hi, first, ends, total = _part_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD,
+                                                     1, True)  # fmt: skip
+        _tile_loop(a_desc_h, b_desc, c_ptr, c_desc_h, sa_ptr, sb_ptr, N, K, num_pid_n,
                    stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
                    pid, num_programs, gi, lo, hi, first, ends, total,
-                   BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, UPCAST, True, EPI_SPLIT,
-                   PREFETCH)  # fmt: skip
-        # the small groups' tiles continue the round-robin where the first loop ended
-        pid2 = (pid + num_programs - total % num_programs) % num_programs
-        gi, lo, hi, first, ends, total = _split_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD,
-                                                      False)  # fmt: skip
-        _tile_loop(a_desc, b_desc, c_ptr, c_desc, sa_ptr, sb_ptr, N, K, num_pid_n,
+                   BLOCK_M // 2, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, UPCAST, True)  # fmt: skip
+        pid = (pid + num_programs - total % num_programs) % num_programs
+        gi, lo, hi, first, ends, total = _part_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD,
+                                                     2, True)  # fmt: skip
+        _tile_loop(a_desc_h, b_desc, c_ptr, c_desc_h, sa_ptr, sb_ptr, N, K, num_pid_n,
                    stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
-                   pid2, num_programs, gi, lo, hi, first, ends, total,
-                   BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, UPCAST, False, EPI_SPLIT,
-                   PREFETCH)  # fmt: skip
+                   pid, num_programs, gi, lo, hi, first, ends, total,
+                   BLOCK_M // 2, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, UPCAST, False)  # fmt: skip
     else:
-        gi, lo, hi, first, ends, total = group_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD)
+        gi, lo, hi, first, ends, total = _part_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD,
+                                                     2, False)  # fmt: skip
         _tile_loop(a_desc, b_desc, c_ptr, c_desc, sa_ptr, sb_ptr, N, K, num_pid_n,
                    stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
                    pid, num_programs, gi, lo, hi, first, ends, total,
-                   BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, UPCAST, False, EPI_SPLIT,
-                   PREFETCH)  # fmt: skip
+                   BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, UPCAST, False)  # fmt: skip
     zero_tail(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
@@ -253,7 +254,9 @@ def fp8_config_filter() -> tuple[str, ...]:
 
 
 def fp8_tma_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
-    """The tuner's candidates: ``f8tma`` and ``f8tmas`` plans, restricted to the names in
+    """The tuner's candidates (``PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL``: ``pre`` default, the
+    session-8 ``f8s`` plans; ``tma`` session 7's ``f8tma`` / ``f8tmas``; ``mixed`` ``f8s`` and
+    ``f8sm``; ``all`` every plan), restricted to the names in
     ``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG`` when set. (Small-expert tiles 64x128 / 128x64,
     timed in H200 call 7.2 on Qwen3-30B-A3B, never won the tuner: removed.)"""
     kernels = fp8_kernel_set()
@@ -262,8 +265,10 @@ def fp8_tma_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
         cands += [("f8tma", cfg) for cfg in fp8_tma_configs(family)]
         cands += [("f8tmas", cfg) for cfg in fp8_tma_configs(family)
                   if _tma_store_cfg(cfg, family)]  # fmt: skip
-    if kernels in ("pre", "all"):
-        cands += pre_plans(family)
+    if kernels in ("pre", "mixed", "all"):
+        cands += [("f8s", cfg) for cfg in pre_configs(family)]
+    if kernels in ("mixed", "all"):
+        cands += [("f8sm", cfg) for cfg in pre_configs(family)]
     names = fp8_config_filter()
     if not names:
         return cands
@@ -277,51 +282,42 @@ def fp8_tma_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
     return kept
 
 
-# Session-8 plans of ``grouped_gemm_fp8_pre_kernel`` (kernel constexprs per plan name).
+# Session-8 plans of ``grouped_gemm_fp8_pre_kernel`` (kernel constexprs per plan name). Measured
+# and removed after H200 call 8.1 (fp8 GEMM alone, graph): f8h (f8tma with the epilogue in two
+# halves), f8ph / f8sp (the scale lines prefetched to L1), the 128x128 two-warpgroup tile
+# capped at 128 registers: at best +0.5-5 % over f8tma where f8s gained 2.6-11 %.
 PRE_VARIANTS = {
-    "f8h": {"TMA_STORE": False, "EPI_SPLIT": 2, "PREFETCH": False},
-    "f8ph": {"TMA_STORE": False, "EPI_SPLIT": 2, "PREFETCH": True},
-    "f8s": {"TMA_STORE": True, "EPI_SPLIT": 2, "PREFETCH": False},
-    "f8sp": {"TMA_STORE": True, "EPI_SPLIT": 2, "PREFETCH": True},
+    "f8s": {"MIXED": False},
+    "f8sm": {"MIXED": True},
 }
 
 
 def _stores_by_tma(variant: str) -> bool:
-    return variant == "f8tmas" or PRE_VARIANTS.get(variant, {}).get("TMA_STORE", False)
+    return variant == "f8tmas" or variant in PRE_VARIANTS
 
 
 def pre_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
     """Tiles of the session-8 kernel: on sm_90 the 128-row tiles of ``fp8_tma_configs`` (the
-    64x256 one never came close: 0.264-0.301 ms vs 0.235-0.251 on Qwen3 down, calls 7.x) and
-    128x128 with TWO warpgroups, registers capped at 128 so that two programs still share an
-    SM (16 warps; 64 accumulator registers per thread: half the epilogue per thread; sm_90
-    AOT: 124-128 registers, no spills, 114.7 KiB shared). Shared memory of the TMA-store
-    plans (16 / 32 KiB staging): 128x128 s3 115224 B (two per SM), 128x256 s3 181272 B, s4
-    230432 B."""
+    64x256 one never came close: 0.264-0.301 ms vs 0.235-0.251 on Qwen3 down, calls 7.x).
+    Shared memory of the TMA-store plans (16 / 32 KiB staging): 128x128 s3 115224 B (two per
+    SM), 128x256 s3 181272 B, s4 230432 B. H200 call 8.1 (graph, vs f8tma 128x128): Qwen3
+    gate_up 128x128 1.026x, down 1.103x; DeepSeek-V3 gate_up 128x256 s3 1.111x."""
     base = fp8_tma_configs(family)
     if family == ArchFamily.CPU:
         return base
-    w8x2 = GemmConfig(128, 128, 128, 8, 8, 3, programs_per_cu=2, extra=(("maxnreg", 128),))
-    return (*[c for c in base if c.block_m == 128], w8x2)
-
-
-def pre_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
-    """Every (plan, tile) of the session-8 kernel; the L1-prefetch plans not on the 128-register
-    tile (they spill there: 2.9-6.2 KB on sm_90)."""
-    capped = lambda cfg: "maxnreg" in dict(cfg.extra)  # noqa: E731
-    return [(v, cfg) for v in PRE_VARIANTS for cfg in pre_configs(family)
-            if not (PRE_VARIANTS[v]["PREFETCH"] and capped(cfg))]  # fmt: skip
+    return tuple(c for c in base if c.block_m == 128)
 
 
 @functools.cache
 def fp8_kernel_set() -> str:
-    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL``: which plans the tuner times. ``tma``
-    (default: session 7's ``f8tma`` / ``f8tmas``), ``pre`` (session 8's ``f8p`` / ``f8ph`` /
-    ``f8s`` / ``f8sp``: see ``grouped_gemm_fp8_pre_kernel``), ``all``
-    (both)."""
+    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL``: which plans the tuner times. ``pre``
+    (default: session 8's ``f8s``, see ``grouped_gemm_fp8_pre_kernel``), ``tma`` (session 7's
+    ``f8tma`` / ``f8tmas``, for A/B), ``mixed`` (``f8s`` and ``f8sm``), ``all``."""
     from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import _env_choice
 
-    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL", "tma", ("tma", "pre", "all"))
+    return _env_choice(
+        "PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL", "pre", ("pre", "tma", "mixed", "all")
+    )
 
 
 def _descriptor_ok(t: torch.Tensor) -> bool:
@@ -358,7 +354,7 @@ def launch_fp8_tma(
     a, b, c, group_offs, sa, sb, cfg: GemmConfig, programs: int, variant: str = "f8tma"
 ) -> None:
     """One launch of plan ``variant`` (``f8tma`` flat TMA kernel, ``f8tmas`` with the TMA-store
-    epilogue)."""
+    epilogue, ``f8s`` / ``f8sm`` the session-8 kernel)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import _interpreting
@@ -370,14 +366,13 @@ def launch_fp8_tma(
               "stride_sbn": sb.stride(1), "SCALED": True}  # fmt: skip
     if variant in PRE_VARIANTS:
         knobs = dict(PRE_VARIANTS[variant])
-        knobs["PREFETCH"] = knobs["PREFETCH"] and not interp  # inline PTX: not interpreted
-        split = knobs["EPI_SPLIT"]
-        knobs["c_desc"] = (
-            TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // split])
-            if knobs["TMA_STORE"] else None
-        )  # fmt: skip
+        c_desc = TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2])
+        if knobs["MIXED"]:  # the half-height tiles' descriptors
+            half = cfg.block_m // 2
+            knobs["a_desc_h"] = TensorDescriptor.from_tensor(a, [half, cfg.block_k])
+            knobs["c_desc_h"] = TensorDescriptor.from_tensor(c, [half, cfg.block_n // 2])
         grouped_gemm_fp8_pre_kernel[(programs,)](
-            a_desc, b_desc, c, group_offs, sa, sb, m, n, k, g, c.stride(0), c.stride(1),
+            a_desc, b_desc, c, c_desc, group_offs, sa, sb, m, n, k, g, c.stride(0), c.stride(1),
             sa.stride(0), sb.stride(0), sb.stride(1), programs,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             G_PAD=triton.next_power_of_2(max(g, 2)), FLATTEN=not interp, UPCAST=interp,
@@ -477,20 +472,25 @@ def aot_specs(target: str) -> list:
                                  grouped_gemm_flat_tma_kernel, sig_s,
                                  {**consts, "TMA_STORE": True, "FLATTEN": False},
                                  cfg.options))  # fmt: skip
-    for variant, cfg in pre_plans(ArchFamily.HOPPER):
-        bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-        knobs = dict(PRE_VARIANTS[variant])
-        sig = {"a_desc": f"tensordesc<fp8e4nv[{bm},{bk}]>",
-               "b_desc": f"tensordesc<fp8e4nv[{bn},{bk}]>", "c_ptr": "*bf16", "offs_ptr": "*i64",
-               "sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32", "N": "i32:16", "K": "i32:16",
-               "G": "i32", "stride_cm": "i32:16", "stride_cn": "i32:1", "stride_sa": "i32",
-               "stride_sbg": "i32:16", "stride_sbn": "i32:1", "num_programs": "i32"}  # fmt: skip
-        consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
-                  "G_PAD": 256, "FLATTEN": True, "UPCAST": False, **knobs}  # fmt: skip
-        if knobs.get("TMA_STORE"):
-            sig["c_desc"] = f"tensordesc<bf16[{bm},{bn // knobs['EPI_SPLIT']}]>"
-        else:
-            consts["c_desc"] = None
-        specs.append(AotSpec(f"grouped_gemm_fp8_{variant}_{cfg.name}",
-                             grouped_gemm_fp8_pre_kernel, sig, consts, cfg.options))  # fmt: skip
+    for variant in PRE_VARIANTS:
+        for cfg in pre_configs(ArchFamily.HOPPER):
+            bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+            sig = {"a_desc": f"tensordesc<fp8e4nv[{bm},{bk}]>",
+                   "b_desc": f"tensordesc<fp8e4nv[{bn},{bk}]>", "c_ptr": "*bf16",
+                   "c_desc": f"tensordesc<bf16[{bm},{bn // 2}]>", "offs_ptr": "*i64",
+                   "sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32", "N": "i32:16",
+                   "K": "i32:16", "G": "i32", "stride_cm": "i32:16", "stride_cn": "i32:1",
+                   "stride_sa": "i32", "stride_sbg": "i32:16", "stride_sbn": "i32:1",
+                   "num_programs": "i32"}  # fmt: skip
+            consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
+                      "G_PAD": 256, "FLATTEN": True, "UPCAST": False,
+                      **PRE_VARIANTS[variant]}  # fmt: skip
+            if PRE_VARIANTS[variant]["MIXED"]:
+                sig["a_desc_h"] = f"tensordesc<fp8e4nv[{bm // 2},{bk}]>"
+                sig["c_desc_h"] = f"tensordesc<bf16[{bm // 2},{bn // 2}]>"
+            else:
+                consts.update(a_desc_h=None, c_desc_h=None)
+            specs.append(AotSpec(f"grouped_gemm_fp8_{variant}_{cfg.name}",
+                                 grouped_gemm_fp8_pre_kernel, sig, consts,
+                                 cfg.options))  # fmt: skip
     return specs
