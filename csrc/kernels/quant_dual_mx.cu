@@ -46,11 +46,16 @@ Status quant_dual_mx_fp8_gpu(const void*, void*, void*, void*, void*, int64_t, i
   return kBadArgument;
 }
 
+Status quant_mx_rows_fp8_gpu(const void*, void*, void*, int64_t, int64_t, bool, void*) noexcept {
+  return kBadArgument;
+}
+
 #else
 
 namespace {
 
 constexpr int kTile = 128;  // rows and columns of a block tile
+constexpr int kRowsMinBlocks = 3;  // the rows kernel (4: 88 B spilled at 64 registers)
 constexpr uint32_t kExpMask = 0x7f807f80u;  // the exponent fields of two bf16
 
 // Two fp32 -> two fp8 bytes (lo in the low byte), round to nearest even, finite values and inf
@@ -176,8 +181,8 @@ __device__ __forceinline__ void load_tile(uint32_t (&d)[R][4], const uint16_t* _
 }
 
 // Everything after the loads of tile (tm, tn). ssm / csm: this tile's 128 x 4 scale bytes of
-// s rows / st rows in shared memory.
-template <bool E5M2, int R>
+// s rows / st rows in shared memory. DUAL = false: the MX rows recipe (q and s only).
+template <bool E5M2, int R, bool DUAL = true>
 __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* ssm, uint32_t* csm,
                                           uint8_t* __restrict__ q, uint8_t* __restrict__ s,
                                           uint8_t* __restrict__ qt, uint8_t* __restrict__ st,
@@ -205,10 +210,12 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
     rk[i] = __vmaxu2(rk[i], __shfl_xor_sync(0xffffffffu, rk[i], 1));
     rk[i] = __vmaxu2(rk[i], __shfl_xor_sync(0xffffffffu, rk[i], 2));
   }
+  if constexpr (DUAL) {
 #pragma unroll
-  for (int sh = R; sh < 32; sh <<= 1) {
+    for (int sh = R; sh < 32; sh <<= 1) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) cm[i] = __vmaxu2(cm[i], __shfl_xor_sync(0xffffffffu, cm[i], sh));
+      for (int i = 0; i < 4; ++i) cm[i] = __vmaxu2(cm[i], __shfl_xor_sync(0xffffffffu, cm[i], sh));
+    }
   }
   uint32_t er[H], ec[4];
 #pragma unroll
@@ -234,7 +241,7 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
       sb[ri] = static_cast<uint8_t>(rw);
       sb[ri + 4] = static_cast<uint8_t>(rw >> 16);
     }
-    if (rq < 4) {
+    if (DUAL && rq < 4) {
       const uint32_t cw = pick4(ec, rq);
       const int ci = (8 * R * wn + 8 * cv + 2 * rq) * 4 + wm;
       cb[ci] = static_cast<uint8_t>(cw);
@@ -248,6 +255,19 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
   // (row j: ra[j][0] columns 0..3, ra[j][1] columns 4..7) and are stored at the end, 8 bytes per
   // row. Store addresses advance one row at a time, opaque to the compiler (hoisted 64-bit
   // addresses would cost registers).
+  if constexpr (!DUAL) {
+    // rows only: row by row, 8 bytes per row straight out (no row bytes kept in registers)
+    uint8_t* qp = q + int64_t{row0} * N + col;
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      const float r = (j & 1) ? mul_hi(er[j >> 1]) : mul_lo(er[j >> 1]);
+      uint32_t b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) b[i] = cvt2<E5M2>(bf_lo(d[j][i]) * r, bf_hi(d[j][i]) * r);
+      if (ok) *reinterpret_cast<uint2*>(qp) = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
+      qp = opaque(qp + N);
+    }
+  } else {
   uint32_t ra[R][2];
   uint8_t* tp = qt + int64_t{col} * M + row0;
 #pragma unroll
@@ -271,16 +291,19 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
         ra[2 * p + 1][i >> 1] = r1;
       }
     }
-    if (ok) st_pairs<R>(tp, tl);
-    tp = opaque(tp + M);
-    if (ok) st_pairs<R>(tp, th);
-    tp = opaque(tp + M);
+    if (DUAL) {
+      if (ok) st_pairs<R>(tp, tl);
+      tp = opaque(tp + M);
+      if (ok) st_pairs<R>(tp, th);
+      tp = opaque(tp + M);
+    }
   }
   uint8_t* qp = q + int64_t{row0} * N + col;
 #pragma unroll
   for (int j = 0; j < R; ++j) {
     if (ok) *reinterpret_cast<uint2*>(qp) = make_uint2(ra[j][0], ra[j][1]);
     qp = opaque(qp + N);
+  }
   }
   __syncthreads();
 
@@ -301,7 +324,7 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
         }
       }
     }
-  } else if (t < 2 * kTile) {
+  } else if (DUAL && t < 2 * kTile) {
     const int c = t - kTile;
     const int n = n0 + c;
     if (n < N) {
@@ -367,6 +390,20 @@ __global__ void __launch_bounds__(256, 2)
 #endif
 }
 
+// The MX rows recipe (q and s only) on variant a's structure.
+template <bool E5M2>
+__global__ void __launch_bounds__(256, kRowsMinBlocks)
+    quant_mx_rows_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
+                         uint8_t* __restrict__ s, int M, int N, int tiles_n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  __shared__ uint32_t ssm[kTile];
+  const int tm = blockIdx.x / tiles_n, tn = blockIdx.x % tiles_n;
+  uint32_t d[8][4];
+  load_tile<8>(d, x, M, N, tm, tn);
+  tile_body<E5M2, 8, false>(d, ssm, nullptr, q, s, nullptr, nullptr, M, N, tm, tn);
+#endif
+}
+
 template <bool E5M2, int R, int MINB>
 void launch_tiles(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* QT, uint8_t* ST, int M,
                   int N, int tn, int64_t tiles, cudaStream_t stream) {
@@ -410,9 +447,29 @@ Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, in
   return kOk;
 }
 
+template <bool E5M2>
+Status launch_rows(const void* x, void* q, void* s, int64_t m, int64_t n, cudaStream_t stream) {
+  const int64_t tiles_m = (m + kTile - 1) / kTile, tiles_n = (n + kTile - 1) / kTile;
+  const int64_t tiles = tiles_m * tiles_n;
+  if (tiles > 0x7fffffff || m > 0x7fffff00 || n > 0x7fffff00) return kBadArgument;
+  quant_mx_rows_kernel<E5M2><<<static_cast<unsigned>(tiles), 256, 0, stream>>>(
+      static_cast<const uint16_t*>(x), static_cast<uint8_t*>(q), static_cast<uint8_t*>(s),
+      static_cast<int>(m), static_cast<int>(n), static_cast<int>(tiles_n));
+  PT_RETURN_LAUNCH_STATUS();
+  return kOk;
+}
+
 }  // namespace
 
 bool quant_dual_mx_gpu_available() noexcept { return true; }
+
+Status quant_mx_rows_fp8_gpu(const void* x, void* q, void* s, int64_t m, int64_t n, bool e5m2,
+                             void* stream) noexcept {
+  if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0) return kBadArgument;
+  if (m == 0 || n == 0) return kOk;
+  auto* cs = static_cast<cudaStream_t>(stream);
+  return e5m2 ? launch_rows<true>(x, q, s, m, n, cs) : launch_rows<false>(x, q, s, m, n, cs);
+}
 
 Status quant_dual_mx_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                              int64_t n, bool e5m2, int variant, void* stream) noexcept {

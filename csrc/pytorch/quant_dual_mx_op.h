@@ -12,10 +12,10 @@
 namespace primus_turbo::pytorch {
 
 // x: contiguous bf16 [M, N], M % 32 == 0, N % 32 == 0; dtype: fp8 e4m3fn or e5m2; variant 1, 4
-// or 5. Returns (M, N).
-inline std::pair<int64_t, int64_t> check_quant_dual_mx(const at::Tensor& x, at::ScalarType dtype,
-                                                       int64_t variant) {
-  const char* op = "primus_turbo_cpp.quant_dual_mx_fp8";
+// or 5 (the rows op passes 1). Returns (M, N).
+inline std::pair<int64_t, int64_t> check_quant_dual_mx(
+    const at::Tensor& x, at::ScalarType dtype, int64_t variant,
+    const char* op = "primus_turbo_cpp.quant_dual_mx_fp8") {
   TORCH_CHECK(x.dim() == 2, op, ": argument 'x' expected a 2-D tensor, got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kBFloat16, op, ": argument 'x' expected dtype bfloat16, got ",
               x.scalar_type());
@@ -28,6 +28,14 @@ inline std::pair<int64_t, int64_t> check_quant_dual_mx(const at::Tensor& x, at::
   TORCH_CHECK(m % 32 == 0 && n % 32 == 0, op,
               ": argument 'x' expected both dims multiples of 32, got ", x.sizes());
   return {m, n};
+}
+
+// (q [M, N], s [M, N/32] uint8): the MX rows recipe, contiguous.
+inline std::tuple<at::Tensor, at::Tensor> alloc_quant_mx_rows(const at::Tensor& x,
+                                                              at::ScalarType dtype) {
+  const int64_t m = x.size(0), n = x.size(1);
+  const auto opts = x.options();
+  return {at::empty({m, n}, opts.dtype(dtype)), at::empty({m, n / 32}, opts.dtype(at::kByte))};
 }
 
 // (q [M, N], s [M, N/32] uint8, qt [N, M], st [N, M/32] uint8), all contiguous.

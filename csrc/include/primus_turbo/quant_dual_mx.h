@@ -27,4 +27,9 @@ bool quant_dual_mx_gpu_available() noexcept;
 Status quant_dual_mx_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                              int64_t n, bool e5m2, int variant, void* stream) noexcept;
 
+// The MX rows recipe (q [M, N] and s [M, N/32] only, bitwise the Triton rows kernel) on the
+// same tile structure (variant 1's layout, 4 blocks per SM).
+Status quant_mx_rows_fp8_gpu(const void* x, void* q, void* s, int64_t m, int64_t n, bool e5m2,
+                             void* stream) noexcept;
+
 }  // namespace primus_turbo

@@ -20,6 +20,9 @@ per SM), ``0`` (the Triton word kernel), opt-in until measured: ``d`` (512-threa
 per lane, 2 blocks per SM) and ``e`` (persistent, 2 blocks per SM, the next tile's loads in
 registers). It takes bf16, contiguous, 16-byte aligned inputs with both
 dims multiples of 32 on NVIDIA sm_89+; everything else (and torch.compile tracing) runs Triton.
+The MX rows recipe (``dual=False``) has the same kernel without q^T
+(``torch.ops.primus_turbo_cpp.quant_mx_rows_fp8``), opt-in until measured:
+``PRIMUS_TURBO_QUANT_CUDA_MX_ROWS=a`` (unset / ``0``: the Triton rows kernel).
 """
 
 from __future__ import annotations
@@ -119,6 +122,46 @@ def cuda_mx_dual_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
         and x.data_ptr() % 16 == 0
         and cuda_mx_kernel_available(x.device.index or 0)
     )
+
+
+def cuda_mx_rows_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether the MX rows recipe of ``x`` (2-D) takes the CUDA kernel
+    (``PRIMUS_TURBO_QUANT_CUDA_MX_ROWS=a``; unset / ``0``: Triton)."""
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_MX_ROWS", "").strip().lower() or "0"
+    if raw not in ("0", "a"):
+        raise ValueError(
+            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX_ROWS expected 0 or a, got {raw!r}"
+        )
+    if raw == "0" or torch.compiler.is_compiling():
+        return False
+    m, n = x.shape
+    return (
+        x.device.type == "cuda"
+        and torch.version.hip is None
+        and x.dtype == torch.bfloat16
+        and dtype in _DTYPES
+        and x.is_contiguous()
+        and m % 32 == 0
+        and n % 32 == 0
+        and max(m, n) < 2**31 - 256
+        and x.data_ptr() % 16 == 0
+        and cuda_mx_kernel_available(x.device.index or 0)
+        and _has_rows_op()
+    )
+
+
+@functools.cache
+def _has_rows_op() -> bool:
+    from primus_turbo.build_info import native_ops
+
+    return hasattr(native_ops(), "quant_mx_rows_fp8")
+
+
+def quant_mx_rows_cuda(x: torch.Tensor, dtype: torch.dtype):
+    """``(q, s)`` in the Triton launcher's layouts."""
+    from primus_turbo.build_info import native_ops
+
+    return tuple(native_ops().quant_mx_rows_fp8(x, dtype))
 
 
 def quant_dual_mx_cuda(x: torch.Tensor, dtype: torch.dtype):
