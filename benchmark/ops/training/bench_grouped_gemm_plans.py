@@ -6,7 +6,7 @@ For each case and GEMM of a training step (``fwd`` = ``a @ b[g]^T``, NT; ``dgrad
 * ``default``: ``grouped_gemm_triton`` / ``variable_k_triton`` as the op runs them (the config
   tuner's choice; its first call, which tunes, is outside the timing);
 * every plan of ``--plans`` forced as the only candidate (``variant:config``, e.g.
-  ``tmae:m128n256k64g8w8s3``; ``--vk-plans`` for the wgrad);
+  ``tma:m128n256k64g16w8s3``; ``--vk-plans`` for the wgrad, e.g. ``tmavs:m256n128k64g8w8s4``);
 * the peers ``grouped_mm`` (``torch._grouped_mm``) and ``loop`` (one ``torch.matmul`` per
   expert with the group sizes known on the host, plus ``torch.cat``: what a plain PyTorch MoE
   layer runs).
@@ -21,7 +21,7 @@ default's (relative max error). Prints per candidate the ms, TFLOPS and the rati
 timing (back-to-back launches, no flush) of every candidate.
 
     python benchmark/ops/training/bench_grouped_gemm_plans.py --models DeepSeek-V3 \\
-        --gemms fwd --plans tmae:m128n256k64g8w8s3,tma:m128n256k128g8w8s2 -o out.csv
+        --gemms wgrad --vk-plans tmavs:m256n128k64g8w8s4,tma:m128n128k64g8w8s3_maxnreg128 -o out.csv
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def _plan(name: str):
 
     variant, _, cfg_name = name.partition(":")
     fams = (ArchFamily.HOPPER, ArchFamily.CPU)
-    cfgs = {c.name: c for f in fams for c in (*gc.grouped_gemm_configs(f), *gc.tma_configs(f))}
+    cfgs = {c.name: c for f in fams
+            for c in (*gc.grouped_gemm_configs(f), *gc.tma_configs(f, wgrad=True))}  # fmt: skip
     if not cfg_name or cfg_name not in cfgs:
         raise ValueError(f"--plans: expected variant:config with config in {sorted(cfgs)}, got "
                          f"{name!r}")  # fmt: skip

@@ -188,7 +188,7 @@ def flat_config_ok(cfg: GemmConfig) -> bool:
     return cfg.num_warps >= 8 or cfg.block_m * cfg.block_n <= 64 * 128
 
 
-def tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
+def tma_configs(family: ArchFamily, wgrad: bool = False) -> tuple[GemmConfig, ...]:
     """Configs of the TMA kernels (flat forward/dgrad walk and wgrad): every tile, since TMA
     loads need no address registers (the flat pointer kernel's one-warpgroup spills do not
     occur: 64x256 w4 182 and 128x128 w4 185 registers on sm_90), plus the 128x256 tile with
@@ -197,22 +197,34 @@ def tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
     if family in (ArchFamily.HOPPER, ArchFamily.OTHER_GPU):
         # + 256x128 with 4 stages for the wgrad (the M-major X tile: 192 KiB ring)
         base = (GemmConfig(128, 256, 64, 8, 8, 4), GemmConfig(256, 128, 64, 8, 8, 4), *base)
-        # + session 8 (opt-in, never a default candidate until measured): BLOCK_K 128 with
-        # 2 stages (the same 192 KiB ring as k64 s4, half the K steps and barriers per tile),
-        # and GROUP_M 16 bands (S8_TILES)
-        base = (*base, *S8_TILES)
+        # + session 8: GROUP_M 16 (a forward/dgrad winner, call 8.1); ``wgrad``: + the
+        # wgrad tiles under test (``S8_VK_TILES``: opt-in)
+        base = (*base, S8_G16, *(S8_VK_TILES if wgrad else ()))
     return base
 
 
-# Session 8: extra TMA tiles (``tma_configs``; selectable by name, e.g.
-# ``PRIMUS_TURBO_GROUPED_GEMM_CONFIG=tma:m128n256k128g8w8s2``, or ``..._CANDIDATES=s8``):
-# BLOCK_K 128 with 2 stages; GROUP_M 16 (a band of 16 row tiles: a DeepSeek-V3 expert's 2048
-# rows, so a wave of 132 programs reads half of the expert's B columns and all its A rows,
-# ~58 MB, instead of 8 row tiles and all of B, ~73 MB, on gate_up).
-S8_TILES = (
-    GemmConfig(128, 256, 128, 8, 8, 2),
-    GemmConfig(256, 128, 128, 8, 8, 2),
-    GemmConfig(128, 256, 64, 16, 8, 3),
+# Session 8: the 128x256 TMA tile walking an expert's row tiles in bands of GROUP_M = 16 (a
+# DeepSeek-V3 expert's 2048 rows: a wave of 132 programs reads half of the expert's B columns
+# and all its A rows, ~58 MB, instead of 8 row tiles and all of B, ~73 MB, on gate_up). H200
+# call 8.1 (graph, interleaved, vs the tuner's default): forward DeepSeek-V3 gate_up 1.063 /
+# down 1.040, Mixtral-8x7B 1.026 / 1.035; dgrad DeepSeek-V3 1.014 / 1.060: a default
+# forward/dgrad candidate (``HOPPER_WINNERS``). (BLOCK_K 128 with 2 stages lost everywhere,
+# 0.82-0.88, and was removed, as were the two-half epilogue plans ``flate`` / ``tmae``:
+# -6%..+4%, never clearly ahead of GROUP_M 16.)
+S8_G16 = GemmConfig(128, 256, 64, 16, 8, 3)
+
+# Session 8 round 2, wgrad tiles (opt-in until measured: ``..._CANDIDATES=s8`` or
+# ``..._VK_CONFIG=tma:<name>``). The variable-K wgrad walks 32 x 7168 x 4096 / (256 x 128)
+# = 28672 tiles of only 2048 / 64 = 32 K steps each on DeepSeek-V3 gate_up (the forward:
+# 8192 tiles of 112 steps), and its loop cannot be flattened (the K trip count is the
+# group's row count), so every tile pays an unhidden epilogue (a 64 KiB bf16 store) and a
+# pipeline refill. ``m128n128k64g8w8s3_maxnreg128``: two warpgroups per 128x128 tile with
+# the registers capped at 128 and 96 KiB of operand ring, so TWO CTAs share an SM and one's
+# epilogue / refill overlaps the other's MMAs; plus GROUP_M 16 bands of the 256x128 /
+# 128x256 tiles (more tiles of one expert's columns in flight per wave).
+S8_VK_TILES = (
+    GemmConfig(128, 128, 64, 8, 8, 3, programs_per_cu=2, extra=(("maxnreg", 128),)),
+    GemmConfig(256, 128, 64, 16, 8, 4),
     GemmConfig(128, 256, 64, 16, 8, 4),
 )
 
@@ -247,7 +259,8 @@ HOPPER_WINNERS_S4_FWD = (
     ("flat", "m128n256k64g8w8s3"),
 )
 HOPPER_WINNERS = {
-    "fwd": HOPPER_WINNERS_S4_FWD,
+    # + session 8: the GROUP_M 16 TMA tile (``S8_G16``, call 8.1)
+    "fwd": (*HOPPER_WINNERS_S4_FWD, ("tma", S8_G16.name)),
     "vk": (
         ("tma", "m256n128k64g8w8s3"),
         ("tma", "m256n128k64g8w8s4"),
@@ -265,31 +278,26 @@ HOPPER_S5_PLANS = {
 # plan kinds of session 5 (opt-in, see HOPPER_S5_PLANS)
 S5_VARIANTS = TMA_EXTRA_VARIANTS
 
-# Session 8 (opt-in until measured): the epilogue sub-tiled into two [BM, BN / 2] masked
-# stores on the flat pointer kernel (``flate``) and the flat TMA kernel (``tmae``), for the
-# 8-warp tiles of at least 128x256 (``_s8_ok``); plus the BLOCK_K 128 TMA tiles
-# (``S8_TILES``). ``PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES=s8`` adds ``HOPPER_S8_PLANS`` to
-# the timed winners.
-S8_VARIANTS = ("flate", "tmae")
+
+def vk_tma_store_cfg_ok(cfg: GemmConfig) -> bool:
+    """Plan ``tmavs`` of the wgrad (TMA-store epilogue, two ``[BM, BN / 2]`` halves through
+    one staging buffer): the 8-warp tiles (4 stages + 32 KiB of staging fit sm_90's 227 KiB
+    at 256x128 / 128x256; the 2-CTA 128x128 tile: 96 + 16 KiB per CTA)."""
+    return cfg.num_warps == 8
+
+
+# Session 8 round 2 (opt-in until measured, ``..._CANDIDATES=s8``): the wgrad tiles
+# ``S8_VK_TILES`` and the TMA-store epilogue ``tmavs`` on them and on the default 256x128 s4.
 HOPPER_S8_PLANS = {
-    "fwd": (
-        ("flate", "m128n256k64g8w8s3"),
-        ("tmae", "m128n256k64g8w8s3"),
-        ("tmae", "m128n256k64g8w8s4"),
-        ("tma", "m128n256k128g8w8s2"),
-        ("tma", "m128n256k64g16w8s3"),
+    "fwd": (),
+    "vk": (
+        *(("tma", cfg.name) for cfg in S8_VK_TILES),
+        *(("tmavs", cfg.name) for cfg in S8_VK_TILES),
+        ("tmavs", "m256n128k64g8w8s4"),
     ),
-    "vk": (("tma", "m256n128k128g8w8s2"), ("tma", "m128n256k128g8w8s2")),
 }
-
-
-def _s8_ok(cfg: GemmConfig) -> bool:
-    return cfg.num_warps == 8 and cfg.block_m * cfg.block_n >= 128 * 256
-
-
-def flate_ok(cfg: GemmConfig) -> bool:
-    """Plan ``flate``: the wide tiles only (256x128 spills on sm_90: 255 registers, AOT)."""
-    return _s8_ok(cfg) and flat_config_ok(cfg) and cfg.block_n >= cfg.block_m
+# plan kinds of the session-8 wgrad (opt-in, see HOPPER_S8_PLANS)
+S8_VK_VARIANTS = ("tmavs",)
 
 
 @functools.cache
@@ -298,8 +306,8 @@ def candidate_set() -> str:
     times only ``HOPPER_WINNERS``; no session-5 plan anywhere, also not for small groups),
     ``s4`` (the same; the name of session 5 round 1), ``s5`` (the winners plus the unverified
     session-5 plans ``HOPPER_S5_PLANS``; every plan, session-5 ones included, for small
-    groups), ``s8`` (the winners plus the session-8 plans ``HOPPER_S8_PLANS``) or ``all``
-    (every plan of the mode, session-5 and session-8 ones included)."""
+    groups), ``s8`` (the winners plus the session-8 wgrad tiles ``HOPPER_S8_PLANS``) or
+    ``all`` (every plan of the mode, session-5 and session-8 ones included)."""
     return _env_choice(
         "PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "winners", ("winners", "s4", "s5", "s8", "all")
     )
@@ -318,8 +326,8 @@ def _winners(plans: list, family: ArchFamily, gemm: str, avg_rows: int) -> list:
     cands = candidate_set()
     if cands not in ("s5", "all"):  # unverified on the GPU: opt-in only
         plans = [p for p in plans if p[0] not in S5_VARIANTS]
-    if cands not in ("s8", "all"):  # session 8: opt-in until measured
-        plans = [p for p in plans if p[0] not in S8_VARIANTS and p[1] not in S8_TILES]
+    if cands not in ("s8", "all") and gemm == "vk":  # session 8 wgrad: opt-in until measured
+        plans = [p for p in plans if p[1] not in S8_VK_TILES and p[0] not in S8_VK_VARIANTS]
     if family != ArchFamily.HOPPER or cands == "all":
         return plans
     if avg_rows < WINNERS_MIN_AVG_ROWS:
@@ -355,15 +363,12 @@ def forward_plans(
     plans = [("table", cfg) for cfg in configs] if table else []
     if mode in ("flat", "tune") or (mode == "tma" and not tma_ok):
         plans += [("flat", cfg) for cfg in configs if flat_config_ok(cfg)]
-        if mode == "tune":  # session 8 (opt-in: ``_winners`` drops it unless s8 / all)
-            plans += [("flate", cfg) for cfg in configs if flate_ok(cfg)]
     if mode in ("tma", "tune") and tma_ok:
         tma = [("tma", cfg) for cfg in tma_configs(family) if trans_b or k % cfg.block_k == 0]
         if tma and mode == "tune":
             store_ok = n is None or n % 8 == 0
             tma += [(v, cfg) for v in TMA_EXTRA_VARIANTS for _, cfg in list(tma)
                     if _tma_extra_ok(cfg) and (store_ok or v == "tman")]  # fmt: skip
-            tma += [("tmae", cfg) for v, cfg in list(tma) if v == "tma" and _s8_ok(cfg)]
         if tma:
             plans += tma
         elif mode == "tma":  # NN with K not a multiple of any tile's BLOCK_K
@@ -386,7 +391,10 @@ def variable_k_plans(
     configs = grouped_gemm_configs(family)
     plans = [("table", cfg) for cfg in configs] if mode in ("table", "tune") or not tma_ok else []
     if mode in ("tma", "tune") and tma_ok:
-        plans += [("tma", cfg) for cfg in tma_configs(family)]
+        plans += [("tma", cfg) for cfg in tma_configs(family, wgrad=True)]
+        if mode == "tune":  # session 8 plan tmavs (opt-in: ``_winners`` drops it unless s8)
+            plans += [("tmavs", cfg) for cfg in tma_configs(family, wgrad=True)
+                      if vk_tma_store_cfg_ok(cfg)]  # fmt: skip
     return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG", family, "vk", avg_rows)
 
 
@@ -397,9 +405,9 @@ def _filtered(plans: list, var: str, family: ArchFamily, gemm: str, avg_rows: in
     if not names:
         tuning = len({v for v, _ in plans}) > 1
         return _winners(plans, family, gemm, avg_rows) if tuning else plans
-    # a bare tile name matches every variant but the session-8 ones (named as ``variant:``)
+    # a bare tile name matches every variant but the wgrad's ``tmavs`` (named ``tmavs:<tile>``)
     kept = [p for p in plans if f"{p[0]}:{p[1].name}" in names
-            or (p[1].name in names and p[0] not in S8_VARIANTS)]  # fmt: skip
+            or (p[1].name in names and not (gemm == "vk" and p[0] in S8_VK_VARIANTS))]  # fmt: skip
     if not kept:
         have = sorted({p[1].name for p in plans} | {f"{p[0]}:{p[1].name}" for p in plans})
         raise ValueError(f"primus_turbo: {var} expected config names in {have}, got {names}")

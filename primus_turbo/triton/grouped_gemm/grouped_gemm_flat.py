@@ -24,25 +24,6 @@ from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import find_tile, group_
 
 
 @triton.jit
-def store_halves(c_ptr, acc, rows, mask_rows, col0, N, stride_cm, stride_cn,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """Epilogue sub-tiling (session 8, plans ``flate`` / ``tmae``): the tile ``acc`` at
-    columns ``col0 ..`` of the int64 ``rows`` as two masked ``[BLOCK_M, BLOCK_N / 2]`` stores
-    (the accumulator split in registers, as the Triton persistent-matmul tutorial's
-    ``EPILOGUE_SUBTILE``): each half's layout conversion needs half the shared-memory scratch
-    of the whole tile, and the first half's stores are in flight while the second converts.
-    ``mask_rows`` ``[BLOCK_M]``: the rows inside the group."""
-    out = acc.to(c_ptr.dtype.element_ty).reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1)
-    lo_half, hi_half = out.split()
-    rn = col0 + tl.arange(0, BLOCK_N // 2)
-    ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
-    tl.store(ptrs, lo_half, mask=mask_rows[:, None] & (rn[None, :] < N))
-    rn_hi = rn + BLOCK_N // 2
-    ptrs_hi = c_ptr + rows[:, None] * stride_cm + rn_hi.to(tl.int64)[None, :] * stride_cn
-    tl.store(ptrs_hi, hi_half, mask=mask_rows[:, None] & (rn_hi[None, :] < N))
-
-
-@triton.jit
 def grouped_gemm_flat_kernel(
     a_ptr, b_ptr, c_ptr, offs_ptr, M, N, K, G,
     stride_am, stride_ak, stride_bg, stride_bk, stride_bn, stride_cm, stride_cn,
@@ -50,7 +31,6 @@ def grouped_gemm_flat_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
     SCALED: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr,
-    EPI_SUBTILE: tl.constexpr = False,
 ):  # fmt: skip
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -79,12 +59,8 @@ def grouped_gemm_flat_kernel(
             bs_base = bs_ptr + g.to(tl.int64) * stride_bsg
             sb = tl.load(bs_base + rn64 * stride_bsn, mask=rn < N, other=0.0)
             acc = acc * sa[:, None] * sb[None, :]
-        if EPI_SUBTILE:  # plan ``flate``: two [BLOCK_M, BLOCK_N / 2] stores
-            store_halves(c_ptr, acc, rows, rm < m_g, pid_n * BLOCK_N, N, stride_cm, stride_cn,
-                         BLOCK_M, BLOCK_N)  # fmt: skip
-        else:
-            c_ptrs = c_ptr + rows[:, None] * stride_cm + rn64[None, :] * stride_cn
-            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
+        c_ptrs = c_ptr + rows[:, None] * stride_cm + rn64[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
     zero_tail(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 

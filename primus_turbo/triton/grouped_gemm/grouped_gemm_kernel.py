@@ -336,14 +336,13 @@ def grouped_gemm_triton(
             return launch_flat_tma(
                 a, b, c, group_offs, trans_b, cfg, programs, flatten, upcast, variant
             )
-        if variant in ("flat", "flate"):  # flate: the epilogue in two halves (session 8)
+        if variant == "flat":
             from primus_turbo.triton.grouped_gemm.grouped_gemm_flat import launch_flat
 
             strides = (a.stride(0), a.stride(1), b.stride(0), sbk, sbn, c.stride(0), c.stride(1))
-            sub = {"EPI_SUBTILE": True} if variant == "flate" else {}
             return launch_flat(
                 a, b, c, group_offs, m, n, k, g, strides, (sa, sb, sa_stride, *sb_strides),
-                cfg, programs, dict(flags, FLATTEN=flatten, **sub),
+                cfg, programs, dict(flags, FLATTEN=flatten),
             )  # fmt: skip
         if use_tma:
             from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import launch_tma
@@ -409,10 +408,16 @@ def variable_k_triton(
         variant, cfg = plan
         tiles = num_groups * -(-p // cfg.block_m) * -(-q // cfg.block_n)
         programs = _programs(tiles, cfg, x.device, family)
-        if variant == "tma":
-            from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import launch_variable_k_tma
+        if variant in ("tma", "tmavs"):  # tmavs: TMA-store epilogue (session 8, opt-in)
+            from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import (
+                launch_variable_k_tma,
+                vk_tma_store_ok,
+            )
 
-            return launch_variable_k_tma(x, y, c, group_offs, num_groups, cfg, programs, upcast)
+            store = variant == "tmavs" and vk_tma_store_ok(c)
+            return launch_variable_k_tma(
+                x, y, c, group_offs, num_groups, cfg, programs, upcast, store
+            )
         variable_k_kernel[(programs,)](
             x,
             y,
@@ -570,21 +575,15 @@ def aot_specs(target: str) -> list[AotSpec]:
 def _flat_aot_specs(target: str, forward_specs: list[AotSpec]) -> list[AotSpec]:
     """The flat variant with every forward spec's signature and config (flattened loop on
     sm_90 only, as launched)."""
-    from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import flate_ok
     from primus_turbo.triton.grouped_gemm.grouped_gemm_flat import grouped_gemm_flat_kernel
 
     out = []
-    cfgs = [cfg for cfg in grouped_gemm_configs(_AOT_FAMILY[target]) if flat_config_ok(cfg)]
+    ok = {cfg.name for cfg in grouped_gemm_configs(_AOT_FAMILY[target]) if flat_config_ok(cfg)}
     for spec in forward_specs:
-        cfg = next((c for c in cfgs if spec.name.endswith(f"_{c.name}")), None)
-        if cfg is None:
+        if not any(spec.name.endswith(f"_{name}") for name in ok):
             continue
-        constexprs = {**spec.constexprs, "FLATTEN": target == "sm_90", "EPI_SUBTILE": False}
+        constexprs = {**spec.constexprs, "FLATTEN": target == "sm_90"}
         name = spec.name.replace("grouped_gemm_", "grouped_gemm_flat_", 1)
         out.append(AotSpec(name, grouped_gemm_flat_kernel, spec.signature, constexprs,
                            spec.options))  # fmt: skip
-        if flate_ok(cfg) and not constexprs["SCALED"]:  # session 8 plan flate (bf16)
-            out.append(AotSpec(name.replace("_flat_", "_flate_", 1), grouped_gemm_flat_kernel,
-                               spec.signature, {**constexprs, "EPI_SUBTILE": True},
-                               spec.options))  # fmt: skip
     return out

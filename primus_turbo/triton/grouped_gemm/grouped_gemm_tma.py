@@ -23,7 +23,6 @@ import triton.language as tl
 from primus_turbo.pytorch.core.checks import env_flag
 from primus_turbo.triton.gemm.gemm_configs import GemmConfig
 from primus_turbo.triton.gemm.gemm_kernel import _tile_coords
-from primus_turbo.triton.grouped_gemm.grouped_gemm_flat import store_halves
 from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import _group_rows
 from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import (
     UNSCALED,
@@ -194,45 +193,21 @@ def grouped_gemm_flat_tma_kernel(
 
 
 @triton.jit
-def grouped_gemm_flat_tma_sub_kernel(
-    a_desc, b_desc, c_ptr, offs_ptr, M, N, K, G, stride_cm, stride_cn, num_programs,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, TRANS_B: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr,
-    UPCAST: tl.constexpr,
-):  # fmt: skip
-    """Session 8, plan ``tmae`` (opt-in): ``grouped_gemm_flat_tma_kernel``'s plain bf16 path
-    (same walk, same TMA K loop) with the epilogue sub-tiled: the tile leaves as two masked
-    ``[BLOCK_M, BLOCK_N / 2]`` pointer stores (``store_halves``). A kernel of its own so the
-    shared kernel's constexprs (and the fp8 plans' compiles) stay as they are."""
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    gi, lo, hi, first, ends, total = group_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD)
-    for t_glob in tl.range(pid, total, num_programs, flatten=FLATTEN):
-        g, start, stop, t0 = find_tile(t_glob, gi, lo, hi, first, ends)
-        pid_m, pid_n = _tile_coords(t_glob - t0, tl.cdiv(stop - start, BLOCK_M), num_pid_n,
-                                    GROUP_M)  # fmt: skip
-        row0 = start + pid_m * BLOCK_M
-        col0 = pid_n * BLOCK_N
-        acc = desc_tile_mma(a_desc, b_desc, g, row0, col0, N, K, k_tiles,
-                            BLOCK_M, BLOCK_N, BLOCK_K, TRANS_B, UPCAST)  # fmt: skip
-        rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M).to(tl.int64)
-        store_halves(c_ptr, acc, rows, rows < stop, col0, N, stride_cm, stride_cn,
-                     BLOCK_M, BLOCK_N)  # fmt: skip
-    zero_tail(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
 def variable_k_tma_kernel(
     x_desc, y_desc, x_ptr, y_ptr, c_ptr, offs_ptr, M, P, Q, G,
     stride_xm, stride_ym, stride_cg, stride_cp, stride_cq, num_programs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr,
+    c_desc=None, TMA_STORE: tl.constexpr = False,
 ):  # fmt: skip
     """``C[g] = X_g^T @ Y_g`` (the wgrad) with TMA loads for the whole ``BLOCK_K``-row steps of
     each group (no mask: they never leave the group) and one masked pointer step for the last
     ``m_g % BLOCK_K`` rows. ``X [M, P]`` and ``Y [M, Q]`` have unit column strides; the X tile
-    arrives as ``[BLOCK_K, BLOCK_M]`` and enters the MMA transposed (an M-major operand)."""
+    arrives as ``[BLOCK_K, BLOCK_M]`` and enters the MMA transposed (an M-major operand).
+    ``TMA_STORE`` (session 8, plan ``tmavs``, opt-in): the tile leaves through ``c_desc``
+    (``[G, P, Q]``, block ``[1, BLOCK_M, BLOCK_N / 2]``: two asynchronous TMA stores of the
+    column halves, the rows / columns past ``P`` / ``Q`` clipped by the descriptor) instead of
+    masked pointer stores, so the store can drain while the next tile's loads start."""
     pid = tl.program_id(0)
     num_pid_p = tl.cdiv(P, BLOCK_M)
     num_pid_q = tl.cdiv(Q, BLOCK_N)
@@ -271,9 +246,16 @@ def variable_k_tma_kernel(
                 x = x.to(tl.float32)
                 y = y.to(tl.float32)
             acc = tl.dot(x, y, acc)
-        c_ptrs = c_ptr + g.to(tl.int64) * stride_cg + rp64[:, None] * stride_cp
-        c_ptrs += rq64[None, :] * stride_cq
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_p & mask_q)
+        if TMA_STORE:
+            half: tl.constexpr = BLOCK_N // 2
+            out = acc.to(c_ptr.dtype.element_ty).reshape(BLOCK_M, 2, half).permute(0, 2, 1)
+            lo_half, hi_half = out.split()
+            c_desc.store([g, p0, q0], lo_half.reshape(1, BLOCK_M, half))
+            c_desc.store([g, p0, q0 + half], hi_half.reshape(1, BLOCK_M, half))
+        else:
+            c_ptrs = c_ptr + g.to(tl.int64) * stride_cg + rp64[:, None] * stride_cp
+            c_ptrs += rq64[None, :] * stride_cq
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_p & mask_q)
 
 
 # ---- launchers of the descriptor kernels (chosen by grouped_gemm_kernel's plans) -------------
@@ -319,9 +301,6 @@ TMA_VARIANTS = {
     "tman": {"N_MAJOR": True},
     "tmasn": {"TMA_STORE": True, "N_MAJOR": True},
 }
-# session 8 (opt-in): plan ``tmae``, the same walk with the epilogue in two halves
-# (``grouped_gemm_flat_tma_sub_kernel``)
-SUB_VARIANT = "tmae"
 
 
 def tma_store_ok(n: int) -> bool:
@@ -336,13 +315,11 @@ def launch_flat_tma(
     ``TMA_VARIANTS``)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    sub = variant == SUB_VARIANT
-    knobs = {} if sub else dict(TMA_VARIANTS[variant])
+    knobs = dict(TMA_VARIANTS[variant])
     if knobs.get("TMA_STORE"):
         knobs["c_desc"] = TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2])
     a_desc, b_desc, m, n, k, g = operand_descs(a, b, trans_b, cfg)
-    kernel = grouped_gemm_flat_tma_sub_kernel if sub else grouped_gemm_flat_tma_kernel
-    kernel[(programs,)](
+    grouped_gemm_flat_tma_kernel[(programs,)](
         a_desc, b_desc, c, group_offs, m, n, k, g, c.stride(0), c.stride(1), programs,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         TRANS_B=trans_b, G_PAD=triton.next_power_of_2(max(g, 2)), FLATTEN=flatten,
@@ -354,20 +331,33 @@ def variable_k_tma_usable(x: torch.Tensor, y: torch.Tensor, scaled: bool) -> boo
     return not scaled and _descriptor_device(x) and _tma_layout_ok(x) and _tma_layout_ok(y)
 
 
-def launch_variable_k_tma(x, y, c, group_offs, num_groups, cfg, programs, upcast) -> None:
-    """``c[g] = x_g^T @ y_g`` with ``variable_k_tma_kernel``."""
+def launch_variable_k_tma(
+    x, y, c, group_offs, num_groups, cfg, programs, upcast, tma_store: bool = False
+) -> None:
+    """``c[g] = x_g^T @ y_g`` with ``variable_k_tma_kernel`` (``tma_store``: plan ``tmavs``,
+    ``c`` fresh and contiguous with 16-byte rows, ``vk_tma_store_ok``)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     m, p = x.shape
     q = y.shape[1]
     x_desc = TensorDescriptor.from_tensor(x, [cfg.block_k, cfg.block_m])
     y_desc = TensorDescriptor.from_tensor(y, [cfg.block_k, cfg.block_n])
+    knobs = {}
+    if tma_store:
+        c_block = [1, cfg.block_m, cfg.block_n // 2]
+        knobs = {"TMA_STORE": True, "c_desc": TensorDescriptor.from_tensor(c, c_block)}
     variable_k_tma_kernel[(programs,)](
         x_desc, y_desc, x, y, c, group_offs, m, p, q, num_groups, x.stride(0), y.stride(0),
         c.stride(0), c.stride(1), c.stride(2), programs,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        UPCAST=upcast, **cfg.options,
+        UPCAST=upcast, **knobs, **cfg.options,
     )  # fmt: skip
+
+
+def vk_tma_store_ok(c: torch.Tensor) -> bool:
+    """Plan ``tmavs`` of the wgrad: a TMA store of ``c [G, P, Q]`` (contiguous, 2-byte
+    elements, 16-byte aligned rows and base)."""
+    return c.is_contiguous() and _tma_layout_ok(c)
 
 
 def aot_specs(target: str) -> list:
@@ -376,9 +366,9 @@ def aot_specs(target: str) -> list:
     from primus_turbo.pytorch.core.platform import ArchFamily
     from primus_turbo.triton.aot import AotSpec
     from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import (
-        _s8_ok,
         _tma_extra_ok,
         tma_configs,
+        vk_tma_store_cfg_ok,
     )
 
     if target != "sm_90":
@@ -395,10 +385,6 @@ def aot_specs(target: str) -> list:
             constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
                           "TRANS_B": trans_b, "G_PAD": 256, "FLATTEN": True,
                           "UPCAST": False}  # fmt: skip
-            if _s8_ok(cfg):  # session 8 plan tmae
-                specs.append(AotSpec(f"grouped_gemm_flat_tma_bf16_{lay}_tmae_{cfg.name}",
-                                     grouped_gemm_flat_tma_sub_kernel, sig, constexprs,
-                                     cfg.options))  # fmt: skip
             for variant, knobs in TMA_VARIANTS.items():
                 if variant != "tma" and not _tma_extra_ok(cfg):
                     continue
@@ -412,13 +398,21 @@ def aot_specs(target: str) -> list:
                 name = f"grouped_gemm_flat_tma_bf16_{lay}_{tag}{cfg.name}"
                 specs.append(AotSpec(name, grouped_gemm_flat_tma_kernel, sig_v, cx,
                                      cfg.options))  # fmt: skip
+    for cfg in tma_configs(ArchFamily.HOPPER, wgrad=True):  # + the session-8 wgrad tiles
+        bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
         sig = {"x_desc": f"tensordesc<bf16[{bk},{bm}]>", "y_desc": f"tensordesc<bf16[{bk},{bn}]>",
                "x_ptr": "*bf16", "y_ptr": "*bf16", "c_ptr": "*bf16", "offs_ptr": "*i64",
                "M": "i32", "P": "i32:16", "Q": "i32:16", "G": "i32", "stride_xm": "i32:16",
                "stride_ym": "i32:16", "stride_cg": "i32:16", "stride_cp": "i32:16",
                "stride_cq": "i32:1", "num_programs": "i32"}  # fmt: skip
         constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
-                      "UPCAST": False}  # fmt: skip
+                      "UPCAST": False, "c_desc": None, "TMA_STORE": False}  # fmt: skip
         specs.append(AotSpec(f"grouped_gemm_variable_k_tma_bf16_{cfg.name}",
                              variable_k_tma_kernel, sig, constexprs, cfg.options))  # fmt: skip
+        if vk_tma_store_cfg_ok(cfg):  # session 8 plan tmavs (opt-in)
+            sig_s = {**sig, "c_desc": f"tensordesc<bf16[1,{bm},{bn // 2}]>"}
+            cx = {k: v for k, v in constexprs.items() if k != "c_desc"}
+            specs.append(AotSpec(f"grouped_gemm_variable_k_tmavs_bf16_{cfg.name}",
+                                 variable_k_tma_kernel, sig_s, {**cx, "TMA_STORE": True},
+                                 cfg.options))  # fmt: skip
     return specs

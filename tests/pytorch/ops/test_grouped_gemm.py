@@ -562,7 +562,7 @@ def test_grouped_gemm_candidates_winners(monkeypatch):
             gc.HOPPER_WINNERS["vk"]
         )
         assert len(gc.variable_k_plans(ArchFamily.HOPPER, "tma", True)) == len(
-            gc.tma_configs(ArchFamily.HOPPER)
+            gc.tma_configs(ArchFamily.HOPPER, wgrad=True)
         )
         few = gc.WINNERS_MIN_AVG_ROWS - 1  # small groups: every plan
         assert len(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, few)) > len(fwd)

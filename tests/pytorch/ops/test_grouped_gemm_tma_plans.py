@@ -92,7 +92,8 @@ def test_grouped_gemm_s5_candidates(monkeypatch):
             vk = names(gc.variable_k_plans(ArchFamily.HOPPER, "tune", True))
             assert vk == set(gc.HOPPER_WINNERS["vk"])
             fwd = names(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True))
-            assert fwd == set(gc.HOPPER_WINNERS_S4_FWD) == set(gc.HOPPER_WINNERS["fwd"])
+            # the session-4 winners + GROUP_M 16 (session 8)
+            assert fwd == set(gc.HOPPER_WINNERS["fwd"]) > set(gc.HOPPER_WINNERS_S4_FWD)
             few = gc.WINNERS_MIN_AVG_ROWS - 1
             small = gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, few)
             assert not kinds(small) & set(gc.S5_VARIANTS)
