@@ -460,6 +460,7 @@ def test_quant_v3_mx_kernels_match_reference(monkeypatch, mx4d, dual, tile):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED", "0")  # MX defaults to the sliced kernel
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_SLICED_MX", "0")
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_WORDS", "0")  # bf16 MX defaults to quant_words
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "0")  # NVIDIA MX dual defaults to CUDA
     for name in ("MX_DUAL", "MX_ROWS", "MX4_DUAL", "MX4_ROWS"):
         if tile:
             monkeypatch.setenv(f"PRIMUS_TURBO_QUANT_TILE_{name}", tile)

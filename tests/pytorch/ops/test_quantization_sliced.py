@@ -23,6 +23,14 @@ _ENV = ("PRIMUS_TURBO_QUANT_SLICED", "PRIMUS_TURBO_QUANT_SLICED_MX", "PRIMUS_TUR
         "PRIMUS_TURBO_QUANT_MAXNREG_WORDS_MX_DUAL")  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def _triton_mx(monkeypatch):
+    """These tests are about the Triton kernels: the CUDA MX kernels (csrc/kernels/
+    quant_dual_mx.cu; the MX dual default on NVIDIA) stay out."""
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "0")
+    monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA_MX_ROWS", raising=False)
+
+
 def _quant(recipe, x, dtype):
     if recipe == "block1x128":
         return quantize_fp8_with_trans(x, dtype, G.BLOCKWISE, block_size=128)
