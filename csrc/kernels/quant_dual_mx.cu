@@ -27,7 +27,9 @@
 // per 256-thread block, 3 blocks per SM (79 registers); 4 (d) = R = 4 rows per lane, 512-thread
 // blocks of 32 x 32 warp tiles, 2 blocks per SM (61 registers, 32 warps); 5 (e) = persistent
 // blocks (2 per SM, 128 registers) that load the next tile into a second register set before
-// this tile's conversions. Needs sm_89+ (fp8 conversions; other archs compile an empty kernel and
+// this tile's conversions; 6 (f) = a with the L2 256-byte prefetch hint on its loads
+// (ld.global.nc.L2::256B: a warp's 128-byte row pieces pull their neighbour warp's half into L2
+// as one 256-byte request). Needs sm_89+ (fp8 conversions; other archs compile an empty kernel and
 // the Python gate never calls it there). ROCm builds compile a stub (AMD keeps the Triton
 // kernels). Nothing here throws.
 #include <algorithm>
@@ -161,7 +163,16 @@ struct Layout {
 
 // The R vectors of this thread in tile (tm, tn), zero outside x (M % 32 == 0: a warp tile's
 // rows are all in or all out; N % 32 == 0: a vector is all in or out).
-template <int R>
+// 16 bytes at p with the L2 256-byte prefetch hint (variant f).
+__device__ __forceinline__ uint4 ld_l2_256(const uint4* p) {
+  uint4 u;
+  asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+               : "l"(p));
+  return u;
+}
+
+template <int R, bool HINT = false>
 __device__ __forceinline__ void load_tile(uint32_t (&d)[R][4], const uint16_t* __restrict__ x,
                                           int M, int N, int tm, int tn) {
   const Layout<R> L;
@@ -172,7 +183,8 @@ __device__ __forceinline__ void load_tile(uint32_t (&d)[R][4], const uint16_t* _
   const int step = N / 8;  // one row in uint4
 #pragma unroll
   for (int j = 0; j < R; ++j) {
-    const uint4 u = ok ? src[j * step] : make_uint4(0u, 0u, 0u, 0u);
+    uint4 u = make_uint4(0u, 0u, 0u, 0u);
+    if (ok) u = HINT ? ld_l2_256(src + j * step) : src[j * step];
     d[j][0] = u.x;
     d[j][1] = u.y;
     d[j][2] = u.z;
@@ -344,7 +356,7 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
 
 // One 128 x 128 tile per block; R rows per lane (8: 256 threads, 4: 512 threads), at least
 // MINB blocks per SM (the register cap).
-template <bool E5M2, int R, int MINB>
+template <bool E5M2, int R, int MINB, bool HINT>
 __global__ void __launch_bounds__(Layout<R>::kThreads, MINB)
     quant_mx_tile_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
                          uint8_t* __restrict__ s, uint8_t* __restrict__ qt,
@@ -353,7 +365,7 @@ __global__ void __launch_bounds__(Layout<R>::kThreads, MINB)
   __shared__ uint32_t ssm[kTile], csm[kTile];
   const int tm = blockIdx.x / tiles_n, tn = blockIdx.x % tiles_n;
   uint32_t d[R][4];
-  load_tile<R>(d, x, M, N, tm, tn);
+  load_tile<R, HINT>(d, x, M, N, tm, tn);
   tile_body<E5M2, R>(d, ssm, csm, q, s, qt, st, M, N, tm, tn);
 #endif
 }
@@ -404,10 +416,10 @@ __global__ void __launch_bounds__(256, kRowsMinBlocks)
 #endif
 }
 
-template <bool E5M2, int R, int MINB>
+template <bool E5M2, int R, int MINB, bool HINT = false>
 void launch_tiles(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* QT, uint8_t* ST, int M,
                   int N, int tn, int64_t tiles, cudaStream_t stream) {
-  quant_mx_tile_kernel<E5M2, R, MINB>
+  quant_mx_tile_kernel<E5M2, R, MINB, HINT>
       <<<static_cast<unsigned>(tiles), Layout<R>::kThreads, 0, stream>>>(X, Q, S, QT, ST, M, N,
                                                                            tn);
 }
@@ -429,6 +441,9 @@ Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, in
   switch (variant) {
     case 1:  // a
       launch_tiles<E5M2, 8, 3>(X, Q, S, QT, ST, M, N, tn, tiles, stream);
+      break;
+    case 6:  // f
+      launch_tiles<E5M2, 8, 3, true>(X, Q, S, QT, ST, M, N, tn, tiles, stream);
       break;
     case 4:  // d
       launch_tiles<E5M2, 4, 2>(X, Q, S, QT, ST, M, N, tn, tiles, stream);
@@ -473,7 +488,7 @@ Status quant_mx_rows_fp8_gpu(const void* x, void* q, void* s, int64_t m, int64_t
 
 Status quant_dual_mx_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                              int64_t n, bool e5m2, int variant, void* stream) noexcept {
-  const bool known = variant == 1 || variant == 4 || variant == 5;
+  const bool known = variant == 1 || (variant >= 4 && variant <= 6);
   if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || !known) return kBadArgument;
   if (m == 0 || n == 0) return kOk;
   auto* cs = static_cast<cudaStream_t>(stream);

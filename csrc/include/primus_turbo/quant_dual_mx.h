@@ -22,8 +22,8 @@ bool quant_dual_mx_gpu_available() noexcept;
 
 // `variant`: 1 = one 128 x 128 tile per 256-thread block (3 blocks per SM), 4 = the same tile per
 // 512-thread block, 4 rows per lane (2 blocks per SM), 5 = persistent blocks (2 per SM) with the
-// next tile's loads in registers during this tile's conversions. `stream`: a cudaStream_t. Runs
-// on the current device.
+// next tile's loads in registers during this tile's conversions, 6 = 1 with the L2 256-byte
+// prefetch hint on the loads. `stream`: a cudaStream_t. Runs on the current device.
 Status quant_dual_mx_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                              int64_t n, bool e5m2, int variant, void* stream) noexcept;
 

@@ -6,7 +6,7 @@ unaligned qt rows, several tiles per persistent block), inf/-inf/NaN values, all
 all-zero rows and columns, e4m3 and e5m2, zero-size inputs; inputs it does not take fall back to
 Triton; the knob is validated; CPU tensors never take it; torch.compile traces (Triton).
 The CUDA MX dual kernel (csrc/kernels/quant_dual_mx.cu, PRIMUS_TURBO_QUANT_CUDA_MX=a (default) |
-d | e) is held to the same: bitwise the Triton word kernel, every variant (second half of the
+d | e | f) is held to the same: bitwise the Triton word kernel, every variant (second half of the
 file)."""
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ _SKIP_GPU_MX = pytest.mark.skipif(
     not _KERNEL_MX,
     reason="needs an NVIDIA GPU and a CUDA build of primus_turbo.pytorch._C with quant_dual_mx_fp8",
 )
-MX_VARIANTS = ["a", "d", "e"]
+MX_VARIANTS = ["a", "d", "e", "f"]
 
 
 def _quant_mx(x, dtype):
@@ -273,7 +273,7 @@ def test_cuda_mx_knob(monkeypatch):
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", bad)
         with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_CUDA_MX"):
             quant_cuda.cuda_mx_dual_on(x, E4M3)
-    for ok in ("a", "d", "e", "A", ""):
+    for ok in ("a", "d", "e", "f", "A", ""):
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", ok)
         assert not quant_cuda.cuda_mx_dual_on(x, E4M3)
 

@@ -17,11 +17,11 @@ The MX dual recipe (``quant_mx(x, dtype, dual=True)``) has a CUDA cast-transpose
 on NVIDIA (H200 call 8.1: 0.818 of copy vs the Triton word kernel 0.787).
 ``PRIMUS_TURBO_QUANT_CUDA_MX`` = ``a`` (unset: one 128x128 tile per 256-thread block, 3 blocks
 per SM), ``0`` (the Triton word kernel), opt-in until measured: ``d`` (512-thread blocks, 4 rows
-per lane, 2 blocks per SM) and ``e`` (persistent, 2 blocks per SM, the next tile's loads in
-registers). It takes bf16, contiguous, 16-byte aligned inputs with both
-dims multiples of 32 on NVIDIA sm_89+; everything else (and torch.compile tracing) runs Triton.
-The MX rows recipe (``dual=False``) has the same kernel without q^T
-(``torch.ops.primus_turbo_cpp.quant_mx_rows_fp8``), opt-in until measured:
+per lane, 2 blocks per SM), ``e`` (persistent, 2 blocks per SM, the next tile's loads in
+registers) and ``f`` (``a`` with the L2 256-byte prefetch hint on its loads). It takes bf16,
+contiguous, 16-byte aligned inputs with both dims multiples of 32 on NVIDIA sm_89+; everything
+else (and torch.compile tracing) runs Triton. The MX rows recipe (``dual=False``) has the same
+kernel without q^T (``torch.ops.primus_turbo_cpp.quant_mx_rows_fp8``), opt-in until measured:
 ``PRIMUS_TURBO_QUANT_CUDA_MX_ROWS=a`` (unset / ``0``: the Triton rows kernel).
 """
 
@@ -76,15 +76,15 @@ def quant_dual_cuda(x: torch.Tensor, dtype: torch.dtype, fmax: float):
     return tuple(native_ops().quant_dual_fp8(x, dtype, float(fmax)))
 
 
-_MX_VARIANTS = {"0": 0, "a": 1, "d": 4, "e": 5}
+_MX_VARIANTS = {"0": 0, "a": 1, "d": 4, "e": 5, "f": 6}
 
 
 def cuda_mx_variant() -> int:
-    """``PRIMUS_TURBO_QUANT_CUDA_MX``: 0 = off, 1 (``a``, the default), 4 (``d``), 5 (``e``)."""
+    """``PRIMUS_TURBO_QUANT_CUDA_MX``: 0 = off, 1 (``a``, the default), 4..6 (``d``..``f``)."""
     raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_MX", "").strip().lower() or "a"
     if raw not in _MX_VARIANTS:
         raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX expected 0, a, d or e, got {raw!r}"
+            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX expected 0, a, d, e or f, got {raw!r}"
         )
     return _MX_VARIANTS[raw]
 
