@@ -282,8 +282,11 @@ S5_VARIANTS = TMA_EXTRA_VARIANTS
 def vk_tma_store_cfg_ok(cfg: GemmConfig) -> bool:
     """Plan ``tmavs`` of the wgrad (TMA-store epilogue, two ``[BM, BN / 2]`` halves through
     one staging buffer): the 8-warp tiles (4 stages + 32 KiB of staging fit sm_90's 227 KiB
-    at 256x128 / 128x256; the 2-CTA 128x128 tile: 96 + 16 KiB per CTA)."""
-    return cfg.num_warps == 8
+    at 256x128 / 128x256; the 2-CTA 128x128 tile: 96 + 16 KiB per CTA) and the 2-CTA 128x128
+    one-warpgroup tile (the DeepSeek-V3 down wgrad's default pick)."""
+    return cfg.num_warps == 8 or (
+        cfg.programs_per_cu == 2 and cfg.block_m * cfg.block_n >= 128 * 128
+    )
 
 
 # Session 8 round 2 (opt-in until measured, ``..._CANDIDATES=s8``): the wgrad tiles
@@ -294,6 +297,7 @@ HOPPER_S8_PLANS = {
         *(("tma", cfg.name) for cfg in S8_VK_TILES),
         *(("tmavs", cfg.name) for cfg in S8_VK_TILES),
         ("tmavs", "m256n128k64g8w8s4"),
+        ("tmavs", "m128n128k64g8w4s3"),
     ),
 }
 # plan kinds of the session-8 wgrad (opt-in, see HOPPER_S8_PLANS)
