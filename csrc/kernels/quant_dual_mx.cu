@@ -161,8 +161,6 @@ struct Layout {
   }
 };
 
-// The R vectors of this thread in tile (tm, tn), zero outside x (M % 32 == 0: a warp tile's
-// rows are all in or all out; N % 32 == 0: a vector is all in or out).
 // 16 bytes at p with the L2 256-byte prefetch hint (variant f).
 __device__ __forceinline__ uint4 ld_l2_256(const uint4* p) {
   uint4 u;
@@ -172,6 +170,8 @@ __device__ __forceinline__ uint4 ld_l2_256(const uint4* p) {
   return u;
 }
 
+// The R vectors of this thread in tile (tm, tn), zero outside x (M % 32 == 0: a warp tile's
+// rows are all in or all out; N % 32 == 0: a vector is all in or out); HINT: variant f's loads.
 template <int R, bool HINT = false>
 __device__ __forceinline__ void load_tile(uint32_t (&d)[R][4], const uint16_t* __restrict__ x,
                                           int M, int N, int tm, int tn) {
