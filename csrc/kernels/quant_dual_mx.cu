@@ -5,10 +5,10 @@
 // Designed for MX (the 1x128 kernel's MX mode lost, session 7): a block of 256 threads takes a
 // 128 x 128 tile as 8 independent warp tiles of 32 rows x 64 columns (4 along M, 2 along N).
 // Lane (rq = lane / 8, cv = lane % 8) holds the 8 consecutive rows 8 rq .. +7 of the 8 columns
-// 8 cv .. +7 (8 loads of 16 bytes: one instruction reads 4 rows x 128 bytes; variant d: R = 4
-// rows per lane, see Layout). So both MX blocks
-// reduce inside the warp: a row block (32 columns) is a quad of lanes (2 shuffle steps), a column
-// block (32 rows) the 4 lanes of one cv (2 steps); no shared-memory round trip for any amax.
+// 8 cv .. +7 (8 loads of 16 bytes: one instruction reads 4 rows x 128 bytes). So both MX
+// blocks reduce inside the warp: a row block (32 columns) is a quad of lanes (2 shuffle steps),
+// a column block (32 rows) the 4 lanes of one cv (2 steps); no shared-memory round trip for any
+// amax.
 // Amax works on exponent fields only (E8M0 needs nothing else): key = bits & 0x7f807f80 for two
 // bf16 at once, packed maxima with __vmaxu2; a thread that saw an exponent of 255 (inf/NaN)
 // redoes its maxima with those keys zeroed (rare). Scale math is integer: eb = max(e - EMAX, 0),
@@ -18,21 +18,22 @@
 // sectors per 4 lanes, no shared tile); the row bytes collect in registers and leave as 8 bytes
 // per row (a warp store covers 4 rows x 64 bytes). Scales go through 1 KB of shared memory so
 // each row of s and of st gets one 4-byte store per tile (256 stores per tile instead of 1024
-// single bytes), one __syncthreads per tile (double-buffered in the persistent variants).
+// single bytes), one __syncthreads per tile (g: two, see quant_mx_pipe_kernel).
 // sm_90 SASS per element (main path, 752 per thread and tile incl. the unexecuted byte-wise
 // edge stores): 2 FMUL, 1 unpack, 1 F2FP (two outputs), 0.5 exponent mask, ~0.9 packed max,
 // ~0.5 PRMT; 80 registers, no spill (the Triton word kernel: 11.75 per element, 96 registers).
-// Variants (PRIMUS_TURBO_QUANT_CUDA_MX; H200 call 8.1: a 0.818 of copy vs Triton 0.787, the
-// round-1 persistent cp.async variants 0.801 / 0.792 and removed): 1 (a, the default) = one tile
-// per 256-thread block, 3 blocks per SM (79 registers); 4 (d) = R = 4 rows per lane, 512-thread
-// blocks of 32 x 32 warp tiles, 2 blocks per SM (61 registers, 32 warps); 5 (e) = persistent
-// blocks (2 per SM, 128 registers) that load the next tile into a second register set before
-// this tile's conversions; 6 (f) = a with the L2 256-byte prefetch hint on its loads
-// (ld.global.nc.L2::256B: a warp's 128-byte row pieces pull their neighbour warp's half into L2
-// as one 256-byte request). Needs sm_89+ (fp8 conversions; other archs compile an empty kernel and
+// Variants (PRIMUS_TURBO_QUANT_CUDA_MX; H200 call 8.2, x of copy, 4 shapes: a 0.816, Triton
+// 0.787 in call 8.1): 1 (a, the default) = one tile per 256-thread block, 3 blocks per SM (79
+// registers); 7 (g, opt-in) = a's warp-local amax and E8M0 math with quant_dual.cu's pipeline
+// and store side: persistent blocks (2 per SM) that load the next tile by cp.async into a second
+// 32 KB shared stage, q^T through a 16 KB XOR-swizzled shared tile leaving as 16-byte rows.
+// Removed after call 8.2: d (512-thread blocks, 4 rows per lane: 0.751), e (persistent, next
+// tile in registers: 0.777), f (a with ld.global.nc.L2::256B: 0.810), the rows kernel (0.834
+// vs Triton 0.875). Needs sm_89+ (fp8 conversions; other archs compile an empty kernel and
 // the Python gate never calls it there). ROCm builds compile a stub (AMD keeps the Triton
 // kernels). Nothing here throws.
 #include <algorithm>
+#include <atomic>
 
 #include "primus_turbo/device.h"
 #include "primus_turbo/quant_dual_mx.h"
@@ -48,16 +49,11 @@ Status quant_dual_mx_fp8_gpu(const void*, void*, void*, void*, void*, int64_t, i
   return kBadArgument;
 }
 
-Status quant_mx_rows_fp8_gpu(const void*, void*, void*, int64_t, int64_t, bool, void*) noexcept {
-  return kBadArgument;
-}
-
 #else
 
 namespace {
 
 constexpr int kTile = 128;  // rows and columns of a block tile
-constexpr int kRowsMinBlocks = 3;  // the rows kernel (4: 88 B spilled at 64 registers)
 constexpr uint32_t kExpMask = 0x7f807f80u;  // the exponent fields of two bf16
 
 // Two fp32 -> two fp8 bytes (lo in the low byte), round to nearest even, finite values and inf
@@ -161,18 +157,9 @@ struct Layout {
   }
 };
 
-// 16 bytes at p with the L2 256-byte prefetch hint (variant f).
-__device__ __forceinline__ uint4 ld_l2_256(const uint4* p) {
-  uint4 u;
-  asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-               : "l"(p));
-  return u;
-}
-
 // The R vectors of this thread in tile (tm, tn), zero outside x (M % 32 == 0: a warp tile's
-// rows are all in or all out; N % 32 == 0: a vector is all in or out); HINT: variant f's loads.
-template <int R, bool HINT = false>
+// rows are all in or all out; N % 32 == 0: a vector is all in or out).
+template <int R>
 __device__ __forceinline__ void load_tile(uint32_t (&d)[R][4], const uint16_t* __restrict__ x,
                                           int M, int N, int tm, int tn) {
   const Layout<R> L;
@@ -184,7 +171,7 @@ __device__ __forceinline__ void load_tile(uint32_t (&d)[R][4], const uint16_t* _
 #pragma unroll
   for (int j = 0; j < R; ++j) {
     uint4 u = make_uint4(0u, 0u, 0u, 0u);
-    if (ok) u = HINT ? ld_l2_256(src + j * step) : src[j * step];
+    if (ok) u = src[j * step];
     d[j][0] = u.x;
     d[j][1] = u.y;
     d[j][2] = u.z;
@@ -192,13 +179,27 @@ __device__ __forceinline__ void load_tile(uint32_t (&d)[R][4], const uint16_t* _
   }
 }
 
+// The 8 q^T bytes b (rows m .. m + 7 of tile column nl) into g's shared q^T tile: 128 rows (n) of
+// 8 16-byte chunks (m), chunk c of row nl at c ^ (nl / 8 % 8). A half-warp's 8-byte stores (8
+// columns nl = 8 cv + k, one chunk, two halves) hit 16 distinct 8-byte bank pairs; a quarter-
+// warp reading one row's 8 chunks for the global store hits 8 distinct chunks.
+__device__ __forceinline__ int qt_slot(int nl, int chunk) {
+  return nl * 8 + (chunk ^ ((nl >> 3) & 7));
+}
+
+__device__ __forceinline__ void qt_put(uint4* tsm, int nl, int m, const uint32_t (&b)[4]) {
+  auto* p = reinterpret_cast<uint2*>(tsm + qt_slot(nl, m >> 4)) + ((m >> 3) & 1);
+  *p = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
+}
+
 // Everything after the loads of tile (tm, tn). ssm / csm: this tile's 128 x 4 scale bytes of
-// s rows / st rows in shared memory. DUAL = false: the MX rows recipe (q and s only).
-template <bool E5M2, int R, bool DUAL = true>
+// s rows / st rows in shared memory. tsm (variant g): q^T goes to this shared tile (see qt_put;
+// the caller stores it after the barrier) instead of 8-byte global stores from registers.
+template <bool E5M2, int R, bool SQT = false>
 __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* ssm, uint32_t* csm,
                                           uint8_t* __restrict__ q, uint8_t* __restrict__ s,
                                           uint8_t* __restrict__ qt, uint8_t* __restrict__ st,
-                                          int M, int N, int tm, int tn) {
+                                          int M, int N, int tm, int tn, uint4* tsm = nullptr) {
   constexpr int EMAX = E5M2 ? 15 : 8;
   constexpr int H = R / 2;  // row pairs per lane
   const Layout<R> L;
@@ -222,12 +223,10 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
     rk[i] = __vmaxu2(rk[i], __shfl_xor_sync(0xffffffffu, rk[i], 1));
     rk[i] = __vmaxu2(rk[i], __shfl_xor_sync(0xffffffffu, rk[i], 2));
   }
-  if constexpr (DUAL) {
 #pragma unroll
-    for (int sh = R; sh < 32; sh <<= 1) {
+  for (int sh = R; sh < 32; sh <<= 1) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) cm[i] = __vmaxu2(cm[i], __shfl_xor_sync(0xffffffffu, cm[i], sh));
-    }
+    for (int i = 0; i < 4; ++i) cm[i] = __vmaxu2(cm[i], __shfl_xor_sync(0xffffffffu, cm[i], sh));
   }
   uint32_t er[H], ec[4];
 #pragma unroll
@@ -253,7 +252,7 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
       sb[ri] = static_cast<uint8_t>(rw);
       sb[ri + 4] = static_cast<uint8_t>(rw >> 16);
     }
-    if (DUAL && rq < 4) {
+    if (rq < 4) {
       const uint32_t cw = pick4(ec, rq);
       const int ci = (8 * R * wn + 8 * cv + 2 * rq) * 4 + wm;
       cb[ci] = static_cast<uint8_t>(cw);
@@ -267,19 +266,6 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
   // (row j: ra[j][0] columns 0..3, ra[j][1] columns 4..7) and are stored at the end, 8 bytes per
   // row. Store addresses advance one row at a time, opaque to the compiler (hoisted 64-bit
   // addresses would cost registers).
-  if constexpr (!DUAL) {
-    // rows only: row by row, 8 bytes per row straight out (no row bytes kept in registers)
-    uint8_t* qp = q + int64_t{row0} * N + col;
-#pragma unroll
-    for (int j = 0; j < R; ++j) {
-      const float r = (j & 1) ? mul_hi(er[j >> 1]) : mul_lo(er[j >> 1]);
-      uint32_t b[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) b[i] = cvt2<E5M2>(bf_lo(d[j][i]) * r, bf_hi(d[j][i]) * r);
-      if (ok) *reinterpret_cast<uint2*>(qp) = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
-      qp = opaque(qp + N);
-    }
-  } else {
   uint32_t ra[R][2];
   uint8_t* tp = qt + int64_t{col} * M + row0;
 #pragma unroll
@@ -303,7 +289,11 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
         ra[2 * p + 1][i >> 1] = r1;
       }
     }
-    if (DUAL) {
+    if constexpr (SQT) {
+      const int nl = 8 * R * wn + 8 * cv + 2 * i, ml = 32 * wm + R * rq;
+      qt_put(tsm, nl, ml, tl);
+      qt_put(tsm, nl + 1, ml, th);
+    } else {
       if (ok) st_pairs<R>(tp, tl);
       tp = opaque(tp + M);
       if (ok) st_pairs<R>(tp, th);
@@ -315,7 +305,6 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
   for (int j = 0; j < R; ++j) {
     if (ok) *reinterpret_cast<uint2*>(qp) = make_uint2(ra[j][0], ra[j][1]);
     qp = opaque(qp + N);
-  }
   }
   __syncthreads();
 
@@ -336,7 +325,7 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
         }
       }
     }
-  } else if (DUAL && t < 2 * kTile) {
+  } else if (t < 2 * kTile) {
     const int c = t - kTile;
     const int n = n0 + c;
     if (n < N) {
@@ -356,7 +345,7 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
 
 // One 128 x 128 tile per block; R rows per lane (8: 256 threads, 4: 512 threads), at least
 // MINB blocks per SM (the register cap).
-template <bool E5M2, int R, int MINB, bool HINT>
+template <bool E5M2, int R, int MINB>
 __global__ void __launch_bounds__(Layout<R>::kThreads, MINB)
     quant_mx_tile_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
                          uint8_t* __restrict__ s, uint8_t* __restrict__ qt,
@@ -365,61 +354,90 @@ __global__ void __launch_bounds__(Layout<R>::kThreads, MINB)
   __shared__ uint32_t ssm[kTile], csm[kTile];
   const int tm = blockIdx.x / tiles_n, tn = blockIdx.x % tiles_n;
   uint32_t d[R][4];
-  load_tile<R, HINT>(d, x, M, N, tm, tn);
+  load_tile<R>(d, x, M, N, tm, tn);
   tile_body<E5M2, R>(d, ssm, csm, q, s, qt, st, M, N, tm, tn);
 #endif
 }
 
-// Persistent blocks (2 per SM, 256 threads, R = 8) walking tiles blockIdx.x, + gridDim.x, ...:
-// the next tile's 8 vectors are loaded into a second register set before this tile's math, so
-// 32 KB per block stay in flight while it computes (no shared-memory stage, unlike the lost
-// cp.async variants of round 1).
+// Variant g: the 128 x 128 bf16 tile `tile` into stg (row r, 16-byte chunk c at stg[16 r + c]:
+// 16 threads per 256-byte row, coalesced), zero-filled outside x; one cp.async group.
+__device__ __forceinline__ void issue_mx_tile(uint4* stg, const uint16_t* x, int M, int N,
+                                              int tiles_n, int tile) {
+  const int t = threadIdx.x, c = t & 15;
+  const int m0 = (tile / tiles_n) * kTile, col = (tile % tiles_n) * kTile + 8 * c;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int r = (t >> 4) + 16 * k;
+    const bool ok = m0 + r < M && col < N;
+    const uint16_t* src = ok ? x + int64_t{m0 + r} * N + col : x;
+    const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(stg + 16 * r + c));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(ok ? 16 : 0));
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+constexpr int kStageSmem = 2 * kTile * kTile * 2;  // two bf16 tiles: 64 KB (dynamic)
+
+// Variant g: persistent blocks (2 per SM, 256 threads) walking tiles blockIdx.x, + gridDim.x,
+// ...; the next tile's cp.async runs while this one is processed (a's lane layout read from the
+// stage: a quarter-warp reads one row's 128 contiguous bytes, conflict-free); q^T leaves the
+// swizzled shared tile as 16-byte stores (8 lanes per 128-byte row piece of q^T).
 template <bool E5M2>
 __global__ void __launch_bounds__(256, 2)
-    quant_mx_prefetch_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
-                             uint8_t* __restrict__ s, uint8_t* __restrict__ qt,
-                             uint8_t* __restrict__ st, int M, int N, int tiles_n, int tiles) {
+    quant_mx_pipe_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
+                         uint8_t* __restrict__ s, uint8_t* __restrict__ qt,
+                         uint8_t* __restrict__ st, int M, int N, int tiles_n, int tiles) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  __shared__ uint32_t ssm[2][kTile], csm[2][kTile];  // by tile parity: one barrier per tile
+  extern __shared__ uint4 stage[];  // [2][128 rows][16 chunks]
+  __shared__ uint4 tsm[kTile * 8];  // q^T tile: 128 rows (n) x 8 chunks of 16 m (qt_slot)
+  __shared__ uint32_t ssm[kTile], csm[kTile];
+  const int t = threadIdx.x;
+  const Layout<8> L;
   int tile = blockIdx.x;
-  uint32_t d[8][4];
-  // a tile index past the end gives rows >= M: no loads (zeros)
-  load_tile<8>(d, x, M, N, tile / tiles_n, tile % tiles_n);
-  for (int i = 0; tile < tiles; i ^= 1) {
+  if (tile < tiles) issue_mx_tile(stage, x, M, N, tiles_n, tile);
+  for (int i = 0; tile < tiles; ++i, tile += gridDim.x) {
     const int next = tile + static_cast<int>(gridDim.x);
-    const int pf = next < tiles ? next : tiles;  // past the end: rows >= M, no loads
-    uint32_t nx[8][4];
-    load_tile<8>(nx, x, M, N, pf / tiles_n, pf % tiles_n);
-    const int tm = tile / tiles_n;
-    tile_body<E5M2, 8>(d, ssm[i], csm[i], q, s, qt, st, M, N, tm, tile - tm * tiles_n);
+    if (next < tiles) {
+      issue_mx_tile(stage + ((i + 1) & 1) * kTile * 16, x, M, N, tiles_n, next);
+    } else {
+      asm volatile("cp.async.commit_group;\n" ::);
+    }
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    // this tile's chunks (other threads' copies) landed; the previous tile's tsm / ssm / csm
+    // reads are done before anyone writes them again
+    __syncthreads();
+    const uint4* cur =
+        stage + (i & 1) * kTile * 16 + (32 * L.wm + 8 * L.rq) * 16 + 8 * L.wn + L.cv;
+    uint32_t d[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) d[j][k] = nx[j][k];
+      const uint4 u = cur[16 * j];
+      d[j][0] = u.x;
+      d[j][1] = u.y;
+      d[j][2] = u.z;
+      d[j][3] = u.w;
     }
-    tile = next;
+    const int tm = tile / tiles_n, tn = tile - tm * tiles_n;
+    tile_body<E5M2, 8, true>(d, ssm, csm, q, s, qt, st, M, N, tm, tn, tsm);  // ends in a barrier
+    // q^T: 1024 chunks, thread t the chunks t + 256 k (row nl = chunk / 8, m chunk chunk % 8)
+    const int m0 = tm * kTile, n0 = tn * kTile;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int u = t + 256 * k, nl = u >> 3, c = u & 7;
+      const uint4 v = tsm[qt_slot(nl, c)];
+      if (n0 + nl < N && m0 + 16 * c < M) {
+        *reinterpret_cast<uint4*>(qt + int64_t{n0 + nl} * M + m0 + 16 * c) = v;
+      }
+    }
   }
 #endif
 }
 
-// The MX rows recipe (q and s only) on variant a's structure.
-template <bool E5M2>
-__global__ void __launch_bounds__(256, kRowsMinBlocks)
-    quant_mx_rows_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
-                         uint8_t* __restrict__ s, int M, int N, int tiles_n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  __shared__ uint32_t ssm[kTile];
-  const int tm = blockIdx.x / tiles_n, tn = blockIdx.x % tiles_n;
-  uint32_t d[8][4];
-  load_tile<8>(d, x, M, N, tm, tn);
-  tile_body<E5M2, 8, false>(d, ssm, nullptr, q, s, nullptr, nullptr, M, N, tm, tn);
-#endif
-}
-
-template <bool E5M2, int R, int MINB, bool HINT = false>
+template <bool E5M2, int R, int MINB>
 void launch_tiles(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* QT, uint8_t* ST, int M,
                   int N, int tn, int64_t tiles, cudaStream_t stream) {
-  quant_mx_tile_kernel<E5M2, R, MINB, HINT>
+  quant_mx_tile_kernel<E5M2, R, MINB>
       <<<static_cast<unsigned>(tiles), Layout<R>::kThreads, 0, stream>>>(X, Q, S, QT, ST, M, N,
                                                                            tn);
 }
@@ -438,38 +456,25 @@ Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, in
   auto* ST = static_cast<uint8_t*>(st);
   const int tn = static_cast<int>(tiles_n);
   const int M = static_cast<int>(m), N = static_cast<int>(n);
-  switch (variant) {
-    case 1:  // a
-      launch_tiles<E5M2, 8, 3>(X, Q, S, QT, ST, M, N, tn, tiles, stream);
-      break;
-    case 6:  // f
-      launch_tiles<E5M2, 8, 3, true>(X, Q, S, QT, ST, M, N, tn, tiles, stream);
-      break;
-    case 4:  // d
-      launch_tiles<E5M2, 4, 2>(X, Q, S, QT, ST, M, N, tn, tiles, stream);
-      break;
-    default: {  // e
-      int sms = 1;
-      const Status st_sm = device_sm_count(&sms);
-      if (st_sm != kOk) return st_sm;
-      const auto blocks = static_cast<unsigned>(std::min<int64_t>(tiles, 2 * int64_t{sms}));
-      quant_mx_prefetch_kernel<E5M2><<<blocks, 256, 0, stream>>>(X, Q, S, QT, ST, M, N, tn,
-                                                                 static_cast<int>(tiles));
-      break;
+  if (variant == 1) {  // a
+    launch_tiles<E5M2, 8, 3>(X, Q, S, QT, ST, M, N, tn, tiles, stream);
+  } else {  // g: 64 KB dynamic + 17 KB static shared memory per block
+    auto* kern = quant_mx_pipe_kernel<E5M2>;
+    // the opt-in once per device and instantiation (not again inside a CUDA graph capture)
+    static std::atomic<bool> smem_set[64];
+    int dev = 0;
+    PT_RETURN_IF_ERROR(ptGetDevice(&dev));
+    if (dev < 0 || dev >= 64 || !smem_set[dev].load(std::memory_order_relaxed)) {
+      PT_RETURN_IF_ERROR(
+          cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kStageSmem));
+      if (dev >= 0 && dev < 64) smem_set[dev].store(true, std::memory_order_relaxed);
     }
+    int sms = 1;
+    const Status st_sm = device_sm_count(&sms);
+    if (st_sm != kOk) return st_sm;
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>(tiles, 2 * int64_t{sms}));
+    kern<<<blocks, 256, kStageSmem, stream>>>(X, Q, S, QT, ST, M, N, tn, static_cast<int>(tiles));
   }
-  PT_RETURN_LAUNCH_STATUS();
-  return kOk;
-}
-
-template <bool E5M2>
-Status launch_rows(const void* x, void* q, void* s, int64_t m, int64_t n, cudaStream_t stream) {
-  const int64_t tiles_m = (m + kTile - 1) / kTile, tiles_n = (n + kTile - 1) / kTile;
-  const int64_t tiles = tiles_m * tiles_n;
-  if (tiles > 0x7fffffff || m > 0x7fffff00 || n > 0x7fffff00) return kBadArgument;
-  quant_mx_rows_kernel<E5M2><<<static_cast<unsigned>(tiles), 256, 0, stream>>>(
-      static_cast<const uint16_t*>(x), static_cast<uint8_t*>(q), static_cast<uint8_t*>(s),
-      static_cast<int>(m), static_cast<int>(n), static_cast<int>(tiles_n));
   PT_RETURN_LAUNCH_STATUS();
   return kOk;
 }
@@ -478,17 +483,9 @@ Status launch_rows(const void* x, void* q, void* s, int64_t m, int64_t n, cudaSt
 
 bool quant_dual_mx_gpu_available() noexcept { return true; }
 
-Status quant_mx_rows_fp8_gpu(const void* x, void* q, void* s, int64_t m, int64_t n, bool e5m2,
-                             void* stream) noexcept {
-  if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0) return kBadArgument;
-  if (m == 0 || n == 0) return kOk;
-  auto* cs = static_cast<cudaStream_t>(stream);
-  return e5m2 ? launch_rows<true>(x, q, s, m, n, cs) : launch_rows<false>(x, q, s, m, n, cs);
-}
-
 Status quant_dual_mx_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                              int64_t n, bool e5m2, int variant, void* stream) noexcept {
-  const bool known = variant == 1 || (variant >= 4 && variant <= 6);
+  const bool known = variant == 1 || variant == 7;
   if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || !known) return kBadArgument;
   if (m == 0 || n == 0) return kOk;
   auto* cs = static_cast<cudaStream_t>(stream);

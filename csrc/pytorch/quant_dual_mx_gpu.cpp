@@ -31,28 +31,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_dual_mx_fp8_gpu
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> quant_mx_rows_fp8_gpu_impl(const at::Tensor& x,
-                                                              at::ScalarType dtype) {
-  auto [m, n] = check_quant_dual_mx(x, dtype, 1, "primus_turbo_cpp.quant_mx_rows_fp8");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
-              "primus_turbo_cpp.quant_mx_rows_fp8: argument 'x' expected 16-byte alignment");
-  const c10::cuda::CUDAGuard guard(x.device());
-  auto out = alloc_quant_mx_rows(x, dtype);
-  if (m == 0 || n == 0) return out;
-  auto& [q, s] = out;
-  const Status status =
-      quant_mx_rows_fp8_gpu(x.data_ptr(), q.data_ptr(), s.data_ptr(), m, n,
-                            dtype == at::kFloat8_e5m2, c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(status == kOk, "primus_turbo_cpp.quant_mx_rows_fp8: GPU launch failed: ",
-              status_string(status), " (status ", status, ")");
-  return out;
-}
-
 }  // namespace
 }  // namespace primus_turbo::pytorch
 
 TORCH_LIBRARY_IMPL(primus_turbo_cpp, CUDA, m) {
   m.impl("quant_dual_mx_fp8", &primus_turbo::pytorch::quant_dual_mx_fp8_gpu_impl);
-  m.impl("quant_mx_rows_fp8", &primus_turbo::pytorch::quant_mx_rows_fp8_gpu_impl);
 }
 #endif  // !USE_ROCM

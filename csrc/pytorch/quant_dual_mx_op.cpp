@@ -1,5 +1,5 @@
-// Schema and Meta implementation of primus_turbo_cpp::quant_dual_mx_fp8 and quant_mx_rows_fp8
-// (every build); the CUDA implementations are in quant_dual_mx_gpu.cpp (CUDA builds only; ROCm
+// Schema and Meta implementation of primus_turbo_cpp::quant_dual_mx_fp8 (every
+// build); the CUDA implementation is in quant_dual_mx_gpu.cpp (CUDA builds only; ROCm
 // keeps the Triton kernels).
 #include <torch/library.h>
 
@@ -14,12 +14,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_dual_mx_fp8_met
   return alloc_quant_dual_mx(x, dtype);
 }
 
-std::tuple<at::Tensor, at::Tensor> quant_mx_rows_fp8_meta(const at::Tensor& x,
-                                                          at::ScalarType dtype) {
-  check_quant_dual_mx(x, dtype, 1, "primus_turbo_cpp.quant_mx_rows_fp8");
-  return alloc_quant_mx_rows(x, dtype);
-}
-
 }  // namespace
 }  // namespace primus_turbo::pytorch
 
@@ -27,10 +21,8 @@ TORCH_LIBRARY_FRAGMENT(primus_turbo_cpp, m) {
   m.def(
       "quant_dual_mx_fp8(Tensor x, ScalarType dtype, int variant) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
-  m.def("quant_mx_rows_fp8(Tensor x, ScalarType dtype) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(primus_turbo_cpp, Meta, m) {
   m.impl("quant_dual_mx_fp8", &primus_turbo::pytorch::quant_dual_mx_fp8_meta);
-  m.impl("quant_mx_rows_fp8", &primus_turbo::pytorch::quant_mx_rows_fp8_meta);
 }

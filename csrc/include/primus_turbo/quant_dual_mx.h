@@ -20,16 +20,10 @@ namespace primus_turbo {
 // True in builds whose GPU kernels include the MX dual quantization (CUDA builds).
 bool quant_dual_mx_gpu_available() noexcept;
 
-// `variant`: 1 = one 128 x 128 tile per 256-thread block (3 blocks per SM), 4 = the same tile per
-// 512-thread block, 4 rows per lane (2 blocks per SM), 5 = persistent blocks (2 per SM) with the
-// next tile's loads in registers during this tile's conversions, 6 = 1 with the L2 256-byte
-// prefetch hint on the loads. `stream`: a cudaStream_t. Runs on the current device.
+// `variant`: 1 = one 128 x 128 tile per 256-thread block (3 blocks per SM), 7 = persistent
+// blocks (2 per SM) with the next tile by cp.async into a second shared stage and q^T through a
+// swizzled shared tile (16-byte stores). `stream`: a cudaStream_t. Runs on the current device.
 Status quant_dual_mx_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                              int64_t n, bool e5m2, int variant, void* stream) noexcept;
-
-// The MX rows recipe (q [M, N] and s [M, N/32] only, bitwise the Triton rows kernel) on the
-// same tile structure (variant 1's layout, 4 blocks per SM).
-Status quant_mx_rows_fp8_gpu(const void* x, void* q, void* s, int64_t m, int64_t n, bool e5m2,
-                             void* stream) noexcept;
 
 }  // namespace primus_turbo

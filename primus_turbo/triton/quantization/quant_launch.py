@@ -413,11 +413,6 @@ def quant_mx(x: torch.Tensor, dtype: torch.dtype, dual: bool = False, block: int
 
         if quant_cuda.cuda_mx_dual_on(x, dtype):  # PRIMUS_TURBO_QUANT_CUDA_MX (default a, 0 = off)
             return quant_cuda.quant_dual_mx_cuda(x, dtype)
-    if not dual and block == 32 and x.device.type == "cuda" and torch.version.hip is None:
-        from primus_turbo.pytorch.kernels.quantization import quant_cuda
-
-        if quant_cuda.cuda_mx_rows_on(x, dtype):  # PRIMUS_TURBO_QUANT_CUDA_MX_ROWS=a (opt-in)
-            return quant_cuda.quant_mx_rows_cuda(x, dtype)
     m, n = x.shape
     dev = x.device
     q = torch.empty(x.shape, dtype=dtype, device=dev)

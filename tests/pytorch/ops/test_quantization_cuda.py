@@ -6,8 +6,7 @@ unaligned qt rows, several tiles per persistent block), inf/-inf/NaN values, all
 all-zero rows and columns, e4m3 and e5m2, zero-size inputs; inputs it does not take fall back to
 Triton; the knob is validated; CPU tensors never take it; torch.compile traces (Triton).
 The CUDA MX dual kernel (csrc/kernels/quant_dual_mx.cu, PRIMUS_TURBO_QUANT_CUDA_MX=a (default) |
-d | e | f) is held to the same: bitwise the Triton word kernel, every variant (second half of the
-file)."""
+g) is held to the same: bitwise the Triton word kernel, every variant (second half of the file)."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ import torch
 
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity
 from primus_turbo.pytorch.kernels.quantization import quant_cuda
-from primus_turbo.pytorch.ops.quantization import quantize_fp8, quantize_fp8_with_trans
+from primus_turbo.pytorch.ops.quantization import quantize_fp8_with_trans
 from tests.conftest import HAS_GPU
 from tests.pytorch.test_utils import bf16_specials, same_bits
 
@@ -162,7 +161,7 @@ def test_cuda_op_meta():
 
 
 # ---- MX dual: the CUDA MXFP8 cast-transpose (csrc/kernels/quant_dual_mx.cu), the default on
-# NVIDIA (PRIMUS_TURBO_QUANT_CUDA_MX unset = a; d / e opt-in), bitwise the Triton word kernel
+# NVIDIA (PRIMUS_TURBO_QUANT_CUDA_MX unset = a; g opt-in), bitwise the Triton word kernel
 # (PRIMUS_TURBO_QUANT_CUDA_MX=0)
 
 _KERNEL_MX = _NVIDIA and quant_cuda.cuda_mx_kernel_available()
@@ -170,7 +169,7 @@ _SKIP_GPU_MX = pytest.mark.skipif(
     not _KERNEL_MX,
     reason="needs an NVIDIA GPU and a CUDA build of primus_turbo.pytorch._C with quant_dual_mx_fp8",
 )
-MX_VARIANTS = ["a", "d", "e", "f"]
+MX_VARIANTS = ["a", "g"]
 
 
 def _quant_mx(x, dtype):
@@ -269,11 +268,11 @@ def test_cuda_mx_dual_compile(monkeypatch):
 def test_cuda_mx_knob(monkeypatch):
     """The knob is validated; CPU tensors never take the kernel."""
     x = _input_mx(64, 128, True, "cpu")
-    for bad in ("b", "c", "1"):  # b / c: the round-1 persistent cp.async variants, removed
+    for bad in ("b", "c", "d", "e", "f", "1"):  # measured losers, removed
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", bad)
         with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_CUDA_MX"):
             quant_cuda.cuda_mx_dual_on(x, E4M3)
-    for ok in ("a", "d", "e", "f", "A", ""):
+    for ok in ("a", "g", "A", ""):
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", ok)
         assert not quant_cuda.cuda_mx_dual_on(x, E4M3)
 
@@ -293,87 +292,8 @@ def test_cuda_mx_op_meta():
     with pytest.raises(RuntimeError, match="multiples of 32"):
         y = torch.empty(32, 48, dtype=torch.bfloat16, device="meta")
         torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(y, E4M3, 1)
-    with pytest.raises(RuntimeError, match="variant"):
-        torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 2)
-
-
-# ---- MX rows (dual=False): the same kernel without q^T (torch.ops.primus_turbo_cpp.
-# quant_mx_rows_fp8), opt-in by PRIMUS_TURBO_QUANT_CUDA_MX_ROWS=a, bitwise the Triton rows kernel
-
-_SKIP_GPU_MX_ROWS = pytest.mark.skipif(
-    not (_KERNEL_MX and hasattr(torch.ops.primus_turbo_cpp, "quant_mx_rows_fp8")),
-    reason="needs an NVIDIA GPU and a CUDA build of primus_turbo.pytorch._C with quant_mx_rows_fp8",
-)
-
-
-def _quant_mx_rows(x, dtype):
-    return quantize_fp8(x, dtype, G.MX_BLOCKWISE, block_size=32)
-
-
-def _compare_mx_rows(monkeypatch, x, dtype):
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX_ROWS", "0")
-    ref = _quant_mx_rows(x, dtype)  # Triton
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX_ROWS", "a")
-    assert quant_cuda.cuda_mx_rows_on(x, dtype)  # no fallback
-    with unittest.mock.patch.object(
-        quant_cuda, "quant_mx_rows_cuda", wraps=quant_cuda.quant_mx_rows_cuda
-    ) as spy:
-        out = _quant_mx_rows(x, dtype)
-    assert spy.call_count == 1  # the CUDA kernel ran
-    assert len(out) == len(ref) == 2
-    for name, a, b in zip(("q", "scale"), out, ref, strict=True):
-        assert same_bits(a, b), f"rows {tuple(x.shape)} {dtype}: {name} differs"
-
-
-@_SKIP_GPU_MX_ROWS
-@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
-@pytest.mark.parametrize("shape", MX_SHAPES, ids=lambda v: "x".join(map(str, v)))
-def test_cuda_mx_rows_bitwise(monkeypatch, shape, dtype):
-    m, n = shape
-    for special in (False, True) if m >= 64 else (False,):
-        _compare_mx_rows(monkeypatch, _input_mx(m, n, special, "cuda"), dtype)
-
-
-@_SKIP_GPU_MX_ROWS
-def test_cuda_mx_rows_values_and_fallback(monkeypatch):
-    """Every bf16 bit pattern (against Triton); unset / 0 and unsupported inputs run Triton."""
-    bits = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16)
-    x = bits.view(torch.bfloat16).reshape(256, 256).cuda()
-    for xx in (x, x.t().contiguous()):
-        for dtype in (E4M3, E5M2):
-            _compare_mx_rows(monkeypatch, xx, dtype)
-    monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA_MX_ROWS", raising=False)
-    y = _input_mx(256, 256, False, "cuda")
-    assert not quant_cuda.cuda_mx_rows_on(y, E4M3)
-    with unittest.mock.patch.object(quant_cuda, "quant_mx_rows_cuda", side_effect=AssertionError):
-        _quant_mx_rows(y, E4M3)
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX_ROWS", "a")
-    assert not quant_cuda.cuda_mx_rows_on(y.to(torch.float16), E4M3)
-    assert not quant_cuda.cuda_mx_rows_on(y[:, :100], E4M3)
-    assert not quant_cuda.cuda_mx_rows_on(y.t(), E4M3)
-
-
-def test_cuda_mx_rows_knob(monkeypatch):
-    """The rows knob is validated; CPU tensors never take the kernel."""
-    x = _input_mx(64, 128, True, "cpu")
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX_ROWS", "b")
-    with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_CUDA_MX_ROWS"):
-        quant_cuda.cuda_mx_rows_on(x, E4M3)
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX_ROWS", "a")
-    assert not quant_cuda.cuda_mx_rows_on(x, E4M3)
-
-
-def test_cuda_mx_rows_op_meta():
-    """The rows op's Meta implementation: the Triton layouts."""
-    from primus_turbo.build_info import native_status
-
-    ok, _ = native_status()
-    if not ok or not hasattr(torch.ops.primus_turbo_cpp, "quant_mx_rows_fp8"):
-        pytest.skip("primus_turbo.pytorch._C without quant_mx_rows_fp8 (rebuild the extension)")
-    x = torch.empty(320, 2016, dtype=torch.bfloat16, device="meta")
-    q, s = torch.ops.primus_turbo_cpp.quant_mx_rows_fp8(x, E5M2)
-    assert q.shape == (320, 2016) and q.dtype == E5M2
-    assert s.shape == (320, 63) and s.stride() == (63, 1) and s.dtype == torch.uint8
-    with pytest.raises(RuntimeError, match="quant_mx_rows_fp8.*multiples of 32"):
-        y = torch.empty(32, 48, dtype=torch.bfloat16, device="meta")
-        torch.ops.primus_turbo_cpp.quant_mx_rows_fp8(y, E4M3)
+    q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E5M2, 7)
+    assert qt.shape == (2016, 320) and qt.dtype == E5M2
+    for bad in (2, 4, 5, 6):
+        with pytest.raises(RuntimeError, match="variant"):
+            torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, bad)

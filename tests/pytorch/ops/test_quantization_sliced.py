@@ -28,7 +28,6 @@ def _triton_mx(monkeypatch):
     """These tests are about the Triton kernels: the CUDA MX kernels (csrc/kernels/
     quant_dual_mx.cu; the MX dual default on NVIDIA) stay out."""
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "0")
-    monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA_MX_ROWS", raising=False)
 
 
 def _quant(recipe, x, dtype):

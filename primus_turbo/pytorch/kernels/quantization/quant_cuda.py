@@ -14,15 +14,13 @@ extension built without the kernel, and torch.compile tracing (Triton, same bits
 
 The MX dual recipe (``quant_mx(x, dtype, dual=True)``) has a CUDA cast-transpose too
 (``torch.ops.primus_turbo_cpp.quant_dual_mx_fp8``, csrc/kernels/quant_dual_mx.cu), the default
-on NVIDIA (H200 call 8.1: 0.818 of copy vs the Triton word kernel 0.787).
+on NVIDIA (H200 call 8.2: 0.816 of copy, 4 shapes; the Triton word kernel 0.787 in call 8.1).
 ``PRIMUS_TURBO_QUANT_CUDA_MX`` = ``a`` (unset: one 128x128 tile per 256-thread block, 3 blocks
-per SM), ``0`` (the Triton word kernel), opt-in until measured: ``d`` (512-thread blocks, 4 rows
-per lane, 2 blocks per SM), ``e`` (persistent, 2 blocks per SM, the next tile's loads in
-registers) and ``f`` (``a`` with the L2 256-byte prefetch hint on its loads). It takes bf16,
-contiguous, 16-byte aligned inputs with both dims multiples of 32 on NVIDIA sm_89+; everything
-else (and torch.compile tracing) runs Triton. The MX rows recipe (``dual=False``) has the same
-kernel without q^T (``torch.ops.primus_turbo_cpp.quant_mx_rows_fp8``), opt-in until measured:
-``PRIMUS_TURBO_QUANT_CUDA_MX_ROWS=a`` (unset / ``0``: the Triton rows kernel).
+per SM), ``0`` (the Triton word kernel), opt-in until measured: ``g`` (persistent, 2 blocks per
+SM, next tile by cp.async into a second shared stage, q^T through a swizzled shared tile with
+16-byte stores). It takes bf16, contiguous, 16-byte aligned inputs with both dims multiples of
+32 on NVIDIA sm_89+; everything else (and torch.compile tracing) runs Triton. The MX rows recipe
+(``dual=False``) always runs Triton (a CUDA rows kernel lost in call 8.2: 0.834 vs 0.875).
 """
 
 from __future__ import annotations
@@ -76,15 +74,15 @@ def quant_dual_cuda(x: torch.Tensor, dtype: torch.dtype, fmax: float):
     return tuple(native_ops().quant_dual_fp8(x, dtype, float(fmax)))
 
 
-_MX_VARIANTS = {"0": 0, "a": 1, "d": 4, "e": 5, "f": 6}
+_MX_VARIANTS = {"0": 0, "a": 1, "g": 7}
 
 
 def cuda_mx_variant() -> int:
-    """``PRIMUS_TURBO_QUANT_CUDA_MX``: 0 = off, 1 (``a``, the default), 4..6 (``d``..``f``)."""
+    """``PRIMUS_TURBO_QUANT_CUDA_MX``: 0 = off, 1 (``a``, the default), 7 (``g``)."""
     raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_MX", "").strip().lower() or "a"
     if raw not in _MX_VARIANTS:
         raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX expected 0, a, d, e or f, got {raw!r}"
+            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX expected 0, a or g, got {raw!r}"
         )
     return _MX_VARIANTS[raw]
 
@@ -122,46 +120,6 @@ def cuda_mx_dual_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
         and x.data_ptr() % 16 == 0
         and cuda_mx_kernel_available(x.device.index or 0)
     )
-
-
-def cuda_mx_rows_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether the MX rows recipe of ``x`` (2-D) takes the CUDA kernel
-    (``PRIMUS_TURBO_QUANT_CUDA_MX_ROWS=a``; unset / ``0``: Triton)."""
-    raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_MX_ROWS", "").strip().lower() or "0"
-    if raw not in ("0", "a"):
-        raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX_ROWS expected 0 or a, got {raw!r}"
-        )
-    if raw == "0" or torch.compiler.is_compiling():
-        return False
-    m, n = x.shape
-    return (
-        x.device.type == "cuda"
-        and torch.version.hip is None
-        and x.dtype == torch.bfloat16
-        and dtype in _DTYPES
-        and x.is_contiguous()
-        and m % 32 == 0
-        and n % 32 == 0
-        and max(m, n) < 2**31 - 256
-        and x.data_ptr() % 16 == 0
-        and cuda_mx_kernel_available(x.device.index or 0)
-        and _has_rows_op()
-    )
-
-
-@functools.cache
-def _has_rows_op() -> bool:
-    from primus_turbo.build_info import native_ops
-
-    return hasattr(native_ops(), "quant_mx_rows_fp8")
-
-
-def quant_mx_rows_cuda(x: torch.Tensor, dtype: torch.dtype):
-    """``(q, s)`` in the Triton launcher's layouts."""
-    from primus_turbo.build_info import native_ops
-
-    return tuple(native_ops().quant_mx_rows_fp8(x, dtype))
 
 
 def quant_dual_mx_cuda(x: torch.Tensor, dtype: torch.dtype):
