@@ -21,7 +21,7 @@ default's (relative max error). Prints per candidate the ms, TFLOPS and the rati
 timing (back-to-back launches, no flush) of every candidate.
 
     python benchmark/ops/training/bench_grouped_gemm_plans.py --models DeepSeek-V3 \\
-        --gemms wgrad --vk-plans tmavs:m256n128k64g8w8s4,tma:m128n128k64g8w8s3_maxnreg128 -o out.csv
+        --gemms wgrad --vk-plans tmavs:m256n128k64g8w8s4,tmavs:m128n256k64g16w8s4 -o out.csv
 """
 
 from __future__ import annotations

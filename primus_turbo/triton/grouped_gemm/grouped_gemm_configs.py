@@ -198,8 +198,8 @@ def tma_configs(family: ArchFamily, wgrad: bool = False) -> tuple[GemmConfig, ..
         # + 256x128 with 4 stages for the wgrad (the M-major X tile: 192 KiB ring)
         base = (GemmConfig(128, 256, 64, 8, 8, 4), GemmConfig(256, 128, 64, 8, 8, 4), *base)
         # + session 8: GROUP_M 16 (a forward/dgrad winner, call 8.1); ``wgrad``: + the
-        # wgrad tiles under test (``S8_VK_TILES``: opt-in)
-        base = (*base, S8_G16, *(S8_VK_TILES if wgrad else ()))
+        # GROUP_M 16 128x256 s4 wgrad tile (``S8_VK_G16``: plan ``tmavs``, call 8.2)
+        base = (*base, S8_G16, *((S8_VK_G16,) if wgrad else ()))
     return base
 
 
@@ -213,20 +213,17 @@ def tma_configs(family: ArchFamily, wgrad: bool = False) -> tuple[GemmConfig, ..
 # -6%..+4%, never clearly ahead of GROUP_M 16.)
 S8_G16 = GemmConfig(128, 256, 64, 16, 8, 3)
 
-# Session 8 round 2, wgrad tiles (opt-in until measured: ``..._CANDIDATES=s8`` or
-# ``..._VK_CONFIG=tma:<name>``). The variable-K wgrad walks 32 x 7168 x 4096 / (256 x 128)
-# = 28672 tiles of only 2048 / 64 = 32 K steps each on DeepSeek-V3 gate_up (the forward:
-# 8192 tiles of 112 steps), and its loop cannot be flattened (the K trip count is the
-# group's row count), so every tile pays an unhidden epilogue (a 64 KiB bf16 store) and a
-# pipeline refill. ``m128n128k64g8w8s3_maxnreg128``: two warpgroups per 128x128 tile with
-# the registers capped at 128 and 96 KiB of operand ring, so TWO CTAs share an SM and one's
-# epilogue / refill overlaps the other's MMAs; plus GROUP_M 16 bands of the 256x128 /
-# 128x256 tiles (more tiles of one expert's columns in flight per wave).
-S8_VK_TILES = (
-    GemmConfig(128, 128, 64, 8, 8, 3, programs_per_cu=2, extra=(("maxnreg", 128),)),
-    GemmConfig(256, 128, 64, 16, 8, 4),
-    GemmConfig(128, 256, 64, 16, 8, 4),
-)
+# Session 8, wgrad tile: the 128x256 s4 tile in GROUP_M 16 bands (a wave covers more row
+# tiles of one expert's output). The variable-K wgrad walks 32 x 7168 x 4096 / (256 x 128)
+# = 28672 tiles of only 2048 / 64 = 32 K steps each on DeepSeek-V3 gate_up (the forward: 8192
+# tiles of 112 steps), and its loop cannot be flattened (the K trip count is the group's row
+# count), so every tile pays an unhidden epilogue and a pipeline refill: plan ``tmavs`` (the
+# TMA-store epilogue) on this tile and on 256x128 s4 won call 8.2 (``VK_STORE_TILES``).
+# Removed after call 8.2 (graph, vs torch._grouped_mm, DeepSeek-V3 gate_up / down): the 2-CTA
+# tile ``m128n128k64g8w8s3_maxnreg128`` (8 warps capped at 128 registers) 0.883 / 0.917 with
+# ``tma``, 0.923 / 0.941 with ``tmavs``; ``tma`` on GROUP_M 16 256x128 s4 0.946 / 0.959 (and
+# ``tma`` / ``tmavs`` on the other GROUP_M 16 tiles, never ahead in the tuner's timing).
+S8_VK_G16 = GemmConfig(128, 256, 64, 16, 8, 4)
 
 
 # Session-5 variants of the flat TMA kernel (``grouped_gemm_tma.TMA_VARIANTS``): TMA-store
@@ -266,6 +263,9 @@ HOPPER_WINNERS = {
         ("tma", "m256n128k64g8w8s4"),
         ("tma", "m128n128k64g8w4s3"),
         ("table", "m128n128k64g8w4s3"),
+        # + session 8: the TMA-store wgrad plans (call 8.2, see ``VK_STORE_TILES``)
+        ("tmavs", "m256n128k64g8w8s4"),
+        ("tmavs", "m128n256k64g16w8s4"),
     ),
 }
 HOPPER_S5_PLANS = {
@@ -279,29 +279,37 @@ HOPPER_S5_PLANS = {
 S5_VARIANTS = TMA_EXTRA_VARIANTS
 
 
-def vk_tma_store_cfg_ok(cfg: GemmConfig) -> bool:
-    """Plan ``tmavs`` of the wgrad (TMA-store epilogue, two ``[BM, BN / 2]`` halves through
-    one staging buffer): the 8-warp tiles (4 stages + 32 KiB of staging fit sm_90's 227 KiB
-    at 256x128 / 128x256; the 2-CTA 128x128 tile: 96 + 16 KiB per CTA) and the 2-CTA 128x128
-    one-warpgroup tile (the DeepSeek-V3 down wgrad's default pick)."""
-    return cfg.num_warps == 8 or (
-        cfg.programs_per_cu == 2 and cfg.block_m * cfg.block_n >= 128 * 128
-    )
-
-
-# Session 8 round 2 (opt-in until measured, ``..._CANDIDATES=s8``): the wgrad tiles
-# ``S8_VK_TILES`` and the TMA-store epilogue ``tmavs`` on them and on the default 256x128 s4.
-HOPPER_S8_PLANS = {
-    "fwd": (),
-    "vk": (
-        *(("tma", cfg.name) for cfg in S8_VK_TILES),
-        *(("tmavs", cfg.name) for cfg in S8_VK_TILES),
-        ("tmavs", "m256n128k64g8w8s4"),
-        ("tmavs", "m128n128k64g8w4s3"),
-    ),
-}
-# plan kinds of the session-8 wgrad (opt-in, see HOPPER_S8_PLANS)
+# Session 8: the wgrad plan ``tmavs`` (the variable-K TMA kernel with a TMA-store epilogue:
+# a 3D descriptor over ``[G, P, Q]`` clips rows at the group's edge; two ``[1, BM, BN / 2]``
+# halves through one 32 KiB staging buffer) on these tiles. H200 call 8.2 (graph, L2 flushed,
+# vs torch._grouped_mm, DeepSeek-V3 gate_up / down wgrad): 256x128 s4 1.031 / 0.956,
+# GROUP_M 16 128x256 s4 1.009 / 1.010, the tuner's old pick (tma 256x128 s4 / table 128x128
+# w4) 1.004 / 0.908. (``tmavs`` on the 2-CTA 128x128 w4 tile lost: 0.924 / 0.937, removed.)
+VK_STORE_TILES = (GemmConfig(256, 128, 64, 8, 8, 4), S8_VK_G16)
+# plan kinds of the session-8 wgrad
 S8_VK_VARIANTS = ("tmavs",)
+
+
+def vk_tma_store_cfg_ok(cfg: GemmConfig) -> bool:
+    """Plan ``tmavs`` of the wgrad runs on ``VK_STORE_TILES`` (4 stages + 32 KiB of staging:
+    229408 B of sm_90's 227 KiB, 218 registers, no spills)."""
+    return cfg in VK_STORE_TILES
+
+
+# Large experts (``M // G`` at least this, the DeepSeek-V3 / Mixtral regime of 2048 rows per
+# group): the wgrad takes ONE ``tmavs`` plan by the output's shape instead of the tuner's pick.
+# The tuner times back-to-back launches with a warm L2 and ranks these plans differently from
+# the graph timing with L2 flushed (call 8.2, DeepSeek-V3 down, P x Q = 7168 x 2048: tuner
+# tmavs 128x256 GROUP_M 16 3.62 ms, last of 12, tmavs 256x128 3.34 ms; graph 3.26 vs 3.45 ms;
+# gate_up 4096 x 7168: tuner 6.89 vs 6.35 ms, graph 6.33 vs 6.19 ms, and the tuner's pick tma
+# 256x128 s4 6.36 ms). So ``P >= Q`` takes GROUP_M 16 128x256, else 256x128 (both graph
+# winners); no timing, no host sync. Measured on DeepSeek-V3 only: two points of one regime.
+VK_STORE_MIN_AVG_ROWS = 2048
+
+
+def vk_large_expert_plan(p: int, q: int) -> tuple[str, GemmConfig]:
+    """The wgrad plan for large experts (``VK_STORE_MIN_AVG_ROWS``) of output ``[P, Q]``."""
+    return ("tmavs", S8_VK_G16 if p >= q else VK_STORE_TILES[0])
 
 
 @functools.cache
@@ -310,10 +318,11 @@ def candidate_set() -> str:
     times only ``HOPPER_WINNERS``; no session-5 plan anywhere, also not for small groups),
     ``s4`` (the same; the name of session 5 round 1), ``s5`` (the winners plus the unverified
     session-5 plans ``HOPPER_S5_PLANS``; every plan, session-5 ones included, for small
-    groups), ``s8`` (the winners plus the session-8 wgrad tiles ``HOPPER_S8_PLANS``) or
-    ``all`` (every plan of the mode, session-5 and session-8 ones included)."""
+    groups) or ``all`` (every plan of the mode, session-5 ones included; no large-expert wgrad
+    rule). (``s8``, the opt-in session-8 wgrad plans, was removed after call 8.2: the two
+    winners are default candidates, the losers are gone.)"""
     return _env_choice(
-        "PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "winners", ("winners", "s4", "s5", "s8", "all")
+        "PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "winners", ("winners", "s4", "s5", "all")
     )
 
 
@@ -330,14 +339,11 @@ def _winners(plans: list, family: ArchFamily, gemm: str, avg_rows: int) -> list:
     cands = candidate_set()
     if cands not in ("s5", "all"):  # unverified on the GPU: opt-in only
         plans = [p for p in plans if p[0] not in S5_VARIANTS]
-    if cands not in ("s8", "all") and gemm == "vk":  # session 8 wgrad: opt-in until measured
-        plans = [p for p in plans if p[1] not in S8_VK_TILES and p[0] not in S8_VK_VARIANTS]
     if family != ArchFamily.HOPPER or cands == "all":
         return plans
     if avg_rows < WINNERS_MIN_AVG_ROWS:
         return plans
     allowed = HOPPER_WINNERS[gemm] + (HOPPER_S5_PLANS[gemm] if cands == "s5" else ())
-    allowed += HOPPER_S8_PLANS[gemm] if cands == "s8" else ()
     kept = [p for p in plans if (p[0], p[1].name) in allowed]
     return kept or plans
 
@@ -389,17 +395,30 @@ DGRAD_CONFIG_VAR = "PRIMUS_TURBO_GROUPED_GEMM_DGRAD_CONFIG"
 
 
 def variable_k_plans(
-    family: ArchFamily, mode: str, tma_ok: bool, avg_rows: int = 1 << 30
+    family: ArchFamily,
+    mode: str,
+    tma_ok: bool,
+    avg_rows: int = 1 << 30,
+    p: int | None = None,
+    q: int | None = None,
 ) -> list[tuple[str, GemmConfig]]:
-    """The (kernel, config) candidates the tuner times for the wgrad."""
+    """The (kernel, config) candidates the tuner times for the wgrad of output ``[P, Q]``
+    (``p`` / ``q`` given, Hopper, ``tune``, no config filter, candidates not ``all``, groups of
+    ``VK_STORE_MIN_AVG_ROWS`` rows or more: the one plan ``vk_large_expert_plan``)."""
     configs = grouped_gemm_configs(family)
     plans = [("table", cfg) for cfg in configs] if mode in ("table", "tune") or not tma_ok else []
     if mode in ("tma", "tune") and tma_ok:
         plans += [("tma", cfg) for cfg in tma_configs(family, wgrad=True)]
-        if mode == "tune":  # session 8 plan tmavs (opt-in: ``_winners`` drops it unless s8)
+        if mode == "tune":  # session 8 plan tmavs (TMA-store epilogue)
             plans += [("tmavs", cfg) for cfg in tma_configs(family, wgrad=True)
                       if vk_tma_store_cfg_ok(cfg)]  # fmt: skip
-    return _filtered(plans, "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG", family, "vk", avg_rows)
+    var = "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG"
+    large = p is not None and q is not None and avg_rows >= VK_STORE_MIN_AVG_ROWS
+    if large and family == ArchFamily.HOPPER and mode == "tune" and not config_filter(var):
+        pick = vk_large_expert_plan(p, q)
+        if candidate_set() != "all" and pick in plans:
+            return [pick]
+    return _filtered(plans, var, family, "vk", avg_rows)
 
 
 def _filtered(plans: list, var: str, family: ArchFamily, gemm: str, avg_rows: int) -> list:

@@ -408,7 +408,7 @@ def variable_k_triton(
         variant, cfg = plan
         tiles = num_groups * -(-p // cfg.block_m) * -(-q // cfg.block_n)
         programs = _programs(tiles, cfg, x.device, family)
-        if variant in ("tma", "tmavs"):  # tmavs: TMA-store epilogue (session 8, opt-in)
+        if variant in ("tma", "tmavs"):  # tmavs: TMA-store epilogue (session 8)
             from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import (
                 launch_variable_k_tma,
                 vk_tma_store_ok,
@@ -454,7 +454,7 @@ def variable_k_triton(
 
     mode = variable_k_variant()
     tma_ok = mode != "table" and variable_k_tma_usable(x, y, scales is not None)
-    plans = variable_k_plans(family, mode, tma_ok, m // num_groups)
+    plans = variable_k_plans(family, mode, tma_ok, m // num_groups, p, q)
     cfg = select_variable_k_config(p, q, m, num_groups, family, num_compute_units(x.device))
     default = next((pl for pl in plans if pl[1] == cfg), plans[0])
     if mode == "tune":

@@ -204,7 +204,7 @@ def variable_k_tma_kernel(
     each group (no mask: they never leave the group) and one masked pointer step for the last
     ``m_g % BLOCK_K`` rows. ``X [M, P]`` and ``Y [M, Q]`` have unit column strides; the X tile
     arrives as ``[BLOCK_K, BLOCK_M]`` and enters the MMA transposed (an M-major operand).
-    ``TMA_STORE`` (session 8, plan ``tmavs``, opt-in): the tile leaves through ``c_desc``
+    ``TMA_STORE`` (session 8, plan ``tmavs``): the tile leaves through ``c_desc``
     (``[G, P, Q]``, block ``[1, BLOCK_M, BLOCK_N / 2]``: two asynchronous TMA stores of the
     column halves, the rows / columns past ``P`` / ``Q`` clipped by the descriptor) instead of
     masked pointer stores, so the store can drain while the next tile's loads start."""
@@ -409,7 +409,7 @@ def aot_specs(target: str) -> list:
                       "UPCAST": False, "c_desc": None, "TMA_STORE": False}  # fmt: skip
         specs.append(AotSpec(f"grouped_gemm_variable_k_tma_bf16_{cfg.name}",
                              variable_k_tma_kernel, sig, constexprs, cfg.options))  # fmt: skip
-        if vk_tma_store_cfg_ok(cfg):  # session 8 plan tmavs (opt-in)
+        if vk_tma_store_cfg_ok(cfg):  # session 8 plan tmavs (VK_STORE_TILES)
             sig_s = {**sig, "c_desc": f"tensordesc<bf16[1,{bm},{bn // 2}]>"}
             cx = {k: v for k, v in constexprs.items() if k != "c_desc"}
             specs.append(AotSpec(f"grouped_gemm_variable_k_tmavs_bf16_{cfg.name}",

@@ -477,7 +477,7 @@ def test_grouped_gemm_config_filter(var, monkeypatch):
         every = plans()
         # the default candidates are the measured winners (HOPPER_WINNERS): no fused wgrad,
         # no unverified session-5 plan (ws / tmas / tman: PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES=s5)
-        want = {"table", "tma"} if "VK" in var else {"flat", "tma"}
+        want = {"table", "tma", "tmavs"} if "VK" in var else {"flat", "tma"}
         assert {v for v, _ in every} == want
         s4 = gc.GemmConfig(128, 256, 64, 8, 8, 4)
         monkeypatch.setenv(var, "m128n256k64g8w8s4")

@@ -1,8 +1,8 @@
 """Session-8 plans of the TRITON grouped GEMM: the GROUP_M 16 TMA tile (a default forward /
-dgrad candidate since call 8.1) and the wgrad plans under test (opt-in): the TMA-store
-epilogue ``tmavs`` of the variable-K TMA kernel and the tiles ``S8_VK_TILES`` (a 2-CTA
-128x128 tile with 8 warps capped at 128 registers, GROUP_M 16 bands), each forced as the only
-plan, vs the fp32 reference and bitwise vs the pointer-store ``tma`` plan."""
+dgrad candidate since call 8.1) and the wgrad's TMA-store epilogue ``tmavs`` of the
+variable-K TMA kernel on ``VK_STORE_TILES`` (256x128 s4, GROUP_M 16 128x256 s4: default
+candidates since call 8.2, the one plan for large experts), each forced as the only plan, vs
+the fp32 reference and bitwise vs the pointer-store ``tma`` plan; the candidate rules."""
 
 from __future__ import annotations
 
@@ -86,15 +86,15 @@ def _gpu_plan_list():
     from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
 
     cfgs = {c.name: c for c in gc.tma_configs(ArchFamily.HOPPER, wgrad=True)}
-    return [(v, cfgs[name]) for v, name in gc.HOPPER_S8_PLANS["vk"]]
+    return [(v, cfgs[name]) for v, name in gc.HOPPER_WINNERS["vk"] if v == "tmavs"]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("plan", _gpu_plan_list(), ids=lambda p: f"{p[0]}:{p[1].name}")
 def test_grouped_gemm_s8_vk_plans_gpu(plan, monkeypatch, device):
     """Every session-8 wgrad plan on a ragged MoE-sized shape (empty, 1-row and 7012-row
-    groups, N = 768 not a multiple of 256): it compiles, fits shared memory (2 CTAs per SM
-    for the 128x128 maxnreg tile) and matches; ``tmavs`` bitwise == ``tma`` on the tile."""
+    groups, N = 768 not a multiple of 256): it compiles, fits shared memory and matches;
+    ``tmavs`` bitwise == ``tma`` on the tile."""
     if device == "cpu":
         pytest.skip("Hopper tiles")
     _need_tma(device)
@@ -104,6 +104,38 @@ def test_grouped_gemm_s8_vk_plans_gpu(plan, monkeypatch, device):
     if plan[0] == "tmavs":
         a, b = _vk_pair(device, plan[1], [0, 700, 1, 1500, 129], 640, 520)
         assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("p,q", [(640, 520), (520, 640)], ids=["P>=Q", "P<Q"])
+def test_grouped_gemm_s8_vk_large_expert_gpu(p, q, device):
+    """The default wgrad path (not forced) for large experts (``M // G`` >= 2048): the plan
+    ``vk_large_expert_plan`` runs untimed and matches the fp32 reference, ragged groups with
+    an empty one and row counts not multiples of 64."""
+    from primus_turbo.pytorch.reference import group_offsets
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as gk
+
+    if device == "cpu":
+        pytest.skip("Hopper tiles")
+    _need_tma(device)
+    lens = [3001, 0, 2500, 2691]
+    assert sum(lens) // len(lens) >= gc.VK_STORE_MIN_AVG_ROWS
+    plans = gc.variable_k_plans(ArchFamily.HOPPER, "tune", True, sum(lens) // len(lens), p, q)
+    assert plans == [gc.vk_large_expert_plan(p, q)]
+    torch.manual_seed(0)
+    gl = torch.tensor(lens, device=device)
+    x = torch.randn(sum(lens), p, device=device, dtype=torch.bfloat16)
+    y = torch.randn(sum(lens), q, device=device, dtype=torch.bfloat16)
+    out = gk.variable_k_triton(x, y, group_offsets(gl), len(lens), torch.bfloat16)
+    ref, start = [], 0
+    for n in lens:
+        ref.append(x[start : start + n].double().T @ y[start : start + n].double())
+        start += n
+    ref = torch.stack(ref)
+    err = (out.double() - ref).abs().max() / ref.abs().max()
+    assert err < 1e-2, f"rel max err {err:.2e}"
+    assert torch.count_nonzero(out[1]) == 0
 
 
 @pytest.mark.gpu
@@ -125,42 +157,50 @@ def test_grouped_gemm_s8_g16_gpu(trans_b, monkeypatch, device):
 
 
 def test_grouped_gemm_s8_candidates(monkeypatch):
-    """GROUP_M 16 is a default forward / dgrad candidate; the session-8 wgrad plans are not
-    (not even for small groups or in the ``s5`` set); ``..._CANDIDATES=s8`` adds
-    ``HOPPER_S8_PLANS``; a config filter names them (``tmavs:`` explicitly; a bare tile name
-    keeps the ``tma`` plan only)."""
+    """GROUP_M 16 is a default forward / dgrad candidate; the ``tmavs`` wgrad plans are default
+    candidates (also in ``s5``), on ``VK_STORE_TILES`` only; large experts (``p`` / ``q``
+    given, ``M // G >= VK_STORE_MIN_AVG_ROWS``) take one ``tmavs`` plan by ``P >= Q`` unless a
+    filter is set or the set is ``all``; ``s8`` is no longer a candidate set; a config filter
+    names ``tmavs`` explicitly (a bare tile name keeps the ``tma`` plan only)."""
     from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
 
     def names(plans):
         return {(v, c.name) for v, c in plans}
 
-    def new(plans):
-        return {p for p in plans if p[0] in gc.S8_VK_VARIANTS or p[1] in gc.S8_VK_TILES}
-
     hop = ArchFamily.HOPPER
+    big = gc.VK_STORE_MIN_AVG_ROWS
+    g16, wide = ("tmavs", "m128n256k64g16w8s4"), ("tmavs", "m256n128k64g8w8s4")
     try:
         for cands in ("", "s5"):
             monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", cands)
             gc.candidate_set.cache_clear()
             fwd = names(gc.forward_plans(hop, "tune", True, 4096, True))
             assert ("tma", gc.S8_G16.name) in fwd
-            assert not new(gc.variable_k_plans(hop, "tune", True))
-            assert not new(gc.variable_k_plans(hop, "tune", True, 8))  # small groups
-            small = gc.forward_plans(hop, "tune", True, 4096, True, 8)
-            assert not {p for p in small if p[1] in gc.S8_VK_TILES}  # wgrad tiles only
+            vk = names(gc.variable_k_plans(hop, "tune", True))
+            assert {g16, wide} <= vk == set(gc.HOPPER_WINNERS["vk"])
+            every = gc.variable_k_plans(hop, "tune", True, 8)  # small groups: every plan
+            assert {c for v, c in every if v == "tmavs"} == set(gc.VK_STORE_TILES)
+            # large experts: DeepSeek-V3 down (P x Q = 7168 x 2048) / gate_up (4096 x 7168)
+            assert names(gc.variable_k_plans(hop, "tune", True, big, 7168, 2048)) == {g16}
+            assert names(gc.variable_k_plans(hop, "tune", True, big, 4096, 7168)) == {wide}
+            assert len(gc.variable_k_plans(hop, "tune", True, big - 1, 7168, 2048)) > 1
+            assert not names(gc.variable_k_plans(hop, "tune", False, big, 7168, 2048)) & {g16}
+            assert len(gc.variable_k_plans(hop, "tma", True, big, 7168, 2048)) > 1
+        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "all")
+        gc.candidate_set.cache_clear()
+        assert len(gc.variable_k_plans(hop, "tune", True, big, 7168, 2048)) > 2
         monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "s8")
         gc.candidate_set.cache_clear()
-        vk = names(gc.variable_k_plans(hop, "tune", True))
-        assert vk == set(gc.HOPPER_WINNERS["vk"] + gc.HOPPER_S8_PLANS["vk"])
+        with pytest.raises(ValueError, match="PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES"):
+            gc.candidate_set()
         monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES")
         gc.candidate_set.cache_clear()
         monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG",
-                           "tmavs:m256n128k64g8w8s4,m128n128k64g8w8s3_maxnreg128")  # fmt: skip
+                           "tmavs:m256n128k64g8w8s4,m128n256k64g16w8s4")  # fmt: skip
         gc.config_filter.cache_clear()
-        assert names(gc.variable_k_plans(hop, "tune", True)) == {
-            ("tmavs", "m256n128k64g8w8s4"),
-            ("tma", "m128n128k64g8w8s3_maxnreg128"),
-        }
+        want = {wide, ("tma", "m128n256k64g16w8s4")}
+        assert names(gc.variable_k_plans(hop, "tune", True)) == want
+        assert names(gc.variable_k_plans(hop, "tune", True, big, 7168, 2048)) == want
     finally:
         monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", raising=False)
         monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG", raising=False)
