@@ -18,14 +18,13 @@ masked store drops; K and the end of each tensor are zero-filled by the hardware
 scale vectors of a tile are loaded before its K loop (their latency hides under the MMAs). fp8
 tiles: ``BLOCK_K = 128``.
 
-Session 8's ``grouped_gemm_fp8_pre_kernel`` (plans ``f8s``, default, and opt-in ``f8sm``:
-TMA-store epilogue, ragged last tiles moved up inside their group; see its docstring) is what
-the tuner times by default; ``PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL`` (``fp8_kernel_set``)
-selects the plan families. Selected by ``PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA`` (``1`` default:
-these kernels where usable; ``0``: the pointer kernels of ``grouped_gemm_kernel``, as before
-session 5) through ``grouped_gemm_fp8_triton``; ``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG``
-(comma-separated config names) restricts the tuner's candidates. CUDA sm_90+ only (no TMA on
-AMD: the pointer path).
+Session 8's ``grouped_gemm_fp8_pre_kernel`` (plan ``f8s``: TMA-store epilogue, ragged last
+tiles moved up inside their group; see its docstring) is what the tuner times by default;
+``PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL`` (``fp8_kernel_set``) selects the plan families.
+Selected by ``PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA`` (``1`` default: these kernels where usable;
+``0``: the pointer kernels of ``grouped_gemm_kernel``, as before session 5) through
+``grouped_gemm_fp8_triton``; ``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG`` (comma-separated config
+names) restricts the tuner's candidates. CUDA sm_90+ only (no TMA on AMD: the pointer path).
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import (
     zero_tail,
 )
 
-# ---- session 8: the fp8 kernel with the TMA-store epilogue (plans f8s / f8sm) -----------------
+# ---- session 8: the fp8 kernel with the TMA-store epilogue (plan f8s) ------------------------
 
 
 @triton.jit
@@ -81,35 +80,15 @@ def _scaled_store(c_ptr, c_desc, acc, sa_ptr, sb_ptr, g, row0, col0, stop, N,
 
 @triton.jit
 def _part_table(offs_ptr, M, G, num_pid_n, BLOCK_M: tl.constexpr, G_PAD: tl.constexpr,
-                PART: tl.constexpr, MIXED: tl.constexpr):  # fmt: skip
-    """The group table (``group_table``) of one part of the walk; ``BLOCK_M`` is the big tile,
-    ``H = BLOCK_M // 2``. Without ``MIXED``: part 0 = groups of ``>= BLOCK_M`` rows, part 2 =
-    the smaller ones (``BLOCK_M``-row tiles). With ``MIXED`` (remainders ``r = rows %
-    BLOCK_M``): part 0 = the ``BLOCK_M``-row tiles of groups of ``>= BLOCK_M`` rows, a
-    remainder ``0 < r <= H`` cut off (``hi - r``); part 1 (``H``-row tiles, TMA-stored) = the
-    groups of ``H .. BLOCK_M - 1`` rows (one or two tiles, the second moved up: two tiles of
-    one shape, bitwise the same rows); part 2 (``H``-row tiles, masked stores) = those
-    remainders (``lo = hi - r``: not moved up over rows a ``BLOCK_M``-row tile, another MMA
-    shape, already wrote) and the groups of ``1 .. H - 1`` rows."""
+                SMALL: tl.constexpr):  # fmt: skip
+    """The group table (``group_table``) of one part of the walk: the groups of ``>= BLOCK_M``
+    rows, or with ``SMALL`` the smaller ones."""
     gi, lo, hi, first, ends, total = group_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD)
     n = hi - lo
-    H: tl.constexpr = BLOCK_M // 2
-    if MIXED:
-        r = n % BLOCK_M
-        cut = (n >= BLOCK_M) & (r > 0) & (r <= H)
-        if PART == 0:
-            hi = tl.where(cut, hi - r, hi)
-            mt = tl.where(n >= BLOCK_M, tl.cdiv(hi - lo, BLOCK_M), 0)
-        elif PART == 1:
-            mt = tl.where((n >= H) & (n < BLOCK_M), tl.cdiv(n, H), 0)
-        else:
-            lo = tl.where(cut, hi - r, lo)
-            mt = tl.where(cut | ((n > 0) & (n < H)), 1, 0)
+    if SMALL:
+        mt = tl.where(n < BLOCK_M, tl.cdiv(n, BLOCK_M), 0)
     else:
-        if PART == 0:
-            mt = tl.where(n >= BLOCK_M, tl.cdiv(n, BLOCK_M), 0)
-        else:
-            mt = tl.where(n < BLOCK_M, tl.cdiv(n, BLOCK_M), 0)
+        mt = tl.where(n >= BLOCK_M, tl.cdiv(n, BLOCK_M), 0)
     tiles = mt * num_pid_n
     ends = tl.cumsum(tiles, axis=0)
     return gi, lo, hi, ends - tiles, ends, tl.sum(tiles, axis=0)
@@ -155,50 +134,30 @@ def grouped_gemm_fp8_pre_kernel(
     stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn, num_programs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
-    a_desc_h=None, c_desc_h=None, MIXED: tl.constexpr = False,
 ):  # fmt: skip
-    """Session-8 plans (``PRE_VARIANTS``): the ``f8tma`` walk (flat persistent loop over the
-    in-kernel group table, flattened with its K loop so the next tile's first TMA loads are
-    issued during this tile's epilogue; rows past ``offs[G]`` zeroed by a last loop) with a
-    TMA-store epilogue in two column halves: groups of at least ``BLOCK_M`` rows in a first
-    loop whose tiles all leave through TMA stores (the ragged last tile moved up, see
-    ``_tile_loop``), the smaller groups in a last loop with masked stores (a branch between
-    the two stores in one flattened loop fails in Triton 3.6's loop fusion). ``MIXED``
-    (plan ``f8sm``): a group's remainder of at most ``BLOCK_M // 2`` rows (masked stores) and
-    the groups smaller than ``BLOCK_M`` in ``BLOCK_M // 2``-row tiles (descriptors
-    ``a_desc_h`` / ``c_desc_h``), see ``_part_table``: on Qwen3-30B-A3B's 128 experts 6 % of
-    the MMA rows are padding instead of 11 %. Each loop continues the round-robin where the
-    one before ended."""
+    """Plan ``f8s``: the ``f8tma`` walk (flat persistent loop over the in-kernel group table,
+    flattened with its K loop so the next tile's first TMA loads are issued during this tile's
+    epilogue; rows past ``offs[G]`` zeroed by a last loop) with a TMA-store epilogue in two
+    column halves: groups of at least ``BLOCK_M`` rows in a first loop whose tiles all leave
+    through TMA stores (the ragged last tile moved up, see ``_tile_loop``), the smaller groups
+    in a second loop with masked stores (a branch between the two stores in one flattened loop
+    fails in Triton 3.6's loop fusion); the second loop continues the round-robin where the
+    first ended."""
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    gi, lo, hi, first, ends, total = _part_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD, 0,
-                                                 MIXED)  # fmt: skip
+    gi, lo, hi, first, ends, total = _part_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD,
+                                                 False)  # fmt: skip
     _tile_loop(a_desc, b_desc, c_ptr, c_desc, sa_ptr, sb_ptr, N, K, num_pid_n,
                stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
                pid, num_programs, gi, lo, hi, first, ends, total,
                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, UPCAST, True)  # fmt: skip
     pid = (pid + num_programs - total % num_programs) % num_programs
-    if MIXED:
-        gi, lo, hi, first, ends, total = _part_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD,
-                                                     1, True)  # fmt: skip
-        _tile_loop(a_desc_h, b_desc, c_ptr, c_desc_h, sa_ptr, sb_ptr, N, K, num_pid_n,
-                   stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
-                   pid, num_programs, gi, lo, hi, first, ends, total,
-                   BLOCK_M // 2, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, UPCAST, True)  # fmt: skip
-        pid = (pid + num_programs - total % num_programs) % num_programs
-        gi, lo, hi, first, ends, total = _part_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD,
-                                                     2, True)  # fmt: skip
-        _tile_loop(a_desc_h, b_desc, c_ptr, c_desc_h, sa_ptr, sb_ptr, N, K, num_pid_n,
-                   stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
-                   pid, num_programs, gi, lo, hi, first, ends, total,
-                   BLOCK_M // 2, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, UPCAST, False)  # fmt: skip
-    else:
-        gi, lo, hi, first, ends, total = _part_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD,
-                                                     2, False)  # fmt: skip
-        _tile_loop(a_desc, b_desc, c_ptr, c_desc, sa_ptr, sb_ptr, N, K, num_pid_n,
-                   stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
-                   pid, num_programs, gi, lo, hi, first, ends, total,
-                   BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, UPCAST, False)  # fmt: skip
+    gi, lo, hi, first, ends, total = _part_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD,
+                                                 True)  # fmt: skip
+    _tile_loop(a_desc, b_desc, c_ptr, c_desc, sa_ptr, sb_ptr, N, K, num_pid_n,
+               stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
+               pid, num_programs, gi, lo, hi, first, ends, total,
+               BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, UPCAST, False)  # fmt: skip
     zero_tail(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
@@ -211,18 +170,18 @@ def fp8_tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
     KiB each: one program's epilogue under the other's MMAs; the fastest fp8 GEMM alone at both
     DeepSeek-V3 shapes in H200 run 6.2: gate_up 2.847 / down 1.554 ms vs 128x256 s3 2.950 /
     1.666; its 4-stage ring, 128 KiB, would not fit two per SM), 128x256 (8 warps: 128 fp32
-    accumulator registers per thread) with 3 / 4 stages (144 / 192 KiB ring; s4 2.925 / 1.656),
-    64x256 one warpgroup 4 stages (160 KiB; half the ragged rows at each group's end, for many
-    small groups). 256x128 (3 stages: 3.067 / 1.786 ms) was slowest and is no longer timed. The
-    tuner (``grouped_gemm_kernel._choose``) times them all per shape. CPU (interpreter): tiny
-    tiles."""
+    accumulator registers per thread) with 3 / 4 stages (144 / 192 KiB ring; s4 2.925 / 1.656).
+    The tuner (``grouped_gemm_kernel._choose``) times them all per shape. Removed: 256x128 s3
+    (slowest, 3.067 / 1.786 ms); 64x256 w4 s4 (half the ragged rows at each group's end, meant
+    for many small groups: lost on Qwen3-30B-A3B down in calls 7.x, 0.264-0.306 vs 0.235-0.251
+    ms, and as ``f8s`` in H200 call 8.2, 0.986x / 0.938x ``f8tma`` 128x128 on gate_up / down
+    where ``f8s`` 128x128 reached 1.035x / 1.073x). CPU (interpreter): tiny tiles."""
     if family == ArchFamily.CPU:
         return (GemmConfig(16, 16, 32, 2, 1, 1), GemmConfig(32, 16, 64, 1, 1, 1))
     return (
         GemmConfig(128, 128, 128, 8, 4, 3, programs_per_cu=2),
         GemmConfig(128, 256, 128, 8, 8, 3),
         GemmConfig(128, 256, 128, 8, 8, 4),
-        GemmConfig(64, 256, 128, 8, 4, 4),
     )
 
 
@@ -255,20 +214,18 @@ def fp8_config_filter() -> tuple[str, ...]:
 
 def fp8_tma_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
     """The tuner's candidates (``PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL``: ``pre`` default, the
-    session-8 ``f8s`` plans; ``tma`` session 7's ``f8tma`` / ``f8tmas``; ``mixed`` ``f8s`` and
-    ``f8sm``; ``all`` every plan), restricted to the names in
-    ``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG`` when set. (Small-expert tiles 64x128 / 128x64,
-    timed in H200 call 7.2 on Qwen3-30B-A3B, never won the tuner: removed.)"""
+    session-8 ``f8s`` plans; ``tma`` session 7's ``f8tma`` / ``f8tmas``; ``all`` both),
+    restricted to the names in ``PRIMUS_TURBO_GROUPED_GEMM_FP8_CONFIG`` when set.
+    (Small-expert tiles 64x128 / 128x64, timed in H200 call 7.2 on Qwen3-30B-A3B, never won
+    the tuner: removed.)"""
     kernels = fp8_kernel_set()
     cands = []
     if kernels in ("tma", "all"):
         cands += [("f8tma", cfg) for cfg in fp8_tma_configs(family)]
         cands += [("f8tmas", cfg) for cfg in fp8_tma_configs(family)
                   if _tma_store_cfg(cfg, family)]  # fmt: skip
-    if kernels in ("pre", "mixed", "all"):
-        cands += [("f8s", cfg) for cfg in pre_configs(family)]
-    if kernels in ("mixed", "all"):
-        cands += [("f8sm", cfg) for cfg in pre_configs(family)]
+    if kernels in ("pre", "all"):
+        cands += [(v, cfg) for v in PRE_VARIANTS for cfg in fp8_tma_configs(family)]
     names = fp8_config_filter()
     if not names:
         return cands
@@ -282,42 +239,30 @@ def fp8_tma_plans(family: ArchFamily) -> list[tuple[str, GemmConfig]]:
     return kept
 
 
-# Session-8 plans of ``grouped_gemm_fp8_pre_kernel`` (kernel constexprs per plan name). Measured
-# and removed after H200 call 8.1 (fp8 GEMM alone, graph): f8h (f8tma with the epilogue in two
-# halves), f8ph / f8sp (the scale lines prefetched to L1), the 128x128 two-warpgroup tile
-# capped at 128 registers: at best +0.5-5 % over f8tma where f8s gained 2.6-11 %.
-PRE_VARIANTS = {
-    "f8s": {"MIXED": False},
-    "f8sm": {"MIXED": True},
-}
+# Session-8 plans of ``grouped_gemm_fp8_pre_kernel``. Measured and removed after H200 call 8.1
+# (fp8 GEMM alone, graph): f8h (f8tma with the epilogue in two halves), f8ph / f8sp (the scale
+# lines prefetched to L1), the 128x128 two-warpgroup tile capped at 128 registers: at best
+# +0.5-5 % over f8tma where f8s gained 2.6-11 %. After call 8.2: f8sm (a group's remainder of
+# <= 64 rows and the groups below 128 rows in 64-row tiles: Qwen3-30B-A3B's MMA padding 11.1 ->
+# 6.2 %, but 0.985-1.006x / 0.948-1.019x f8tma on gate_up / down vs f8s 1.035-1.039x / 1.073x;
+# op level KERNEL=mixed 1.51 / 1.44 vs 1.46 / 1.44 bf16 with a bf16 peer 5 % apart: noise).
+# Shared memory of f8s (16 / 32 KiB store staging): 128x128 s3 115224 B (two CTAs per SM),
+# 128x256 s3 181272 B, s4 230432 B.
+PRE_VARIANTS = ("f8s",)
 
 
 def _stores_by_tma(variant: str) -> bool:
     return variant == "f8tmas" or variant in PRE_VARIANTS
 
 
-def pre_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
-    """Tiles of the session-8 kernel: on sm_90 the 128-row tiles of ``fp8_tma_configs`` (the
-    64x256 one never came close: 0.264-0.301 ms vs 0.235-0.251 on Qwen3 down, calls 7.x).
-    Shared memory of the TMA-store plans (16 / 32 KiB staging): 128x128 s3 115224 B (two per
-    SM), 128x256 s3 181272 B, s4 230432 B. H200 call 8.1 (graph, vs f8tma 128x128): Qwen3
-    gate_up 128x128 1.026x, down 1.103x; DeepSeek-V3 gate_up 128x256 s3 1.111x."""
-    base = fp8_tma_configs(family)
-    if family == ArchFamily.CPU:
-        return base
-    return tuple(c for c in base if c.block_m == 128)
-
-
 @functools.cache
 def fp8_kernel_set() -> str:
     """``PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL``: which plans the tuner times. ``pre``
     (default: session 8's ``f8s``, see ``grouped_gemm_fp8_pre_kernel``), ``tma`` (session 7's
-    ``f8tma`` / ``f8tmas``, for A/B), ``mixed`` (``f8s`` and ``f8sm``), ``all``."""
+    ``f8tma`` / ``f8tmas``, for A/B), ``all`` (both)."""
     from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import _env_choice
 
-    return _env_choice(
-        "PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL", "pre", ("pre", "tma", "mixed", "all")
-    )
+    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL", "pre", ("pre", "tma", "all"))
 
 
 def _descriptor_ok(t: torch.Tensor) -> bool:
@@ -354,7 +299,7 @@ def launch_fp8_tma(
     a, b, c, group_offs, sa, sb, cfg: GemmConfig, programs: int, variant: str = "f8tma"
 ) -> None:
     """One launch of plan ``variant`` (``f8tma`` flat TMA kernel, ``f8tmas`` with the TMA-store
-    epilogue, ``f8s`` / ``f8sm`` the session-8 kernel)."""
+    epilogue, ``f8s`` the session-8 kernel)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import _interpreting
@@ -365,18 +310,13 @@ def launch_fp8_tma(
     scales = {"sa_ptr": sa, "sb_ptr": sb, "stride_sa": sa.stride(0), "stride_sbg": sb.stride(0),
               "stride_sbn": sb.stride(1), "SCALED": True}  # fmt: skip
     if variant in PRE_VARIANTS:
-        knobs = dict(PRE_VARIANTS[variant])
         c_desc = TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2])
-        if knobs["MIXED"]:  # the half-height tiles' descriptors
-            half = cfg.block_m // 2
-            knobs["a_desc_h"] = TensorDescriptor.from_tensor(a, [half, cfg.block_k])
-            knobs["c_desc_h"] = TensorDescriptor.from_tensor(c, [half, cfg.block_n // 2])
         grouped_gemm_fp8_pre_kernel[(programs,)](
             a_desc, b_desc, c, c_desc, group_offs, sa, sb, m, n, k, g, c.stride(0), c.stride(1),
             sa.stride(0), sb.stride(0), sb.stride(1), programs,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             G_PAD=triton.next_power_of_2(max(g, 2)), FLATTEN=not interp, UPCAST=interp,
-            **knobs, **cfg.options,
+            **cfg.options,
         )  # fmt: skip
         return
     store = {}
@@ -433,8 +373,6 @@ def grouped_gemm_fp8_tma(
     if c.element_size() != 2 or (n * 2) % 16:  # TMA store: 2-byte out (smem), 16-byte rows
         plans = [p for p in plans if not _stores_by_tma(p[0])] or [("f8tma", plans[0][1])]
     default = plans[0]
-    if family != ArchFamily.CPU and m // g < 256:  # small groups: the 64-row tile if kept
-        default = next((p for p in plans if p[1].block_m == 64), default)
     key = ("fp8fwd", gk._bucket(m), n, k, g, a.dtype, out_dtype, a.device, tuple(plans))
     work = m * n * k
     plan = plans[0] if len(plans) == 1 else gk._choose(key, default, launch, family, work, plans)
@@ -466,14 +404,14 @@ def aot_specs(target: str) -> list:
         specs.append(AotSpec(f"grouped_gemm_fp8_tma_{cfg.name}", grouped_gemm_flat_tma_kernel,
                              sig, {**consts, "c_desc": None, "TMA_STORE": False},
                              cfg.options))  # fmt: skip
-        if cfg in base and _tma_store_cfg(cfg, ArchFamily.HOPPER):
+        if _tma_store_cfg(cfg, ArchFamily.HOPPER):
             sig_s = {**sig, "c_desc": f"tensordesc<bf16[{bm},{bn // 2}]>"}
             specs.append(AotSpec(f"grouped_gemm_fp8_tmas_{cfg.name}",
                                  grouped_gemm_flat_tma_kernel, sig_s,
                                  {**consts, "TMA_STORE": True, "FLATTEN": False},
                                  cfg.options))  # fmt: skip
     for variant in PRE_VARIANTS:
-        for cfg in pre_configs(ArchFamily.HOPPER):
+        for cfg in base:
             bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
             sig = {"a_desc": f"tensordesc<fp8e4nv[{bm},{bk}]>",
                    "b_desc": f"tensordesc<fp8e4nv[{bn},{bk}]>", "c_ptr": "*bf16",
@@ -483,13 +421,7 @@ def aot_specs(target: str) -> list:
                    "stride_sa": "i32", "stride_sbg": "i32:16", "stride_sbn": "i32:1",
                    "num_programs": "i32"}  # fmt: skip
             consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
-                      "G_PAD": 256, "FLATTEN": True, "UPCAST": False,
-                      **PRE_VARIANTS[variant]}  # fmt: skip
-            if PRE_VARIANTS[variant]["MIXED"]:
-                sig["a_desc_h"] = f"tensordesc<fp8e4nv[{bm // 2},{bk}]>"
-                sig["c_desc_h"] = f"tensordesc<bf16[{bm // 2},{bn // 2}]>"
-            else:
-                consts.update(a_desc_h=None, c_desc_h=None)
+                      "G_PAD": 256, "FLATTEN": True, "UPCAST": False}  # fmt: skip
             specs.append(AotSpec(f"grouped_gemm_fp8_{variant}_{cfg.name}",
                                  grouped_gemm_fp8_pre_kernel, sig, consts,
                                  cfg.options))  # fmt: skip

@@ -386,21 +386,21 @@ def test_grouped_gemm_fp8_weight_cache_never_stale(monkeypatch, device):
         mod.clear_weight_cache()
 
 
-# ---- session 8: grouped_gemm_fp8_pre_kernel (plans f8s / f8sm; env ..._FP8_KERNEL) ----
+# ---- session 8: grouped_gemm_fp8_pre_kernel (plan f8s; env ..._FP8_KERNEL) ----
 
 
 def _pre_plans(family):
     from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
 
-    return [(v, cfg) for v in mod.PRE_VARIANTS for cfg in mod.pre_configs(family)]
+    return [(v, cfg) for v in mod.PRE_VARIANTS for cfg in mod.fp8_tma_configs(family)]
 
 
 @pytest.mark.parametrize("tensorwise", [False, True], ids=["rowwise", "tensorwise"])
 def test_grouped_gemm_fp8_pre_kernel_interpreter(tensorwise, device):
     """Every interpreter tile of the session-8 plans vs the dequantized fp32 product: odd,
-    empty and multi-tile ragged groups (remainders above and at most half a tile: f8sm's
-    half-height tiles; groups of half a tile or less), rows past the last group zeroed, N and K
-    not multiples of the tile."""
+    empty and multi-tile ragged groups (remainders above and at most half a tile; groups
+    smaller than a tile), rows past the last group zeroed, N and K not multiples of the
+    tile."""
     from primus_turbo.pytorch.core.platform import ArchFamily
     from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
 
@@ -416,21 +416,21 @@ def test_grouped_gemm_fp8_pre_kernel_interpreter(tensorwise, device):
 
 def test_grouped_gemm_fp8_kernel_env(monkeypatch):
     """PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL picks the tuner's plan kinds (pre default, tma,
-    mixed, all); a bad value raises naming the variable."""
+    all); a bad value (the removed ``mixed`` too) raises naming the variable."""
     from primus_turbo.pytorch.core.platform import ArchFamily
     from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
 
     try:
         for value, kinds in (("", {"f8s"}), ("pre", {"f8s"}), ("tma", {"f8tma", "f8tmas"}),
-                             ("mixed", {"f8s", "f8sm"}),
-                             ("all", {"f8tma", "f8tmas", "f8s", "f8sm"})):  # fmt: skip
+                             ("all", {"f8tma", "f8tmas", "f8s"})):  # fmt: skip
             monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL", value)
             mod.fp8_kernel_set.cache_clear()
             assert {v for v, _ in mod.fp8_tma_plans(ArchFamily.HOPPER)} == kinds, value
-        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL", "bogus")
-        mod.fp8_kernel_set.cache_clear()
-        with pytest.raises(ValueError, match="PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL"):
-            mod.fp8_tma_plans(ArchFamily.HOPPER)
+        for bad in ("bogus", "mixed"):
+            monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL", bad)
+            mod.fp8_kernel_set.cache_clear()
+            with pytest.raises(ValueError, match="PRIMUS_TURBO_GROUPED_GEMM_FP8_KERNEL"):
+                mod.fp8_tma_plans(ArchFamily.HOPPER)
     finally:
         mod.fp8_kernel_set.cache_clear()
 
@@ -446,10 +446,9 @@ def _pre_plans_hopper():
 def test_grouped_gemm_fp8_pre_gpu(plan, device):
     """Every sm_90 session-8 plan vs the dequantized fp32 product, rows past the groups zeroed;
     f8s bitwise equal to the f8tma plan of the same tile (same MMA order, same scaling; a
-    moved-up tile recomputes its rows with the same instructions); f8sm (half-height tiles:
-    another MMA shape) within bf16 rounding; both deterministic (a second run equal). A
-    Qwen3-like case (many small groups with
-    remainders below and above half a tile, K = 768) and ragged N / K."""
+    moved-up tile recomputes its rows with the same instructions); deterministic (a second
+    run equal). A Qwen3-like case (many small groups with remainders below and above half a
+    tile, K = 768) and ragged N / K."""
     from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
 
     _tma_skip(device)
@@ -466,6 +465,6 @@ def test_grouped_gemm_fp8_pre_gpu(plan, device):
         same = torch.equal(c, old)
         again = torch.equal(c, mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.bfloat16, cfg,
                                                         variant))  # fmt: skip
-        if (variant == "f8s" and not same) or not again or not err < 5e-3 or c[sum(lens) :].any():
+        if not same or not again or not err < 5e-3 or c[sum(lens) :].any():
             bad.append(f"{lens}, {n}, {k}: equal {same}, again {again}, rel err {err:.2e}")
     assert not bad, bad
