@@ -15,17 +15,20 @@ same pass: one read (2 B) and one write (1 B) per bf16 element.
   and sets ``scale = fp8_max / amax * 2**-margin`` (amax 0, or a non-finite result: the old
   scale stays), in one Triton launch. Device ops only: quantize + update can be captured in a
   CUDA graph.
-* Saturation guard: a tensor whose range outgrew its history (a weight after a large
-  optimizer step, an activation spike) would saturate under the old scale -- TransformerEngine
-  casts it that way. The scaler's cast is followed by ``tw_delayed_guard_kernel``: when the
-  recorded amax (slot 0, this tensor's included) times the scale exceeds 1.125 fp8_max (a clip
-  beyond an fp8 rounding step), the tensor
-  is cast again with ``fp8_max / amax * 2**-margin`` (and that ``scale_inv`` returned);
-  otherwise its programs return after two scalar loads. Found by the GPU test of Float8Linear
-  (H200 call 8.1): one SGD step at lr 1e-3 on a 512-token batch grew the weight's amax 4.4x
-  (0.031 -> 0.136), the step-0 scale (margin 1) clipped 2.7% of the weights and the output
-  fell to 22.0 dB (dynamic: 28.5). ``PRIMUS_TURBO_QUANT_TWD_GUARD=0`` turns it off (to time
-  it; TransformerEngine's behaviour).
+* Saturation (TransformerEngine's semantics, the default): a tensor whose range outgrew its
+  history (a weight after a large optimizer step, an activation spike) is cast with the old
+  scale, so its largest values saturate to +-fp8_max until ``update()`` catches up. Found by
+  the GPU test of Float8Linear (H200 call 8.1): one SGD step at lr 1e-3 on a 512-token batch
+  grew the weight's amax 4.4x (0.031 -> 0.136), the step-0 scale (margin 1) clipped 2.7% of
+  the weights and the output fell to 22.0 dB (dynamic: 28.5).
+* Saturation guard (opt-in: ``saturation_guard=True`` here or in the DELAYED
+  ``Float8QuantConfig``; ``PRIMUS_TURBO_QUANT_TWD_GUARD=1`` / ``0`` forces it on / off for every
+  scaler): the scaler's cast is followed by ``tw_delayed_guard_kernel``: when the recorded amax
+  (slot 0, this tensor's included) times the scale exceeds 1.125 fp8_max (a clip beyond an fp8
+  rounding step), the tensor is cast again with ``fp8_max / amax * 2**-margin`` (and that
+  ``scale_inv`` returned); otherwise its programs return after two scalar loads. Off by
+  default: the extra launch cost ~4% of copy bandwidth on the H200 (call 8.2, 8192x4096 /
+  6144x4096: 0.823 / 0.830 of copy guarded, 0.866 / 0.864 without).
 * First use: a scaler with no history would cast step 1 with scale 1 (TransformerEngine's
   start), which saturates or flushes most values of a real tensor. Instead the first
   ``quantize`` of a scaler first computes the tensor's own amax (one extra read: one dynamic
@@ -110,8 +113,11 @@ def quantize_fp8_delayed(
     return quantize_delayed_impl(x, out_dtype, scale, amax_out, with_trans)
 
 
-def _guard_on() -> bool:
-    raw = os.environ.get("PRIMUS_TURBO_QUANT_TWD_GUARD", "").strip() or "1"
+def _guard_on(default: bool) -> bool:
+    """``PRIMUS_TURBO_QUANT_TWD_GUARD`` (0 / 1) overrides the scaler's ``saturation_guard``."""
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_TWD_GUARD", "").strip()
+    if not raw:
+        return default
     if raw not in ("0", "1"):
         raise ValueError(f"primus_turbo: PRIMUS_TURBO_QUANT_TWD_GUARD expected 0 or 1, got {raw!r}")
     return raw == "1"
@@ -121,7 +127,8 @@ class Fp8DelayedScaler(nn.Module):
     """Delayed-scaling state of one tensor (see the module docstring)."""
 
     def __init__(self, amax_history_len: int = 1024, amax_compute_algo: str = "max",
-                 margin: int = 0, device=None) -> None:  # fmt: skip
+                 margin: int = 0, device=None,
+                 saturation_guard: bool = False) -> None:  # fmt: skip
         super().__init__()
         op = "Fp8DelayedScaler"
         n = amax_history_len
@@ -131,8 +138,11 @@ class Fp8DelayedScaler(nn.Module):
               f"one of {AMAX_COMPUTE_ALGOS}", repr(amax_compute_algo))  # fmt: skip
         check(isinstance(margin, int) and not isinstance(margin, bool) and margin >= 0, op,
               "margin", "an int >= 0", repr(margin))  # fmt: skip
+        check(isinstance(saturation_guard, bool), op, "saturation_guard", "a bool",
+              repr(saturation_guard), TypeError)  # fmt: skip
         self.amax_compute_algo = amax_compute_algo
         self.margin = margin
+        self.saturation_guard = saturation_guard
         self.fmax: float | None = None  # of the dtype of the last quantize
         self.initialized = False
         f32 = dict(dtype=torch.float32, device=device)
@@ -142,7 +152,8 @@ class Fp8DelayedScaler(nn.Module):
 
     @classmethod
     def from_config(cls, config: Float8QuantConfig, device=None) -> Fp8DelayedScaler:
-        return cls(config.amax_history_len, config.amax_compute_algo, config.margin, device)
+        return cls(config.amax_history_len, config.amax_compute_algo, config.margin, device,
+                   config.saturation_guard)  # fmt: skip
 
     def quantize(self, x: torch.Tensor, dtype: torch.dtype, dual: bool = False):
         """``(q, scale_inv)`` (``(q, s, q_t, s)`` with ``dual``) of ``x`` cast with the current
@@ -162,7 +173,7 @@ class Fp8DelayedScaler(nn.Module):
             quantize_delayed_impl(x, dtype, self.scale, amax, False, store=False)
             self._set_scale(scale_from_amax(amax[0], self.scale, fmax, self.margin))
             self.initialized = True
-        guard = self.margin if _guard_on() else None
+        guard = self.margin if _guard_on(self.saturation_guard) else None
         return quantize_delayed_impl(x, dtype, self.scale, self.amax_history[:1], dual,
                                      guard=guard)  # fmt: skip
 
@@ -199,7 +210,8 @@ class Fp8DelayedScaler(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"amax_history_len={self.amax_history.numel()}, "
-                f"amax_compute_algo={self.amax_compute_algo!r}, margin={self.margin}")  # fmt: skip
+                f"amax_compute_algo={self.amax_compute_algo!r}, margin={self.margin}, "
+                f"saturation_guard={self.saturation_guard}")  # fmt: skip
 
 
 class Fp8DelayedScaling(nn.Module):

@@ -5,6 +5,8 @@ torch.compile, CUDA-graph capture (GPU). CPU runs the interpreter with small til
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -43,7 +45,9 @@ if HAS_GPU:
 
 @pytest.fixture(autouse=True)
 def _small_tiles(monkeypatch):
-    """Interpreter: 1024-wide flat tiles and 16x32 dual tiles (many tiles per program)."""
+    """Interpreter: 1024-wide flat tiles and 16x32 dual tiles (many tiles per program). The
+    guard's global override is unset (the tests set it where they test it)."""
+    monkeypatch.delenv("PRIMUS_TURBO_QUANT_TWD_GUARD", raising=False)
     if not HAS_GPU:
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_TW_BLOCK", "1024")
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_TW_TILE", "16x32")
@@ -168,16 +172,14 @@ def test_first_use_matches_dynamic_then_records_amax():
         assert _bits_equal(q, q_dyn)
     assert sc.initialized and sc.amax_history.tolist() == [amax.item(), 0, 0, 0]
     assert sc.scale.item() == pytest.approx(448.0 / amax.item(), rel=1e-6)
-    # step 2 casts with the CURRENT scale when x2 fits it (1.05x), re-cast by the saturation
-    # guard when it does not (4x); the scaler's scale changes only at update()
+    # step 2 casts with the CURRENT scale, also when x2 outgrew it (4x: saturated, the default
+    # without the guard, TransformerEngine's behaviour); the scale changes only at update()
     old = sc.scale.clone()
-    q2, _ = sc.quantize(x * 1.05, E4M3)
-    assert _bits_equal(q2, ref.quantize_tensorwise_given_ref(x * 1.05, E4M3, old)[0])
-    x2 = x * 4
-    q2, s2 = sc.quantize(x2, E4M3)
-    eff = ref.guard_scale(sc.amax_history[0], old, E4M3, 0)
-    assert not torch.equal(eff, old) and torch.equal(s2, torch.reciprocal(eff))
-    assert _bits_equal(q2, ref.quantize_tensorwise_given_ref(x2, E4M3, eff)[0])
+    for mult in (1.05, 4.0):
+        q2, s2 = sc.quantize(x * mult, E4M3)
+        assert _bits_equal(q2, ref.quantize_tensorwise_given_ref(x * mult, E4M3, old)[0])
+        assert torch.equal(s2, torch.reciprocal(old))
+    assert (q2.float().abs() == 448.0).sum() > 10
     assert torch.equal(sc.scale, old)
     assert sc.amax_history[0].item() == 4 * amax.item()  # accumulated: max of the calls
 
@@ -186,9 +188,11 @@ def test_first_use_matches_dynamic_then_records_amax():
 @pytest.mark.parametrize("length", [1, 3])
 @pytest.mark.parametrize("margin", [0, 2])
 def test_update_rules_match_reference(algo, length, margin):
-    """The update (one Triton launch) and the guarded casts give the reference's bits (the
-    8x step outgrows the scale: the saturation guard re-casts it)."""
-    sc = Fp8DelayedScaler(length, algo, margin, device=DEV)
+    """The update (one Triton launch) and the casts give the reference's bits (the 8x step
+    outgrows the scale: saturated by default (margin 0), re-cast by the opt-in saturation guard
+    (margin 2))."""
+    guard = margin == 2
+    sc = Fp8DelayedScaler(length, algo, margin, device=DEV, saturation_guard=guard)
     scale = sc.scale.clone()
     hist = sc.amax_history.clone()
     for i, mult in enumerate((2.0, 8.0, 1.0, 0.5, 0.0)):
@@ -197,7 +201,7 @@ def test_update_rules_match_reference(algo, length, margin):
         if i == 0:  # first use: the scale of x's own amax
             scale = sc.scale.clone()
         hist[0] = torch.maximum(hist[0], ref.quantize_tensorwise_given_ref(x, E4M3, scale)[2])
-        eff = ref.guard_scale(hist[0], scale, E4M3, margin)
+        eff = ref.guard_scale(hist[0], scale, E4M3, margin) if guard else scale
         assert _bits_equal(q, ref.quantize_tensorwise_given_ref(x, E4M3, eff)[0])
         assert torch.equal(s, torch.reciprocal(eff)) and torch.equal(sc.scale, scale)
         assert torch.equal(sc.amax_history, hist)
@@ -230,15 +234,29 @@ def test_roll_order_and_zero_amax_keeps_scale():
     assert mr.scale.item() == 448.0 / 7.0 / 2.0 and mr.amax_history.tolist() == [0, 0, 7.0]
 
 
+def _guarded_scaler(**kw):
+    cfg = Float8QuantConfig(strategy=DELAYED, saturation_guard=True, **kw)
+    return Fp8DelayedScaling(cfg, device=DEV).weight
+
+
 @pytest.mark.parametrize("dual", [False, True])
-@pytest.mark.parametrize("guard", ["1", "0"])
-def test_saturation_guard(monkeypatch, dual, guard):
-    """A tensor whose range outgrew the history (4x: a weight after a large optimizer step) is
-    re-cast with the recorded amax's scale (margin kept), not clipped; a growth within an fp8
-    rounding step (1.1x) keeps the delayed scale; the scaler's own scale changes only at
-    update(). PRIMUS_TURBO_QUANT_TWD_GUARD=0: the plain delayed cast (clipped)."""
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_TWD_GUARD", guard)
-    sc = Fp8DelayedScaler(4, margin=1, device=DEV)
+@pytest.mark.parametrize("mode", ["default", "config", "env_on", "env_off"])
+def test_saturation_guard(monkeypatch, dual, mode):
+    """With the opt-in guard (config ``saturation_guard=True``, or the global override
+    PRIMUS_TURBO_QUANT_TWD_GUARD=1) a tensor whose range outgrew the history (4x: a weight after
+    a large optimizer step) is re-cast with the recorded amax's scale (margin kept), not clipped;
+    a growth within an fp8 rounding step (1.1x) keeps the delayed scale; the scaler's own scale
+    changes only at update(). Default, or the override =0 on a guarded config: the plain delayed
+    cast (clipped, TransformerEngine's behaviour)."""
+    if mode.startswith("env"):
+        monkeypatch.setenv("PRIMUS_TURBO_QUANT_TWD_GUARD", "1" if mode == "env_on" else "0")
+    if mode in ("config", "env_off"):
+        sc = _guarded_scaler(amax_history_len=4, margin=1)
+        assert sc.saturation_guard
+    else:
+        sc = Fp8DelayedScaler(4, margin=1, device=DEV)
+        assert not sc.saturation_guard
+    guard = mode in ("config", "env_on")
     x0 = _x(48, 96)
     sc.quantize(x0, E4M3)
     sc.update()
@@ -247,7 +265,7 @@ def test_saturation_guard(monkeypatch, dual, guard):
         x = x0 * mult
         out = sc.quantize(x, E4M3, dual=dual)
         eff = scale
-        if fires and guard == "1":
+        if fires and guard:
             eff = ref.scale_from_amax(x.float().abs().amax(), scale, 448.0, 1)
             assert torch.equal(eff, ref.guard_scale(sc.amax_history[0], scale, E4M3, 1))
         q_ref = ref.quantize_tensorwise_given_ref(x, E4M3, eff)[0]
@@ -255,7 +273,7 @@ def test_saturation_guard(monkeypatch, dual, guard):
         if dual:
             assert _bits_equal(out[2], q_ref.t().contiguous()) and out[3] is out[1]
         sat = (out[0].float().abs() == 448.0).sum().item()
-        assert (sat > 10) == (fires and guard == "0")
+        assert (sat > 10) == (fires and not guard)
         assert torch.equal(sc.scale, scale)
         sc.amax_history.zero_()
 
@@ -285,12 +303,32 @@ def test_config_validation():
         Float8QuantConfig(strategy=DELAYED, amax_compute_algo="mean")
     with pytest.raises(ValueError, match="margin"):
         Float8QuantConfig(strategy=DELAYED, margin=-1)
+    with pytest.raises(ValueError, match="'saturation_guard' expected False unless strategy is"):
+        Float8QuantConfig(saturation_guard=True)  # DYNAMIC: nothing to guard
+    with pytest.raises(TypeError, match="saturation_guard"):
+        Float8QuantConfig(strategy=DELAYED, saturation_guard=1)
+    with pytest.raises(TypeError, match="Fp8DelayedScaler.*saturation_guard"):
+        Fp8DelayedScaler(saturation_guard="yes")
     with pytest.raises(ValueError, match="strategy"):
         Float4QuantConfig(strategy=DELAYED)
     with pytest.raises(ValueError, match="Fp8DelayedScaling.*strategy"):
         Fp8DelayedScaling(Float8QuantConfig())
     with pytest.raises(ValueError, match="amax_compute_algo"):
         Fp8DelayedScaler(amax_compute_algo="avg")
+
+
+def test_guard_off_by_default():
+    """TransformerEngine's semantics by default: no saturation guard in the config, the scaler,
+    or the three scalers Float8Linear builds from a DELAYED config; the guard is opt-in."""
+    assert not Float8QuantConfig().saturation_guard
+    cfg = Float8QuantConfig(strategy=DELAYED)
+    assert not cfg.saturation_guard and not Fp8DelayedScaler().saturation_guard
+    mod = Float8Linear(32, 16, config=cfg, device=DEV)
+    assert not any(sc.saturation_guard for sc in mod.fp8_scaling.children())
+    on = Float8Linear(32, 16, config=Float8QuantConfig(strategy=DELAYED, saturation_guard=True),
+                      device=DEV)  # fmt: skip
+    assert all(sc.saturation_guard for sc in on.fp8_scaling.children())
+    assert "saturation_guard=True" in repr(on.fp8_scaling.weight)
 
 
 def test_guard_env_validated(monkeypatch):
@@ -363,36 +401,52 @@ def test_other_fp8_entries_refuse_delayed(entry, name, arg):
     assert "got DELAYED" in msg and "Float8Linear" in msg and "gemm_fp8" in msg
 
 
+# (batch, in, out, SGD lr) of the training tests: the GPU case is H200 call 8.1's, where one
+# step grew the weight's amax 4.4x (0.031 -> 0.136); the CPU lr gives the tiny layer ~4.4x too
+_TRAIN = (512, 1024, 768, 1e-3) if HAS_GPU else (16, 128, 32, 0.02)
+
+
+def _train_step(mod, ref_lin, step):
+    """One step of ``mod`` and of an fp32 copy of its current weights on the same data: the
+    (ref, fp8) output / input-grad / weight-grad pairs (the weight update is the caller's)."""
+    b, i, _, _ = _TRAIN
+    ref_lin.zero_grad()
+    with torch.no_grad():
+        ref_lin.weight.copy_(mod.weight.float())
+        ref_lin.bias.copy_(mod.bias.float())
+    x = torch.randn(b, i, device=DEV) * (1.0 + 0.25 * step)  # a drifting range
+    x8 = x.to(torch.bfloat16).requires_grad_()
+    xr = x8.detach().float().requires_grad_()
+    y, yr = mod(x8), ref_lin(xr)
+    g = torch.randn_like(yr)
+    y.backward(g.to(torch.bfloat16))
+    yr.backward(g)
+    return (yr.detach(), y.detach()), (xr.grad, x8.grad), (ref_lin.weight.grad, mod.weight.grad)
+
+
 @pytest.mark.parametrize("fmt", [Format.E4M3, Format.HYBRID])
 def test_float8_linear_delayed_training_steps(fmt):
-    """A few training steps: every step's output and both grads reach the E4M3 gate (25 dB)
-    against fp32, the scalers are updated once per forward / backward. The input range grows
-    25% per step, so margin 1 (half the range) keeps the larger values from saturating
+    """A few training steps WITH the saturation guard: every step's output and both grads reach
+    the E4M3 gate (25 dB) against fp32 (step 1 too, where the weight's amax grew ~4.4x: the
+    guard re-casts it), the scalers are updated once per forward / backward. The input range
+    grows 25% per step, so margin 1 (half the range) keeps the larger values from saturating
     (without it the tiny CPU tensors, whose amax moves a lot, lose ~5 dB)."""
-    b, i, o = (512, 1024, 768) if HAS_GPU else (16, 128, 32)
+    b, i, o, lr = _TRAIN
     torch.manual_seed(0)
-    cfg = Float8QuantConfig(format=fmt, strategy=DELAYED, amax_history_len=8, margin=1)
+    cfg = Float8QuantConfig(format=fmt, strategy=DELAYED, amax_history_len=8, margin=1,
+                            saturation_guard=True)  # fmt: skip
     mod = Float8Linear(i, o, config=cfg, device=DEV, dtype=torch.bfloat16)
     ref_lin = torch.nn.Linear(i, o, device=DEV, dtype=torch.float32)
-    opt = torch.optim.SGD(mod.parameters(), lr=1e-3)
+    opt = torch.optim.SGD(mod.parameters(), lr=lr)
     ds = mod.fp8_scaling
     assert isinstance(ds, Fp8DelayedScaling) and ds.input.amax_history.numel() == 8
+    assert ds.weight.saturation_guard
     for step in range(4):
-        ref_lin.zero_grad()
-        with torch.no_grad():
-            ref_lin.weight.copy_(mod.weight.float())
-            ref_lin.bias.copy_(mod.bias.float())
-        x = torch.randn(b, i, device=DEV) * (1.0 + 0.25 * step)  # a drifting range
-        x8 = x.to(torch.bfloat16).requires_grad_()
-        xr = x8.detach().float().requires_grad_()
-        y, yr = mod(x8), ref_lin(xr)
-        g = torch.randn_like(yr)
-        y.backward(g.to(torch.bfloat16))
-        yr.backward(g)
+        (yr, y), (gxr, gx), (gwr, gw) = _train_step(mod, ref_lin, step)
         gate = 25.0 if fmt == Format.E4M3 else 20.0  # HYBRID: grad_out in E5M2
-        assert snr_db(yr.detach(), y.detach()) >= 25.0, step
-        assert snr_db(xr.grad, x8.grad) >= gate, step
-        assert snr_db(ref_lin.weight.grad, mod.weight.grad) >= gate, step
+        assert snr_db(yr, y) >= 25.0, step
+        assert snr_db(gxr, gx) >= gate, step
+        assert snr_db(gwr, gw) >= gate, step
         opt.step()
         opt.zero_grad()
         # one update per forward (slot 0 zeroed, the step's amax at the end) and per backward
@@ -400,6 +454,42 @@ def test_float8_linear_delayed_training_steps(fmt):
             assert sc.amax_history[0].item() == 0.0 and sc.amax_history[-1].item() > 0
     assert ds.grad_output.fmax == (448.0 if fmt == Format.E4M3 else 57344.0)
     assert "fp8_scaling.input.amax_history" in mod.state_dict()
+
+
+def test_float8_linear_delayed_unguarded_saturates_like_te():
+    """The default (no guard, TransformerEngine's semantics) on the training test's step 1: the
+    weight's amax grew ~4.4x in one SGD step, so the step-0 scale clips it -- the output's SNR
+    falls below the guarded twin's (H200 call 8.1: 22.0 vs 28.5 dB), finite, no NaN; update()
+    then catches up (step 2's weight scale covers the grown amax)."""
+    b, i, o, lr = _TRAIN
+    torch.manual_seed(0)
+    cfg = Float8QuantConfig(strategy=DELAYED, amax_history_len=8, margin=1)
+    mod = Float8Linear(i, o, config=cfg, device=DEV, dtype=torch.bfloat16)
+    ref_lin = torch.nn.Linear(i, o, device=DEV, dtype=torch.float32)
+    w0 = mod.weight.detach().abs().max().item()
+    _train_step(mod, ref_lin, 0)
+    with torch.no_grad():
+        mod.weight -= lr * mod.weight.grad
+        mod.bias -= lr * mod.bias.grad
+    mod.weight.grad = mod.bias.grad = None
+    assert mod.weight.detach().abs().max().item() > 3 * w0  # the precondition: a jump
+    guarded = Float8Linear(i, o, config=dataclasses.replace(cfg, saturation_guard=True),
+                           device=DEV, dtype=torch.bfloat16)  # fmt: skip
+    guarded.load_state_dict(mod.state_dict())
+    scale = mod.fp8_scaling.weight.scale.item()  # step 1 casts the weight with it
+    clipped = (mod.weight.detach().float().abs() * scale > 448.0).float().mean().item()
+    assert clipped > 1e-3, clipped  # the weight saturates under the old scale
+    rng = torch.get_rng_state(), torch.cuda.get_rng_state() if HAS_GPU else None
+    (yr, y), _, _ = _train_step(mod, ref_lin, 1)
+    torch.set_rng_state(rng[0])
+    if HAS_GPU:
+        torch.cuda.set_rng_state(rng[1])
+    (yr_g, y_g), _, _ = _train_step(guarded, ref_lin, 1)
+    torch.testing.assert_close(yr, yr_g, rtol=1e-6, atol=1e-6)  # same data, same weights
+    assert torch.isfinite(y).all()
+    snr, snr_g = snr_db(yr, y), snr_db(yr_g, y_g)
+    assert snr_g >= 25.0 and snr < snr_g - 2.0, (snr, snr_g)
+    assert mod.fp8_scaling.weight.scale.item() * mod.weight.detach().float().abs().max() <= 448
 
 
 def test_float8_linear_delayed_from_float_and_compile():
