@@ -18,23 +18,18 @@
 // sectors per 4 lanes, no shared tile); the row bytes collect in registers and leave as 8 bytes
 // per row (a warp store covers 4 rows x 64 bytes). Scales go through 1 KB of shared memory so
 // each row of s and of st gets one 4-byte store per tile (256 stores per tile instead of 1024
-// single bytes), one __syncthreads per tile (g: two, see quant_mx_pipe_kernel).
+// single bytes), one __syncthreads per tile.
 // sm_90 SASS per element (main path, 752 per thread and tile incl. the unexecuted byte-wise
 // edge stores): 2 FMUL, 1 unpack, 1 F2FP (two outputs), 0.5 exponent mask, ~0.9 packed max,
 // ~0.5 PRMT; 80 registers, no spill (the Triton word kernel: 11.75 per element, 96 registers).
-// Variants (PRIMUS_TURBO_QUANT_CUDA_MX; H200 call 8.2, x of copy, 4 shapes: a 0.816, Triton
-// 0.787 in call 8.1): 1 (a, the default) = one tile per 256-thread block, 3 blocks per SM (79
-// registers); 7 (g, opt-in) = a's warp-local amax and E8M0 math with quant_dual.cu's pipeline
-// and store side: persistent blocks (2 per SM) that load the next tile by cp.async into a second
-// 32 KB shared stage, q^T through a 16 KB XOR-swizzled shared tile leaving as 16-byte rows.
-// Removed after call 8.2: d (512-thread blocks, 4 rows per lane: 0.751), e (persistent, next
-// tile in registers: 0.777), f (a with ld.global.nc.L2::256B: 0.810), the rows kernel (0.834
-// vs Triton 0.875). Needs sm_89+ (fp8 conversions; other archs compile an empty kernel and
-// the Python gate never calls it there). ROCm builds compile a stub (AMD keeps the Triton
-// kernels). Nothing here throws.
-#include <algorithm>
-#include <atomic>
-
+// Variant (PRIMUS_TURBO_QUANT_CUDA_MX; H200 call 8.2, x of copy, 4 shapes: a 0.816, Triton
+// 0.787 in call 8.1): 1 (a, the only one) = one tile per 256-thread block, 3 blocks per SM (79
+// registers). Removed after call 8.2: d (512-thread blocks, 4 rows per lane: 0.751), e
+// (persistent, next tile in registers: 0.777), f (a with ld.global.nc.L2::256B: 0.810), the rows
+// kernel (0.834 vs Triton 0.875); after call 8.3: g (persistent 2 blocks/SM, next tile by
+// cp.async, q^T through a swizzled shared tile with 16-byte stores: 0.806 vs a 0.816). Needs
+// sm_89+ (fp8 conversions; other archs compile an empty kernel and the Python gate never calls
+// it there). ROCm builds compile a stub (AMD keeps the Triton kernels). Nothing here throws.
 #include "primus_turbo/device.h"
 #include "primus_turbo/quant_dual_mx.h"
 
@@ -179,27 +174,13 @@ __device__ __forceinline__ void load_tile(uint32_t (&d)[R][4], const uint16_t* _
   }
 }
 
-// The 8 q^T bytes b (rows m .. m + 7 of tile column nl) into g's shared q^T tile: 128 rows (n) of
-// 8 16-byte chunks (m), chunk c of row nl at c ^ (nl / 8 % 8). A half-warp's 8-byte stores (8
-// columns nl = 8 cv + k, one chunk, two halves) hit 16 distinct 8-byte bank pairs; a quarter-
-// warp reading one row's 8 chunks for the global store hits 8 distinct chunks.
-__device__ __forceinline__ int qt_slot(int nl, int chunk) {
-  return nl * 8 + (chunk ^ ((nl >> 3) & 7));
-}
-
-__device__ __forceinline__ void qt_put(uint4* tsm, int nl, int m, const uint32_t (&b)[4]) {
-  auto* p = reinterpret_cast<uint2*>(tsm + qt_slot(nl, m >> 4)) + ((m >> 3) & 1);
-  *p = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
-}
-
 // Everything after the loads of tile (tm, tn). ssm / csm: this tile's 128 x 4 scale bytes of
-// s rows / st rows in shared memory. tsm (variant g): q^T goes to this shared tile (see qt_put;
-// the caller stores it after the barrier) instead of 8-byte global stores from registers.
-template <bool E5M2, int R, bool SQT = false>
+// s rows / st rows in shared memory.
+template <bool E5M2, int R>
 __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* ssm, uint32_t* csm,
                                           uint8_t* __restrict__ q, uint8_t* __restrict__ s,
                                           uint8_t* __restrict__ qt, uint8_t* __restrict__ st,
-                                          int M, int N, int tm, int tn, uint4* tsm = nullptr) {
+                                          int M, int N, int tm, int tn) {
   constexpr int EMAX = E5M2 ? 15 : 8;
   constexpr int H = R / 2;  // row pairs per lane
   const Layout<R> L;
@@ -289,16 +270,10 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
         ra[2 * p + 1][i >> 1] = r1;
       }
     }
-    if constexpr (SQT) {
-      const int nl = 8 * R * wn + 8 * cv + 2 * i, ml = 32 * wm + R * rq;
-      qt_put(tsm, nl, ml, tl);
-      qt_put(tsm, nl + 1, ml, th);
-    } else {
-      if (ok) st_pairs<R>(tp, tl);
-      tp = opaque(tp + M);
-      if (ok) st_pairs<R>(tp, th);
-      tp = opaque(tp + M);
-    }
+    if (ok) st_pairs<R>(tp, tl);
+    tp = opaque(tp + M);
+    if (ok) st_pairs<R>(tp, th);
+    tp = opaque(tp + M);
   }
   uint8_t* qp = q + int64_t{row0} * N + col;
 #pragma unroll
@@ -359,81 +334,6 @@ __global__ void __launch_bounds__(Layout<R>::kThreads, MINB)
 #endif
 }
 
-// Variant g: the 128 x 128 bf16 tile `tile` into stg (row r, 16-byte chunk c at stg[16 r + c]:
-// 16 threads per 256-byte row, coalesced), zero-filled outside x; one cp.async group.
-__device__ __forceinline__ void issue_mx_tile(uint4* stg, const uint16_t* x, int M, int N,
-                                              int tiles_n, int tile) {
-  const int t = threadIdx.x, c = t & 15;
-  const int m0 = (tile / tiles_n) * kTile, col = (tile % tiles_n) * kTile + 8 * c;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const int r = (t >> 4) + 16 * k;
-    const bool ok = m0 + r < M && col < N;
-    const uint16_t* src = ok ? x + int64_t{m0 + r} * N + col : x;
-    const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(stg + 16 * r + c));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(ok ? 16 : 0));
-  }
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-
-constexpr int kStageSmem = 2 * kTile * kTile * 2;  // two bf16 tiles: 64 KB (dynamic)
-
-// Variant g: persistent blocks (2 per SM, 256 threads) walking tiles blockIdx.x, + gridDim.x,
-// ...; the next tile's cp.async runs while this one is processed (a's lane layout read from the
-// stage: a quarter-warp reads one row's 128 contiguous bytes, conflict-free); q^T leaves the
-// swizzled shared tile as 16-byte stores (8 lanes per 128-byte row piece of q^T).
-template <bool E5M2>
-__global__ void __launch_bounds__(256, 2)
-    quant_mx_pipe_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
-                         uint8_t* __restrict__ s, uint8_t* __restrict__ qt,
-                         uint8_t* __restrict__ st, int M, int N, int tiles_n, int tiles) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  extern __shared__ uint4 stage[];  // [2][128 rows][16 chunks]
-  __shared__ uint4 tsm[kTile * 8];  // q^T tile: 128 rows (n) x 8 chunks of 16 m (qt_slot)
-  __shared__ uint32_t ssm[kTile], csm[kTile];
-  const int t = threadIdx.x;
-  const Layout<8> L;
-  int tile = blockIdx.x;
-  if (tile < tiles) issue_mx_tile(stage, x, M, N, tiles_n, tile);
-  for (int i = 0; tile < tiles; ++i, tile += gridDim.x) {
-    const int next = tile + static_cast<int>(gridDim.x);
-    if (next < tiles) {
-      issue_mx_tile(stage + ((i + 1) & 1) * kTile * 16, x, M, N, tiles_n, next);
-    } else {
-      asm volatile("cp.async.commit_group;\n" ::);
-    }
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    // this tile's chunks (other threads' copies) landed; the previous tile's tsm / ssm / csm
-    // reads are done before anyone writes them again
-    __syncthreads();
-    const uint4* cur =
-        stage + (i & 1) * kTile * 16 + (32 * L.wm + 8 * L.rq) * 16 + 8 * L.wn + L.cv;
-    uint32_t d[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const uint4 u = cur[16 * j];
-      d[j][0] = u.x;
-      d[j][1] = u.y;
-      d[j][2] = u.z;
-      d[j][3] = u.w;
-    }
-    const int tm = tile / tiles_n, tn = tile - tm * tiles_n;
-    tile_body<E5M2, 8, true>(d, ssm, csm, q, s, qt, st, M, N, tm, tn, tsm);  // ends in a barrier
-    // q^T: 1024 chunks, thread t the chunks t + 256 k (row nl = chunk / 8, m chunk chunk % 8)
-    const int m0 = tm * kTile, n0 = tn * kTile;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int u = t + 256 * k, nl = u >> 3, c = u & 7;
-      const uint4 v = tsm[qt_slot(nl, c)];
-      if (n0 + nl < N && m0 + 16 * c < M) {
-        *reinterpret_cast<uint4*>(qt + int64_t{n0 + nl} * M + m0 + 16 * c) = v;
-      }
-    }
-  }
-#endif
-}
-
 template <bool E5M2, int R, int MINB>
 void launch_tiles(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* QT, uint8_t* ST, int M,
                   int N, int tn, int64_t tiles, cudaStream_t stream) {
@@ -444,7 +344,7 @@ void launch_tiles(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* QT, uint8_
 
 template <bool E5M2>
 Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, int64_t n,
-              int variant, cudaStream_t stream) {
+              cudaStream_t stream) {
   const int64_t tiles_m = (m + kTile - 1) / kTile, tiles_n = (n + kTile - 1) / kTile;
   const int64_t tiles = tiles_m * tiles_n;
   // 32-bit row / column indices (offsets are 64-bit)
@@ -456,25 +356,7 @@ Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, in
   auto* ST = static_cast<uint8_t*>(st);
   const int tn = static_cast<int>(tiles_n);
   const int M = static_cast<int>(m), N = static_cast<int>(n);
-  if (variant == 1) {  // a
-    launch_tiles<E5M2, 8, 3>(X, Q, S, QT, ST, M, N, tn, tiles, stream);
-  } else {  // g: 64 KB dynamic + 17 KB static shared memory per block
-    auto* kern = quant_mx_pipe_kernel<E5M2>;
-    // the opt-in once per device and instantiation (not again inside a CUDA graph capture)
-    static std::atomic<bool> smem_set[64];
-    int dev = 0;
-    PT_RETURN_IF_ERROR(ptGetDevice(&dev));
-    if (dev < 0 || dev >= 64 || !smem_set[dev].load(std::memory_order_relaxed)) {
-      PT_RETURN_IF_ERROR(
-          cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kStageSmem));
-      if (dev >= 0 && dev < 64) smem_set[dev].store(true, std::memory_order_relaxed);
-    }
-    int sms = 1;
-    const Status st_sm = device_sm_count(&sms);
-    if (st_sm != kOk) return st_sm;
-    const auto blocks = static_cast<unsigned>(std::min<int64_t>(tiles, 2 * int64_t{sms}));
-    kern<<<blocks, 256, kStageSmem, stream>>>(X, Q, S, QT, ST, M, N, tn, static_cast<int>(tiles));
-  }
+  launch_tiles<E5M2, 8, 3>(X, Q, S, QT, ST, M, N, tn, tiles, stream);  // a
   PT_RETURN_LAUNCH_STATUS();
   return kOk;
 }
@@ -485,12 +367,10 @@ bool quant_dual_mx_gpu_available() noexcept { return true; }
 
 Status quant_dual_mx_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                              int64_t n, bool e5m2, int variant, void* stream) noexcept {
-  const bool known = variant == 1 || variant == 7;
-  if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || !known) return kBadArgument;
+  if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || variant != 1) return kBadArgument;
   if (m == 0 || n == 0) return kOk;
   auto* cs = static_cast<cudaStream_t>(stream);
-  return e5m2 ? launch<true>(x, q, s, qt, st, m, n, variant, cs)
-              : launch<false>(x, q, s, qt, st, m, n, variant, cs);
+  return e5m2 ? launch<true>(x, q, s, qt, st, m, n, cs) : launch<false>(x, q, s, qt, st, m, n, cs);
 }
 
 #endif  // PT_HIP

@@ -20,9 +20,8 @@ namespace primus_turbo {
 // True in builds whose GPU kernels include the MX dual quantization (CUDA builds).
 bool quant_dual_mx_gpu_available() noexcept;
 
-// `variant`: 1 = one 128 x 128 tile per 256-thread block (3 blocks per SM), 7 = persistent
-// blocks (2 per SM) with the next tile by cp.async into a second shared stage and q^T through a
-// swizzled shared tile (16-byte stores). `stream`: a cudaStream_t. Runs on the current device.
+// `variant`: 1 (the only one) = one 128 x 128 tile per 256-thread block (3 blocks per SM); any
+// other value returns kBadArgument. `stream`: a cudaStream_t. Runs on the current device.
 Status quant_dual_mx_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                              int64_t n, bool e5m2, int variant, void* stream) noexcept;
 

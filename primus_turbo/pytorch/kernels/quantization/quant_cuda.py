@@ -16,11 +16,11 @@ The MX dual recipe (``quant_mx(x, dtype, dual=True)``) has a CUDA cast-transpose
 (``torch.ops.primus_turbo_cpp.quant_dual_mx_fp8``, csrc/kernels/quant_dual_mx.cu), the default
 on NVIDIA (H200 call 8.2: 0.816 of copy, 4 shapes; the Triton word kernel 0.787 in call 8.1).
 ``PRIMUS_TURBO_QUANT_CUDA_MX`` = ``a`` (unset: one 128x128 tile per 256-thread block, 3 blocks
-per SM), ``0`` (the Triton word kernel), opt-in until measured: ``g`` (persistent, 2 blocks per
-SM, next tile by cp.async into a second shared stage, q^T through a swizzled shared tile with
-16-byte stores). It takes bf16, contiguous, 16-byte aligned inputs with both dims multiples of
-32 on NVIDIA sm_89+; everything else (and torch.compile tracing) runs Triton. The MX rows recipe
-(``dual=False``) always runs Triton (a CUDA rows kernel lost in call 8.2: 0.834 vs 0.875).
+per SM) or ``0`` (the Triton word kernel); the persistent cp.async variant ``g`` lost in call 8.3
+(0.806 vs 0.816) and was removed, so ``g`` is refused like any other value. It takes bf16,
+contiguous, 16-byte aligned inputs with both dims multiples of 32 on NVIDIA sm_89+; everything
+else (and torch.compile tracing) runs Triton. The MX rows recipe (``dual=False``) always runs
+Triton (a CUDA rows kernel lost in call 8.2: 0.834 vs 0.875).
 """
 
 from __future__ import annotations
@@ -74,16 +74,14 @@ def quant_dual_cuda(x: torch.Tensor, dtype: torch.dtype, fmax: float):
     return tuple(native_ops().quant_dual_fp8(x, dtype, float(fmax)))
 
 
-_MX_VARIANTS = {"0": 0, "a": 1, "g": 7}
+_MX_VARIANTS = {"0": 0, "a": 1}
 
 
 def cuda_mx_variant() -> int:
-    """``PRIMUS_TURBO_QUANT_CUDA_MX``: 0 = off, 1 (``a``, the default), 7 (``g``)."""
+    """``PRIMUS_TURBO_QUANT_CUDA_MX``: 0 = off, 1 (``a``, the default)."""
     raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_MX", "").strip().lower() or "a"
     if raw not in _MX_VARIANTS:
-        raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX expected 0, a or g, got {raw!r}"
-        )
+        raise ValueError(f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX expected 0 or a, got {raw!r}")
     return _MX_VARIANTS[raw]
 
 
