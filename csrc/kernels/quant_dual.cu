@@ -50,23 +50,7 @@ __device__ __forceinline__ float div_full(float a, float b) {
   return r;
 }
 
-// Two fp32 -> two fp8 bytes (lo in the low byte), round to nearest even, finite values and inf
-// saturated to +-max, NaN kept: the conversion Triton emits on sm_89+.
-template <bool E5M2>
-__device__ __forceinline__ uint32_t cvt2(float lo, float hi) {
-  unsigned short r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  if (E5M2) {
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-  } else {
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-  }
-#endif
-  return r;
-}
-
-__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+#include "primus_turbo/fp8_convert.cuh"  // cvt2, bf_lo, bf_hi
 
 // |x| keys of two bf16 values; FINITE: inf/NaN keys become 0 (excluded from amax).
 template <bool FINITE>
