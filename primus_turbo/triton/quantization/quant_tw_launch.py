@@ -100,6 +100,30 @@ def _programs(ntiles: int, cap: int) -> int:
     return cap
 
 
+def _walk(m: int, n: int, dual: bool, bm: int, bn: int, block: int, cap: int):
+    """``(ntiles, programs, even)`` of one tensorwise launch: ``bm x bn`` tiles for the dual
+    cast, ``block``-element chunks otherwise; ``even`` when every program walks only full tiles
+    and the same number of them."""
+    if dual:
+        ntiles = -(-m // bm) * -(-n // bn)
+        full = m % bm == 0 and n % bn == 0
+    else:
+        ntiles = -(-(m * n) // block)
+        full = (m * n) % block == 0
+    p = _programs(ntiles, cap)
+    return ntiles, p, full and ntiles % p == 0
+
+
+def _shape_kw(dual: bool, block: int, bm: int, bn: int) -> dict:
+    """The tile constexprs (the unused kind pinned to 16 so it compiles once)."""
+    return dict(BLOCK=16 if dual else block, BM=bm if dual else 16, BN=bn if dual else 16)
+
+
+def _maxnreg(nvidia: bool, per_sm: int, warps: int) -> dict:
+    """NVIDIA register cap that keeps ``per_sm`` programs of ``warps`` warps resident."""
+    return {"maxnreg": min(255, 65536 // (per_sm * warps * 32)) // 8 * 8} if nvidia else {}
+
+
 def _choice(var: str, choices: tuple[str, ...], default: str) -> str:
     raw = os.environ.get(var, "").strip().lower() or default
     if raw not in choices:
@@ -146,27 +170,18 @@ def quant_tensorwise_tw(x: torch.Tensor, dtype: torch.dtype, dual: bool):
         )
     block = _pow2_env("PRIMUS_TURBO_QUANT_TW_BLOCK", 8192, 1024, 32768)
     numel = m * n
-    if dual:
-        ntiles = -(-m // bm) * -(-n // bn)
-        full = m % bm == 0 and n % bn == 0
-    else:
-        ntiles = -(-numel // block)
-        full = numel % block == 0
-    if interp:
-        cap = _INTERP_PROGRAMS
-    else:
-        cap = per_sm * num_compute_units(x.device)
-    p = _programs(ntiles, cap)
+    cap = _INTERP_PROGRAMS if interp else per_sm * num_compute_units(x.device)
+    ntiles, p, even = _walk(m, n, dual, bm, bn, block, cap)
     npb = max(2, 1 << (p - 1).bit_length())
     parts = torch.empty(p, dtype=torch.float32, device=x.device)
-    extra = {"maxnreg": min(255, 65536 // (per_sm * warps * 32)) // 8 * 8} if nvidia else {}
+    extra = _maxnreg(nvidia, per_sm, warps)
     eva, ktail = _evict_amax(x, ntiles, p, (bm * bn if dual else block) * x.element_size())
     evc = _choice("PRIMUS_TURBO_QUANT_TW_EVICT_CAST", ("first", "none"), "first")
     args = (xc, _u8(q), _u8(qt if dual else q), s, parts, numel, m, n, xc.stride(0), p, ktail)
     kw = dict(
-        BLOCK=block if not dual else 16, BM=bm if dual else 16, BN=bn if dual else 16, DUAL=dual,
+        **_shape_kw(dual, block, bm, bn), DUAL=dual,
         NPB=npb, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype), SAT=_nvidia_sat(xc),
-        EVEN=full and ntiles % p == 0, FAST=True,
+        EVEN=even, FAST=True,
         CS=nvidia and _env_flag("PRIMUS_TURBO_QUANT_TW_CS", True), EVA=eva,
         EVC="evict_first" if evc == "first" else "", num_warps=warps, **extra,
     )  # fmt: skip
@@ -210,15 +225,9 @@ def quant_tensorwise_delayed(x: torch.Tensor, dtype: torch.dtype, scale: torch.T
     per_sm = 3 if nvidia and dual and bm * bn >= 16384 else 4
     block = _pow2_env("PRIMUS_TURBO_QUANT_TW_BLOCK", 8192, 1024, 32768)
     numel = m * n
-    if dual:
-        ntiles = -(-m // bm) * -(-n // bn)
-        full = m % bm == 0 and n % bn == 0
-    else:
-        ntiles = -(-numel // block)
-        full = numel % block == 0
     cap = _INTERP_PROGRAMS if interp else per_sm * num_compute_units(x.device)
-    p = _programs(ntiles, cap)
-    extra = {"maxnreg": min(255, 65536 // (per_sm * warps * 32)) // 8 * 8} if nvidia else {}
+    _, p, even = _walk(m, n, dual, bm, bn, block, cap)
+    extra = _maxnreg(nvidia, per_sm, warps)
     evc = _choice(
         "PRIMUS_TURBO_QUANT_TW_EVICT_CAST", ("first", "none"), "none" if dual else "first"
     )
@@ -228,9 +237,9 @@ def quant_tensorwise_delayed(x: torch.Tensor, dtype: torch.dtype, scale: torch.T
     args = (xc, dummy, _u8(qt) if dual and store else dummy, scale, sinv if store else amax, a32,
             numel, m, n, xc.stride(0), p)  # fmt: skip
     tw_delayed_kernel[(p,)](
-        *args, BLOCK=block if not dual else 16, BM=bm if dual else 16, BN=bn if dual else 16,
+        *args, **_shape_kw(dual, block, bm, bn),
         DUAL=dual, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype), SAT=_nvidia_sat(xc),
-        EVEN=full and ntiles % p == 0, FAST=True,
+        EVEN=even, FAST=True,
         CS=cs, EVC="evict_first" if evc == "first" else "", STORE=store,
         RED=dual, num_warps=warps, **extra,
     )  # fmt: skip
@@ -238,10 +247,9 @@ def quant_tensorwise_delayed(x: torch.Tensor, dtype: torch.dtype, scale: torch.T
         return None
     if guard is not None:
         tw_delayed_guard_kernel[(p,)](
-            *args[:5], amax, *args[6:], BLOCK=block if not dual else 16,
-            BM=bm if dual else 16, BN=bn if dual else 16, DUAL=dual, FMAX=_fmax(dtype),
-            MARGIN_MUL=2.0**-guard, FMT=_interp_fmt(dtype), SAT=_nvidia_sat(xc),
-            EVEN=full and ntiles % p == 0, CS=cs, num_warps=warps, **extra,
+            *args[:5], amax, *args[6:], **_shape_kw(dual, block, bm, bn), DUAL=dual,
+            FMAX=_fmax(dtype), MARGIN_MUL=2.0**-guard, FMT=_interp_fmt(dtype), SAT=_nvidia_sat(xc),
+            EVEN=even, CS=cs, num_warps=warps, **extra,
         )  # fmt: skip
     return (q, sinv, qt, sinv) if dual else (q, sinv)
 
