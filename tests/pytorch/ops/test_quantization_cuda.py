@@ -143,13 +143,18 @@ def test_cuda_knob_validation(monkeypatch):
         quant_cuda.cuda_dual_on(x, E4M3)
 
 
-def test_cuda_op_meta():
-    """The op's Meta implementation (every build of _C that has it): the Triton layouts."""
+def _require_native_op(name: str) -> None:
+    """Skip unless the loaded extension registers ``torch.ops.primus_turbo_cpp.<name>``."""
     from primus_turbo.build_info import native_status
 
     ok, _ = native_status()
-    if not ok or not hasattr(torch.ops.primus_turbo_cpp, "quant_dual_fp8"):
-        pytest.skip("primus_turbo.pytorch._C without quant_dual_fp8 (rebuild the extension)")
+    if not ok or not hasattr(torch.ops.primus_turbo_cpp, name):
+        pytest.skip(f"primus_turbo.pytorch._C without {name} (rebuild the extension)")
+
+
+def test_cuda_op_meta():
+    """The op's Meta implementation (every build of _C that has it): the Triton layouts."""
+    _require_native_op("quant_dual_fp8")
     x = torch.empty(300, 1000, dtype=torch.bfloat16, device="meta")
     q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_fp8(x, E4M3, 448.0)
     assert q.shape == (300, 1000) and qt.shape == (1000, 300) and q.dtype == E4M3
@@ -279,11 +284,7 @@ def test_cuda_mx_knob(monkeypatch):
 
 def test_cuda_mx_op_meta():
     """The MX op's Meta implementation: the Triton layouts."""
-    from primus_turbo.build_info import native_status
-
-    ok, _ = native_status()
-    if not ok or not hasattr(torch.ops.primus_turbo_cpp, "quant_dual_mx_fp8"):
-        pytest.skip("primus_turbo.pytorch._C without quant_dual_mx_fp8 (rebuild the extension)")
+    _require_native_op("quant_dual_mx_fp8")
     x = torch.empty(320, 2016, dtype=torch.bfloat16, device="meta")
     q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 1)
     assert q.shape == (320, 2016) and qt.shape == (2016, 320) and q.dtype == E4M3
