@@ -23,6 +23,11 @@ import triton.language as tl
 
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
 
+try:  # griddepcontrol (programmatic dependent launch, sm_90+); used only under a constexpr flag
+    from triton.language.extra.cuda import gdc_launch_dependents
+except ImportError:  # a Triton build without the CUDA extras (ROCm)
+    gdc_launch_dependents = None
+
 ROWS, COLS, TILE, GIVEN, MX = 0, 1, 2, 3, 4
 
 
@@ -273,13 +278,16 @@ def quant_rows_kernel(
     SAT: tl.constexpr = False,
     FAST: tl.constexpr = False,
     EVEN: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """Rowwise: one scale per row. ``ONE_PASS`` (``BN >= N``): each row is read once and held
     in registers (amax, scale, cast, store). Otherwise an amax loop then a cast loop over the
     row (the second read hits L1/L2 for rows up to a few MB). v3 flags of the one-pass path:
     ``SAT`` (NVIDIA satfinite conversion, no clamp), ``FAST`` (amax of plain ``|x|``; the
     finite filter only when a row's amax is not finite), ``EVEN`` (``N == BN``, ``M % BM == 0``:
-    no masks)."""
+    no masks). ``PDL``: as in ``quant_rows_chunked_kernel``."""
+    if PDL:
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     rm = pid * BM + tl.arange(0, BM)
     rm64 = rm.to(tl.int64)
@@ -328,6 +336,53 @@ def quant_rows_kernel(
             x = tl.load(x_ptr + rm64[:, None] * stride_xm + rn64 * stride_xn, mask=mask, other=0.0)
             q = _cast(x.to(tl.float32), scale[:, None], FMAX, q_ptr.dtype.element_ty, FMT)
             tl.store(q_ptr + rm64[:, None] * stride_qm + rn64 * stride_qn, q, mask=mask)
+
+
+@triton.jit
+def quant_rows_chunked_kernel(
+    x_ptr, q_ptr, s_ptr, M, stride_xm, stride_xn, stride_qm, stride_qn, stride_s,
+    BM: tl.constexpr, BMP: tl.constexpr, R: tl.constexpr, CH: tl.constexpr, CPR: tl.constexpr,
+    FMAX: tl.constexpr, FMT: tl.constexpr = (0, 0, 0, 0), SAT: tl.constexpr = False,
+    FAST: tl.constexpr = False, PDL: tl.constexpr = False,
+):  # fmt: skip
+    """Rowwise, one pass, for rows of ``N = CPR * CH`` values that are not a power of two (e.g.
+    768 = 3 x 256): the tile is ``[R, CH]`` chunk-rows, chunk ``j`` holding columns
+    ``(j % CPR) * CH + [0, CH)`` of row ``pid * BM + j // CPR`` (``BM = R // CPR`` rows per
+    program, ``BMP`` its power of two), so at most ``R - BM * CPR`` chunk-rows of lanes idle
+    instead of the ``next_power_of_2(N) - N`` columns of ``quant_rows_kernel``'s one-pass tile.
+    The row maxima are the chunk maxima reduced over ``[BMP, R]`` (max is exact), the scale
+    and the cast are ``quant_rows_kernel``'s: bitwise the same outputs. ``SAT`` / ``FAST`` as
+    there. ``PDL``: the dependent grid (a programmatic-dependent launch, e.g. the fp8 grouped
+    GEMM) may start once every program has started (``griddepcontrol.launch_dependents``)."""
+    if PDL:
+        gdc_launch_dependents()
+    pid = tl.program_id(0)
+    j = tl.arange(0, R)
+    r_loc = j // CPR
+    row = pid * BM + r_loc
+    live = (j < BM * CPR) & (row < M)
+    row64 = row.to(tl.int64)
+    cols = ((j % CPR) * CH)[:, None] + tl.arange(0, CH)[None, :]
+    x = tl.load(x_ptr + row64[:, None] * stride_xm + cols * stride_xn, mask=live[:, None],
+                other=0.0, eviction_policy="evict_first").to(tl.float32)  # fmt: skip
+    if FAST:
+        camax = tl.max(tl.abs(x), axis=1)
+        if tl.where(tl.max(camax, axis=0) < float("inf"), 0, 1) != 0:
+            camax = tl.max(_finite_abs(x), axis=1)
+    else:
+        camax = tl.max(_finite_abs(x), axis=1)
+    sel = r_loc[None, :] == tl.arange(0, BMP)[:, None]  # [BMP, R]: chunk j belongs to row b
+    amax = tl.max(tl.where(sel, camax[None, :], 0.0), axis=1)  # [BMP]
+    scale, sinv = _scale_of(amax, FMAX, False, 0)
+    cscale = tl.sum(tl.where(sel, scale[:, None], 0.0), axis=0)  # [R]: one term per chunk
+    q_ptrs = q_ptr + row64[:, None] * stride_qm + cols * stride_qn
+    if SAT:
+        q = (x * cscale[:, None]).to(q_ptr.dtype.element_ty)
+    else:
+        q = _cast(x, cscale[:, None], FMAX, q_ptr.dtype.element_ty, FMT)
+    tl.store(q_ptrs, q, mask=live[:, None])
+    rb = pid * BM + tl.arange(0, BMP)
+    tl.store(s_ptr + rb.to(tl.int64) * stride_s, sinv, mask=(tl.arange(0, BMP) < BM) & (rb < M))
 
 
 @triton.jit
@@ -456,6 +511,22 @@ def aot_specs(target: str) -> list[AotSpec]:
             specs.append(
                 AotSpec(f"quant_{name}_{fp8}{'_v3' if v3 else ''}", quant_rows_kernel, rows_sig,
                         cx, {"num_warps": warps})
+            )  # fmt: skip
+    chunk_sig = {"x_ptr": "*bf16", "q_ptr": f"*{fp8}", "s_ptr": "*fp32", "M": "i32",
+                 "stride_xm": "i32:16", "stride_xn": "i32:1", "stride_qm": "i32:16",
+                 "stride_qn": "i32:1", "stride_s": "i32:1"}  # fmt: skip
+    # (name, (BM, BMP, R, CH, CPR, warps)) as quant_launch.rows_chunk_plan picks them: 768-value
+    # rows (settings 1 and 2), 2880 (setting 2); the v3 flags; PDL on sm_90 only
+    for name, (bm, bmp, r, ch, cpr, warps) in [("768", (10, 16, 32, 256, 3, 8)),
+                                               ("768w", (21, 32, 64, 256, 3, 16)),
+                                               ("2880w", (5, 8, 256, 64, 45, 16))]:  # fmt: skip
+        for v3 in (False, True):
+            cx = {"BM": bm, "BMP": bmp, "R": r, "CH": ch, "CPR": cpr, "FMAX": fmax,
+                  "FMT": (0, 0, 0, 0), "SAT": v3 and target == "sm_90", "FAST": v3,
+                  "PDL": v3 and target == "sm_90"}  # fmt: skip
+            specs.append(
+                AotSpec(f"quant_rowwise_chunk{name}_{fp8}{'_v3' if v3 else ''}",
+                        quant_rows_chunked_kernel, chunk_sig, cx, {"num_warps": warps})
             )  # fmt: skip
     if target in ("gfx950", "sm_90"):
         fp4_sig = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "M": "i32", "N": "i32:16",
