@@ -16,6 +16,12 @@
 // and stored as 16-byte rows of qt. Needs sm_89+ (fp8 conversions; other archs compile an empty
 // kernel and the Python gate never calls it there). ROCm builds skip the kernel (AMD keeps the
 // Triton kernels). Nothing here throws.
+// Variants (`variant` of quant_dual_fp8_gpu, PRIMUS_TURBO_QUANT_CUDA_B128; same bits): 0 = the
+// persistent kernel above (the default; H200 call 8.3: 0.841 of copy, 4 shapes); opt-in, after
+// quant_dual_mx.cu's a (one tile per block won there): 1 = `t`, one 128 x 128 tile per
+// 256-thread block, 3 blocks per SM (80 registers, 0 spill), 8 warp tiles of 32 x 64 (see
+// quant_dual_tile_kernel); 2 = `t4`, the same at 4 blocks per SM (64 registers, 0 spill: the row
+// multipliers re-read from shared memory).
 #include <algorithm>
 #include <atomic>
 
@@ -29,7 +35,7 @@ namespace primus_turbo {
 bool quant_dual_gpu_available() noexcept { return false; }
 
 Status quant_dual_fp8_gpu(const void*, void*, void*, void*, void*, int64_t, int64_t, bool, float,
-                          void*) noexcept {
+                          int, void*) noexcept {
   return kBadArgument;
 }
 
@@ -280,12 +286,218 @@ __global__ void __launch_bounds__(kThreads, 2)
 #endif
 }
 
+// ---- Variant t (PRIMUS_TURBO_QUANT_CUDA_B128=t): one 128 x 128 tile per 256-thread block, no
+// persistence (the structure of quant_dual_mx.cu's a). 8 warp tiles of 32 rows x 64 columns (wm =
+// warp % 4 along M, wn = warp / 4 along N); lane (rq = lane / 8, cv = lane % 8) holds the 8
+// consecutive rows 32 wm + 8 rq .. +7 of the 8 columns 64 wn + 8 cv .. +7 (8 loads of 16 bytes).
+// A row block (128 columns) spans 2 warps and a column block (128 rows) 4: per-row maxima reduce
+// over the 8 lanes of a cv group (3 shuffle steps), per-column maxima over the 4 lanes of one cv
+// (2 steps), then both partials meet in 1.5 KB of shared memory (barrier 1); thread t computes
+// the multiplier and the stored inverse of row t (t < 128) or column t - 128 (coalesced stores
+// of s / st) and publishes the multiplier in shared memory (barrier 2). Both copies then come
+// from one walk over the thread's column pairs: a column's 8 rows are 8 consecutive bytes of a
+// qt row, stored straight from registers (4 lanes fill a 32-byte sector; no shared qt tile), and
+// the row bytes collect in registers and leave as 8 bytes per row. Same keys, scale math and
+// conversions as the persistent kernel: bitwise identical outputs.
+
+// Per-thread maxima of d (8 rows x 4 words): rk[p] = (row 2p, row 2p + 1) keys as u16x2,
+// cm[i] = (column 2i, column 2i + 1) over the 8 rows.
+template <bool FINITE>
+__device__ __forceinline__ void lane_amax(const uint32_t (&d)[8][4], uint32_t (&rk)[4],
+                                          uint32_t (&cm)[4]) {
+  uint32_t r[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    uint32_t k[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      k[i] = abs_key2<FINITE>(d[j][i]);
+      cm[i] = j == 0 ? k[i] : __vmaxu2(cm[i], k[i]);
+    }
+    r[j] = __vmaxu2(__vmaxu2(k[0], k[1]), __vmaxu2(k[2], k[3]));
+  }
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    rk[p] = __vmaxu2(__byte_perm(r[2 * p], r[2 * p + 1], 0x5410),
+                     __byte_perm(r[2 * p], r[2 * p + 1], 0x7632));
+  }
+}
+
+__device__ __forceinline__ uint32_t pick4(const uint32_t (&a)[4], int i) {
+  return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
+}
+
+// Two floats from shared memory, re-read at every call (a volatile load is not hoisted or merged).
+__device__ __forceinline__ float2 lds_f2(const float* p) {
+  float2 r;
+  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(r.x), "=f"(r.y) : "r"(a));
+  return r;
+}
+
+// p, hidden from the optimizer (keeps it from precomputing a loop's 64-bit addresses at once).
+__device__ __forceinline__ uint8_t* opaque(uint8_t* p) {
+  asm volatile("" : "+l"(p));
+  return p;
+}
+
+template <bool E5M2, int MINB, bool LEAN>
+__global__ void __launch_bounds__(kThreads, MINB)
+    quant_dual_tile_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
+                           float* __restrict__ s, uint8_t* __restrict__ qt,
+                           float* __restrict__ st, int M, int N, int tiles_n, float fmax) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  __shared__ uint32_t rsm[2][kTile / 2];  // row keys (u16x2 per row pair) [wn][row / 2]
+  __shared__ uint32_t csm[4][kTile / 2];  // column keys (u16x2 per column pair) [wm][col / 2]
+  __shared__ __align__(16) float ssc[2 * kTile];  // multipliers: rows 0..127, columns 128..255
+  const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+  const int wm = warp & 3, wn = warp >> 2, rq = lane >> 3, cv = lane & 7;
+  const int m0 = static_cast<int>(blockIdx.x / tiles_n) * kTile;  // 32-bit rows / columns
+  const int n0 = static_cast<int>(blockIdx.x % tiles_n) * kTile;  // (64-bit offsets)
+  const int lr = 32 * wm + 8 * rq, lc = 64 * wn + 8 * cv;  // first row / column in the tile
+  const int row0 = m0 + lr, col = n0 + lc;
+  const bool col_ok = col < N;  // N % 8 == 0: a vector is wholly in or out
+
+  uint32_t d[8][4];
+  {
+    const uint4* src = reinterpret_cast<const uint4*>(x + (col_ok ? int64_t{row0} * N + col : 0));
+    const int step = N / 8;  // one row in uint4
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      uint4 u = make_uint4(0u, 0u, 0u, 0u);
+      if (col_ok && row0 + j < M) u = src[j * step];
+      d[j][0] = u.x;
+      d[j][1] = u.y;
+      d[j][2] = u.z;
+      d[j][3] = u.w;
+    }
+  }
+
+  uint32_t rk[4], cm[4];
+  lane_amax<false>(d, rk, cm);
+  {
+    const uint32_t top = __vmaxu2(__vmaxu2(cm[0], cm[1]), __vmaxu2(cm[2], cm[3]));
+    if (max(top & 0xffffu, top >> 16) >= kInfKey) lane_amax<true>(d, rk, cm);
+  }
+  // rows: the 8 lanes of one rq (cv); columns: the 4 lanes of one cv (rq)
+#pragma unroll
+  for (int off = 1; off < 8; off <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) rk[i] = __vmaxu2(rk[i], __shfl_xor_sync(0xffffffffu, rk[i], off));
+  }
+#pragma unroll
+  for (int off = 8; off < 32; off <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cm[i] = __vmaxu2(cm[i], __shfl_xor_sync(0xffffffffu, cm[i], off));
+  }
+  // lane cv = c < 4 writes row pair (2c, 2c + 1) of its 8 rows; lane rq = r column pair (2r, 2r + 1)
+  if (cv < 4) rsm[wn][lr / 2 + cv] = pick4(rk, cv);
+  csm[wm][lc / 2 + rq] = pick4(cm, rq);
+  __syncthreads();
+
+  {
+    uint32_t key;
+    if (t < kTile) {
+      const uint32_t a = __vmaxu2(rsm[0][t >> 1], rsm[1][t >> 1]);
+      key = (a >> (16 * (t & 1))) & 0xffffu;
+    } else {
+      const int c = t - kTile;
+      const uint32_t a = __vmaxu2(__vmaxu2(csm[0][c >> 1], csm[1][c >> 1]),
+                                  __vmaxu2(csm[2][c >> 1], csm[3][c >> 1]));
+      key = (a >> (16 * (c & 1))) & 0xffffu;
+    }
+    float inv = 0.f;
+    ssc[t] = scale_of(key, fmax, &inv);
+    if (t < kTile) {
+      if (m0 + t < M) s[int64_t{n0 / kTile} * M + m0 + t] = inv;
+    } else if (n0 + (t - kTile) < N) {
+      st[int64_t{m0 / kTile} * N + n0 + (t - kTile)] = inv;
+    }
+  }
+  __syncthreads();
+
+  // One walk over the 4 words (column pairs 2i, 2i + 1), each value unpacked once; the row bytes
+  // collect in ra (row j: ra[j][0] columns 0..3, ra[j][1] columns 4..7) and leave at the end.
+  // LEAN (the 64-register cap of 4 blocks per SM): the row multipliers are read from shared
+  // memory at each use (volatile loads, not kept in 8 registers).
+  const bool full_m = (M % 8) == 0 && row0 + 8 <= M;
+  uint8_t* qp = q + int64_t{row0} * N + col;
+  uint32_t ra[8][2];
+  float rs[8];
+  if constexpr (!LEAN) {
+    const float4 a = *reinterpret_cast<const float4*>(&ssc[lr]);
+    const float4 b = *reinterpret_cast<const float4*>(&ssc[lr + 4]);
+    rs[0] = a.x, rs[1] = a.y, rs[2] = a.z, rs[3] = a.w;
+    rs[4] = b.x, rs[5] = b.y, rs[6] = b.z, rs[7] = b.w;
+  }
+  uint8_t* tp = qt + int64_t{col} * M + row0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 cs = *reinterpret_cast<const float2*>(&ssc[kTile + lc + 2 * i]);
+    uint32_t tl[4], th[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t w0 = d[2 * p][i], w1 = d[2 * p + 1][i];
+      const float a0 = bf_lo(w0), b0 = bf_hi(w0), a1 = bf_lo(w1), b1 = bf_hi(w1);
+      tl[p] = cvt2<E5M2>(a0 * cs.x, a1 * cs.x);
+      th[p] = cvt2<E5M2>(b0 * cs.y, b1 * cs.y);
+      float2 rp;
+      if constexpr (LEAN) {
+        rp = lds_f2(&ssc[lr + 2 * p]);
+      } else {
+        rp = make_float2(rs[2 * p], rs[2 * p + 1]);
+      }
+      const uint32_t r0 = cvt2<E5M2>(a0 * rp.x, b0 * rp.x);
+      const uint32_t r1 = cvt2<E5M2>(a1 * rp.y, b1 * rp.y);
+      if (i & 1) {
+        ra[2 * p][i >> 1] |= r0 << 16;
+        ra[2 * p + 1][i >> 1] |= r1 << 16;
+      } else {
+        ra[2 * p][i >> 1] = r0;
+        ra[2 * p + 1][i >> 1] = r1;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t(&b)[4] = h ? th : tl;
+      if (col_ok) {
+        if (full_m) {
+          *reinterpret_cast<uint2*>(tp) = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            if (row0 + e < M) tp[e] = static_cast<uint8_t>(b[e / 2] >> (8 * (e & 1)));
+          }
+        }
+      }
+      tp = opaque(tp + M);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if (col_ok && row0 + j < M) *reinterpret_cast<uint2*>(qp) = make_uint2(ra[j][0], ra[j][1]);
+    qp = opaque(qp + N);
+  }
+#endif
+}
+
 template <bool E5M2>
 Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, int64_t n,
-              float fmax, cudaStream_t stream) {
+              float fmax, int variant, cudaStream_t stream) {
   const int64_t tiles_m = (m + kTile - 1) / kTile, tiles_n = (n + kTile - 1) / kTile;
   const int64_t tiles = tiles_m * tiles_n;
   if (tiles > 0x7fffffff) return kBadArgument;
+  if (variant == 1 || variant == 2) {  // t: one tile per block, 3 blocks per SM; t4: 4 per SM
+    if (m > 0x7fffff00 || n > 0x7fffff00) return kBadArgument;  // 32-bit rows / columns
+    auto* kern = variant == 1 ? quant_dual_tile_kernel<E5M2, 3, false>
+                              : quant_dual_tile_kernel<E5M2, 4, true>;
+    kern<<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
+        static_cast<const uint16_t*>(x), static_cast<uint8_t*>(q), static_cast<float*>(s),
+        static_cast<uint8_t*>(qt), static_cast<float*>(st), static_cast<int>(m),
+        static_cast<int>(n), static_cast<int>(tiles_n), fmax);
+    PT_RETURN_LAUNCH_STATUS();
+    return kOk;
+  }
   auto* kern = quant_dual_kernel<E5M2>;  // 64 KB dynamic + 18 KB static shared memory
   // the opt-in once per device and instantiation (not again inside a CUDA graph capture)
   static std::atomic<bool> smem_set[64];
@@ -313,12 +525,12 @@ Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, in
 bool quant_dual_gpu_available() noexcept { return true; }
 
 Status quant_dual_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
-                          int64_t n, bool e5m2, float fmax, void* stream) noexcept {
-  if (m < 0 || n < 0 || n % 8 != 0) return kBadArgument;
+                          int64_t n, bool e5m2, float fmax, int variant, void* stream) noexcept {
+  if (m < 0 || n < 0 || n % 8 != 0 || variant < 0 || variant > 2) return kBadArgument;
   if (m == 0 || n == 0) return kOk;
   auto* cs = static_cast<cudaStream_t>(stream);
-  return e5m2 ? launch<true>(x, q, s, qt, st, m, n, fmax, cs)
-              : launch<false>(x, q, s, qt, st, m, n, fmax, cs);
+  return e5m2 ? launch<true>(x, q, s, qt, st, m, n, fmax, variant, cs)
+              : launch<false>(x, q, s, qt, st, m, n, fmax, variant, cs);
 }
 
 #endif  // PT_HIP

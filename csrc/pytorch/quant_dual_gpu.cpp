@@ -14,15 +14,15 @@ namespace primus_turbo::pytorch {
 namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_dual_fp8_gpu_impl(
-    const at::Tensor& x, at::ScalarType dtype, double fmax) {
-  auto [m, n] = check_quant_dual(x, dtype);
+    const at::Tensor& x, at::ScalarType dtype, double fmax, int64_t variant) {
+  auto [m, n] = check_quant_dual(x, dtype, variant);
   const c10::cuda::CUDAGuard guard(x.device());
   auto out = alloc_quant_dual(x, dtype);
   if (m == 0 || n == 0) return out;
   auto& [q, s, qt, st] = out;
   const Status status = quant_dual_fp8_gpu(
       x.data_ptr(), q.data_ptr(), s.data_ptr(), qt.data_ptr(), st.data_ptr(), m, n,
-      dtype == at::kFloat8_e5m2, static_cast<float>(fmax),
+      dtype == at::kFloat8_e5m2, static_cast<float>(fmax), static_cast<int>(variant),
       c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(status == kOk, "primus_turbo_cpp.quant_dual_fp8: GPU launch failed: ",
               status_string(status), " (status ", status, ")");

@@ -8,8 +8,8 @@ namespace primus_turbo::pytorch {
 namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_dual_fp8_meta(
-    const at::Tensor& x, at::ScalarType dtype, double fmax) {
-  check_quant_dual(x, dtype);
+    const at::Tensor& x, at::ScalarType dtype, double fmax, int64_t variant) {
+  check_quant_dual(x, dtype, variant);
   return alloc_quant_dual(x, dtype);
 }
 
@@ -18,7 +18,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_dual_fp8_meta(
 
 TORCH_LIBRARY_FRAGMENT(primus_turbo_cpp, m) {
   m.def(
-      "quant_dual_fp8(Tensor x, ScalarType dtype, float fmax) -> "
+      "quant_dual_fp8(Tensor x, ScalarType dtype, float fmax, int variant=0) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
 }
 

@@ -165,6 +165,90 @@ def test_cuda_op_meta():
         torch.ops.primus_turbo_cpp.quant_dual_fp8(y, E4M3, 448.0)
 
 
+# ---- 1x128 dual, opt-in variants of the CUDA kernel (PRIMUS_TURBO_QUANT_CUDA_B128=t / t4: one
+# 128x128 tile per 256-thread block at 3 / 4 blocks per SM): bitwise the default persistent
+# kernel (B128 unset) and Triton
+
+B128_VARIANTS = ["t", "t4"]
+# SHAPES plus ragged ones: M % 8 != 0 (byte-wise qt stores), one row, one 8-column vector,
+# N % 128 = 8 (a warp tile with one live vector), M % 32 = 8 (a lane's rows half out)
+B128_SHAPES = SHAPES + [(1, 8), (9, 264), (127, 128), (136, 8), (4104, 136)]
+
+
+def _compare_b128(monkeypatch, x, dtype, variant):
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA", "0")
+    tri = _quant(x, dtype)  # Triton
+    monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA")
+    monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA_B128", raising=False)
+    base = _quant(x, dtype)  # the default persistent CUDA kernel
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_B128", variant)
+    out = _quant(x, dtype)
+    for name, a, b, c in zip(("q", "scale", "q_t", "scale_t"), out, base, tri, strict=True):
+        assert same_bits(a, b), f"{tuple(x.shape)} {dtype} {variant}: {name} differs from p"
+        assert same_bits(a, c), f"{tuple(x.shape)} {dtype} {variant}: {name} differs from Triton"
+
+
+@_SKIP_GPU
+@pytest.mark.parametrize("variant", B128_VARIANTS)
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("shape", B128_SHAPES, ids=lambda v: "x".join(map(str, v)))
+def test_cuda_b128_variant_bitwise(monkeypatch, shape, dtype, variant):
+    m, n = shape
+    monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA", raising=False)
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_B128", variant)
+    assert quant_cuda.cuda_dual_on(_input(m, n, False, "cuda"), dtype)  # not a silent fallback
+    for special in (False, True):
+        _compare_b128(monkeypatch, _input(m, n, special, "cuda"), dtype, variant)
+
+
+@_SKIP_GPU
+@pytest.mark.parametrize("variant", B128_VARIANTS)
+def test_cuda_b128_variant_values(monkeypatch, variant):
+    """All 65536 bf16 bit patterns (every finite value, +-inf, NaNs), row- and column-wise."""
+    bits = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16)
+    x = bits.view(torch.bfloat16).reshape(256, 256).cuda()
+    for xx in (x, x.t().contiguous(), x.flip(0).contiguous()):
+        for dtype in (E4M3, E5M2):
+            _compare_b128(monkeypatch, xx, dtype, variant)
+
+
+@_SKIP_GPU
+@pytest.mark.parametrize("variant", B128_VARIANTS)
+def test_cuda_b128_variant_zero_size(monkeypatch, variant):
+    for shape in ((0, 256), (128, 0)):
+        x = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+        _compare_b128(monkeypatch, x, E4M3, variant)
+
+
+def test_cuda_b128_knob(monkeypatch):
+    """PRIMUS_TURBO_QUANT_CUDA_B128: unset / p = the persistent default, t, t4; anything else is
+    refused with the knob's name."""
+    for raw, want in (("", 0), ("p", 0), ("P", 0), ("t", 1), (" T ", 1), ("t4", 2)):
+        monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_B128", raw)
+        assert quant_cuda.cuda_b128_variant() == want
+    monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA_B128")
+    assert quant_cuda.cuda_b128_variant() == 0
+    for bad in ("0", "1", "a", "t3", "tt"):
+        monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_B128", bad)
+        with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_CUDA_B128"):
+            quant_cuda.cuda_b128_variant()
+
+
+def test_cuda_b128_op_meta():
+    """The op's variant argument (Meta): 0, 1, 2 taken (same layouts), others refused."""
+    _require_native_op("quant_dual_fp8")
+    schema = torch.ops.primus_turbo_cpp.quant_dual_fp8.default._schema
+    if "variant" not in [a.name for a in schema.arguments]:
+        pytest.skip("primus_turbo.pytorch._C without quant_dual_fp8's variant (rebuild it)")
+    x = torch.empty(300, 1000, dtype=torch.bfloat16, device="meta")
+    for v in (0, 1, 2):
+        q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_fp8(x, E4M3, 448.0, v)
+        assert qt.shape == (1000, 300) and s.stride() == (1, 300) and st.shape == (1000, 3)
+    for bad in (-1, 3):
+        with pytest.raises(RuntimeError, match="variant"):
+            torch.ops.primus_turbo_cpp.quant_dual_fp8(x, E4M3, 448.0, bad)
+
+
 # ---- MX dual: the CUDA MXFP8 cast-transpose (csrc/kernels/quant_dual_mx.cu), the default on
 # NVIDIA (PRIMUS_TURBO_QUANT_CUDA_MX unset = a), bitwise the Triton word kernel
 # (PRIMUS_TURBO_QUANT_CUDA_MX=0)

@@ -67,10 +67,31 @@ def cuda_dual_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
     )
 
 
+# PRIMUS_TURBO_QUANT_CUDA_B128: the 1x128 dual CUDA kernel's variant (same bits). Unset / ``p``:
+# the persistent cp.async kernel (the default, 0); opt-in ``t`` (1): one 128x128 tile per
+# 256-thread block, 3 blocks per SM, 8 warp tiles of 32x64 (quant_dual_mx.cu's a structure);
+# ``t4`` (2): ``t`` at 4 blocks per SM (64 registers).
+_B128_VARIANTS = {"p": 0, "t": 1, "t4": 2}
+
+
+def cuda_b128_variant() -> int:
+    """``PRIMUS_TURBO_QUANT_CUDA_B128``: 0 (unset / ``p``), 1 (``t``) or 2 (``t4``)."""
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_B128", "").strip().lower() or "p"
+    if raw not in _B128_VARIANTS:
+        raise ValueError(
+            "primus_turbo: PRIMUS_TURBO_QUANT_CUDA_B128 expected p, t or t4 (or unset), "
+            f"got {raw!r}"
+        )
+    return _B128_VARIANTS[raw]
+
+
 def quant_dual_cuda(x: torch.Tensor, dtype: torch.dtype, fmax: float):
     """``(q, s, qt, st)`` in the Triton launcher's layouts (see quant_dual_op.h)."""
     from primus_turbo.build_info import native_ops
 
+    variant = cuda_b128_variant()
+    if variant and max(x.shape) < 2**31 - 256:  # t / t4: 32-bit row and column indices
+        return tuple(native_ops().quant_dual_fp8(x, dtype, float(fmax), variant))
     return tuple(native_ops().quant_dual_fp8(x, dtype, float(fmax)))
 
 
