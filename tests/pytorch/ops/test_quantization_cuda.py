@@ -258,7 +258,9 @@ _SKIP_GPU_MX = pytest.mark.skipif(
     not _KERNEL_MX,
     reason="needs an NVIDIA GPU and a CUDA build of primus_turbo.pytorch._C with quant_dual_mx_fp8",
 )
-MX_VARIANTS = ["a"]
+# a: one tile per block (the default); b / c: the persistent bulk-async pipeline of
+# quant_dual_bulk.cu (sm_90+, 2 stages x 3 blocks per SM / 3 stages x 2 blocks per SM)
+MX_VARIANTS = ["a", "b", "c"]
 
 
 def _quant_mx(x, dtype):
@@ -283,12 +285,20 @@ def _compare_mx(monkeypatch, x, dtype, variant):
     assert len(out) == len(ref) == 4
     for name, a, b in zip(("q", "scale", "q_t", "scale_t"), out, ref, strict=True):
         assert same_bits(a, b), f"{tuple(x.shape)} {dtype} variant {variant}: {name} differs"
+    if variant != "a":  # and the default CUDA kernel
+        monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "a")
+        base = _quant_mx(x, dtype)
+        for name, a, b in zip(("q", "scale", "q_t", "scale_t"), out, base, strict=True):
+            assert same_bits(a, b), f"{tuple(x.shape)} {dtype} {variant}: {name} differs from a"
 
 
 # model shapes; M % 128 = 64 and N % 128 = 96 with N / 32
 # odd (byte-wise scale stores); N % 64 = 32 (half warp tiles); one 32 x 32 block; M = 96
 MX_SHAPES = [(8192, 4096), (6144, 4096), (4096, 2048), (4160, 2016), (320, 4064), (96, 160),
              (2048, 96), (32, 32), (64, 128)]  # fmt: skip
+# b / c also: M % 128 = 32 and N % 128 = 32 (a partial tile's bulk rows of 64 bytes), one block
+# of 32 x 4096, more tiles than persistent blocks many times over (ring phases wrap)
+MX_SHAPES_BULK = [(1056, 4000), (32, 4096), (4096, 32), (8192, 8192), (28672, 4096)]
 
 
 @_SKIP_GPU_MX
@@ -301,6 +311,19 @@ def test_cuda_mx_dual_bitwise(monkeypatch, shape, dtype, variant):
     assert quant_cuda.cuda_mx_dual_on(_input_mx(m, n, False, "cuda"), dtype)  # no fallback
     for special in (False, True) if m >= 64 else (False,):
         _compare_mx(monkeypatch, _input_mx(m, n, special, "cuda"), dtype, variant)
+
+
+@_SKIP_GPU_MX
+@pytest.mark.parametrize("variant", ["b", "c"])
+@pytest.mark.parametrize("shape", MX_SHAPES_BULK, ids=lambda v: "x".join(map(str, v)))
+def test_cuda_mx_dual_bulk_bitwise(monkeypatch, shape, variant):
+    """The bulk pipeline on ragged / one-block / many-tiles shapes: bitwise Triton and a
+    (e4m3; e5m2 shares the pipeline and is in test_cuda_mx_dual_bitwise)."""
+    m, n = shape
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", variant)
+    assert quant_cuda.cuda_mx_dual_on(_input_mx(m, n, False, "cuda"), E4M3)
+    for special in (False, True) if m >= 64 else (False,):
+        _compare_mx(monkeypatch, _input_mx(m, n, special, "cuda"), E4M3, variant)
 
 
 @_SKIP_GPU_MX
@@ -357,11 +380,11 @@ def test_cuda_mx_dual_compile(monkeypatch):
 def test_cuda_mx_knob(monkeypatch):
     """The knob is validated; CPU tensors never take the kernel."""
     x = _input_mx(64, 128, True, "cpu")
-    for bad in ("b", "c", "d", "e", "f", "g", "1"):  # measured losers, removed
+    for bad in ("d", "e", "f", "g", "1", "2"):  # measured losers, removed; numbers
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", bad)
         with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_CUDA_MX"):
             quant_cuda.cuda_mx_dual_on(x, E4M3)
-    for ok in ("a", "A", "", "0"):
+    for ok in ("a", "A", "", "0", "b", " C "):
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", ok)
         assert not quant_cuda.cuda_mx_dual_on(x, E4M3)
 
@@ -379,6 +402,33 @@ def test_cuda_mx_op_meta():
         torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(y, E4M3, 1)
     q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E5M2, 1)
     assert qt.shape == (2016, 320) and qt.dtype == E5M2
-    for bad in (0, 2, 4, 5, 6, 7):
+    for bad in (0, 4, 5, 6, 7):
         with pytest.raises(RuntimeError, match="variant"):
             torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, bad)
+    try:
+        torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 2)
+    except RuntimeError as exc:
+        pytest.skip(f"primus_turbo.pytorch._C without variants b / c (rebuild it): {exc}")
+    for v in (2, 3):  # b / c: the same layouts
+        q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, v)
+        assert qt.shape == (2016, 320) and s.shape == (320, 63) and st.shape == (2016, 10)
+
+
+def test_cuda_mx_variant_passed_to_op(monkeypatch):
+    """The knob's variant reaches the op; b / c become a on devices before sm_90."""
+    calls = []
+
+    class _Ops:
+        @staticmethod
+        def quant_dual_mx_fp8(x, dtype, variant):
+            calls.append(variant)
+            return (x, x, x, x)
+
+    monkeypatch.setattr("primus_turbo.build_info.native_ops", lambda: _Ops)
+    x = torch.zeros(32, 32, dtype=torch.bfloat16)
+    for capable in (True, False):
+        monkeypatch.setattr(quant_cuda, "_bulk_capable", lambda index, c=capable: c)
+        for raw in ("a", "b", "c"):
+            monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", raw)
+            quant_cuda.quant_dual_mx_cuda(x, E4M3)
+    assert calls == [1, 2, 3, 1, 1, 1]

@@ -1,0 +1,268 @@
+// The MX dual tile math of the NVIDIA cast-transpose kernels (quant_dual_mx.cu: one tile per
+// block; quant_dual_bulk.cu: persistent, tiles staged by bulk copies): the 128 x 128 tile
+// layout (8 warp tiles of 32 rows x 64 columns, a lane holding 8 rows x 8 columns), warp-local
+// E8M0 amaxes, both copies stored from registers, the scales through 1 KB of shared memory.
+// Moved verbatim out of quant_dual_mx.cu (its sm_90 SASS is unchanged). Include inside the
+// kernels' anonymous namespace of the CUDA (non-HIP) branch, after primus_turbo/device.h.
+#pragma once
+
+// The thread index the tile math uses. A persistent kernel may define PT_MX_TILE_TID as an
+// opaque read (asm volatile) before including this header, so the layout values derived from it
+// are recomputed per tile instead of being hoisted out of the tile loop and held in registers.
+#ifndef PT_MX_TILE_TID
+#define PT_MX_TILE_TID() static_cast<int>(threadIdx.x)
+#endif
+
+constexpr int kTile = 128;  // rows and columns of a block tile
+constexpr uint32_t kExpMask = 0x7f807f80u;  // the exponent fields of two bf16
+
+#include "primus_turbo/fp8_convert.cuh"  // cvt2, bf_lo, bf_hi
+
+// Exponent keys of two bf16 (bits 7..14 of each half); FINITE: exponent 255 (inf/NaN) -> 0.
+template <bool FINITE>
+__device__ __forceinline__ uint32_t ekey2(uint32_t w) {
+  const uint32_t k = w & kExpMask;
+  if (!FINITE) return k;
+  const uint32_t f = (k + 0x00800080u) & 0x80008000u;  // bit 15 / 31: that half was 255
+  return k & ~(f | (f - (f >> 15)));                   // 0xffff over each such half
+}
+
+// Per-thread maxima of d (R rows x 4 words): rk[p] = (row 2p, row 2p + 1) keys as u16x2 halves,
+// cm[i] = (column 2i, column 2i + 1) over the R rows.
+template <bool FINITE, int R>
+__device__ __forceinline__ void thread_amax(const uint32_t (&d)[R][4], uint32_t (&rk)[R / 2],
+                                            uint32_t (&cm)[4]) {
+  uint32_t r[R];
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    uint32_t k[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      k[i] = ekey2<FINITE>(d[j][i]);
+      cm[i] = j == 0 ? k[i] : __vmaxu2(cm[i], k[i]);
+    }
+    r[j] = __vmaxu2(__vmaxu2(k[0], k[1]), __vmaxu2(k[2], k[3]));
+  }
+#pragma unroll
+  for (int p = 0; p < R / 2; ++p) {
+    rk[p] = __vmaxu2(__byte_perm(r[2 * p], r[2 * p + 1], 0x5410),
+                     __byte_perm(r[2 * p], r[2 * p + 1], 0x7632));
+  }
+}
+
+// Stored E8M0 bytes of two blocks with keys `key` (u16x2): max(e - EMAX, 0) in each half.
+template <int EMAX>
+__device__ __forceinline__ uint32_t eb2(uint32_t key) {
+  constexpr uint32_t kE = EMAX * 0x00010001u;
+  return __vmaxu2((key >> 7) & 0x00ff00ffu, kE) - kE;
+}
+
+// Multipliers 2^(127 - eb) of the low / high half of an eb2 result.
+__device__ __forceinline__ float mul_lo(uint32_t e) {
+  return __uint_as_float(0x7f000000u - (e << 23));
+}
+__device__ __forceinline__ float mul_hi(uint32_t e) {
+  return __uint_as_float(0x7f000000u - ((e >> 16) << 23));
+}
+
+// p, hidden from the optimizer (keeps it from precomputing a loop's addresses all at once).
+__device__ __forceinline__ uint8_t* opaque(uint8_t* p) {
+  asm volatile("" : "+l"(p));
+  return p;
+}
+
+// 2 R / 2 bytes (R / 2 converted pairs) at p.
+template <int R>
+__device__ __forceinline__ void st_pairs(uint8_t* p, const uint32_t (&b)[R / 2]) {
+  if constexpr (R == 8) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
+  } else {
+    *reinterpret_cast<uint32_t*>(p) = b[0] | (b[1] << 16);
+  }
+}
+
+__device__ __forceinline__ uint32_t pick4(const uint32_t (&a)[4], int i) {
+  return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
+}
+
+// Thread layout of the R-rows-per-lane kernels (R = 8: 256 threads, R = 4: 512 threads per
+// 128 x 128 block tile): 4 x (16 / R) warps of 32 rows x 8R columns; lane (rq = lane / R,
+// cv = lane % R) holds rows R rq .. + R - 1 of columns 8 cv .. + 7.
+template <int R>
+struct Layout {
+  static constexpr int kThreads = 2048 / R;
+  int wm, wn, rq, cv;
+  __device__ __forceinline__ Layout() {
+    const int t = PT_MX_TILE_TID(), warp = t >> 5, lane = t & 31;
+    wm = warp & 3;
+    wn = warp >> 2;
+    rq = lane / R;
+    cv = lane % R;
+  }
+};
+
+// The R vectors of this thread in tile (tm, tn), zero outside x (M % 32 == 0: a warp tile's
+// rows are all in or all out; N % 32 == 0: a vector is all in or out).
+template <int R>
+__device__ __forceinline__ void load_tile(uint32_t (&d)[R][4], const uint16_t* __restrict__ x,
+                                          int M, int N, int tm, int tn) {
+  const Layout<R> L;
+  const int row = tm * kTile + 32 * L.wm + R * L.rq;
+  const int col = tn * kTile + 8 * R * L.wn + 8 * L.cv;
+  const bool ok = row < M && col < N;
+  const uint4* src = reinterpret_cast<const uint4*>(x + (ok ? int64_t{row} * N + col : 0));
+  const int step = N / 8;  // one row in uint4
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    uint4 u = make_uint4(0u, 0u, 0u, 0u);
+    if (ok) u = src[j * step];
+    d[j][0] = u.x;
+    d[j][1] = u.y;
+    d[j][2] = u.z;
+    d[j][3] = u.w;
+  }
+}
+
+// Everything after the loads of tile (tm, tn). ssm / csm: this tile's 128 x 4 scale bytes of
+// s rows / st rows in shared memory.
+template <bool E5M2, int R>
+__device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* ssm, uint32_t* csm,
+                                          uint8_t* __restrict__ q, uint8_t* __restrict__ s,
+                                          uint8_t* __restrict__ qt, uint8_t* __restrict__ st,
+                                          int M, int N, int tm, int tn) {
+  constexpr int EMAX = E5M2 ? 15 : 8;
+  constexpr int H = R / 2;  // row pairs per lane
+  const Layout<R> L;
+  const int t = PT_MX_TILE_TID(), wm = L.wm, wn = L.wn, rq = L.rq, cv = L.cv;
+  const int m0 = tm * kTile, n0 = tn * kTile;
+  const int row0 = m0 + 32 * wm + R * rq;  // the thread's first row
+  const int col = n0 + 8 * R * wn + 8 * cv;  // its first column
+  const bool ok = row0 < M && col < N;
+
+  uint32_t rk[H], cm[4];
+  thread_amax<false, R>(d, rk, cm);
+  {
+    const uint32_t top = __vmaxu2(__vmaxu2(cm[0], cm[1]), __vmaxu2(cm[2], cm[3]));
+    if ((top & 0x7f80u) == 0x7f80u || (top & 0x7f800000u) == 0x7f800000u) {
+      thread_amax<true, R>(d, rk, cm);
+    }
+  }
+  // row blocks: the 4 lanes of a quad (cv % 4); column blocks: the 32 / R lanes of one cv (rq)
+#pragma unroll
+  for (int i = 0; i < H; ++i) {
+    rk[i] = __vmaxu2(rk[i], __shfl_xor_sync(0xffffffffu, rk[i], 1));
+    rk[i] = __vmaxu2(rk[i], __shfl_xor_sync(0xffffffffu, rk[i], 2));
+  }
+#pragma unroll
+  for (int sh = R; sh < 32; sh <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cm[i] = __vmaxu2(cm[i], __shfl_xor_sync(0xffffffffu, cm[i], sh));
+  }
+  uint32_t er[H], ec[4];
+#pragma unroll
+  for (int i = 0; i < H; ++i) er[i] = eb2<EMAX>(rk[i]);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) ec[i] = eb2<EMAX>(cm[i]);
+
+  // scale bytes into shared memory: row (32 wm + R rq + j) byte (8R wn + 8 cv) / 32 of ssm, lane
+  // cv % 4 == c < R / 2 writing rows 2c, 2c + 1; column (8R wn + 8 cv + k) byte wm of csm, lane
+  // rq < 4 writing columns 2 rq, 2 rq + 1
+  {
+    auto* sb = reinterpret_cast<uint8_t*>(ssm);
+    auto* cb = reinterpret_cast<uint8_t*>(csm);
+    const int c = cv & 3;
+    if (c < H) {
+      uint32_t rw;
+      if constexpr (H == 4) {
+        rw = pick4(er, c);
+      } else {
+        rw = c == 0 ? er[0] : er[1];
+      }
+      const int ri = (32 * wm + R * rq + 2 * c) * 4 + (8 * R * wn + 8 * cv) / 32;
+      sb[ri] = static_cast<uint8_t>(rw);
+      sb[ri + 4] = static_cast<uint8_t>(rw >> 16);
+    }
+    if (rq < 4) {
+      const uint32_t cw = pick4(ec, rq);
+      const int ci = (8 * R * wn + 8 * cv + 2 * rq) * 4 + wm;
+      cb[ci] = static_cast<uint8_t>(cw);
+      cb[ci + 4] = static_cast<uint8_t>(cw >> 16);
+    }
+  }
+
+  // both copies in one walk over the 4 words (column pairs 2i, 2i + 1): each value is unpacked
+  // once and multiplied by its row and its column scale. Column 2i / 2i + 1's R rows are R
+  // consecutive bytes of qt row col + 2i / + 1 (stored at once); the row bytes collect in ra
+  // (row j: ra[j][0] columns 0..3, ra[j][1] columns 4..7) and are stored at the end, 8 bytes per
+  // row. Store addresses advance one row at a time, opaque to the compiler (hoisted 64-bit
+  // addresses would cost registers).
+  uint32_t ra[R][2];
+  uint8_t* tp = qt + int64_t{col} * M + row0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float cl = mul_lo(ec[i]), ch = mul_hi(ec[i]);
+    uint32_t tl[H], th[H];
+#pragma unroll
+    for (int p = 0; p < H; ++p) {
+      const uint32_t w0 = d[2 * p][i], w1 = d[2 * p + 1][i];
+      const float a0 = bf_lo(w0), b0 = bf_hi(w0), a1 = bf_lo(w1), b1 = bf_hi(w1);
+      tl[p] = cvt2<E5M2>(a0 * cl, a1 * cl);
+      th[p] = cvt2<E5M2>(b0 * ch, b1 * ch);
+      const float rl = mul_lo(er[p]), rh = mul_hi(er[p]);  // rows 2p, 2p + 1
+      const uint32_t r0 = cvt2<E5M2>(a0 * rl, b0 * rl);
+      const uint32_t r1 = cvt2<E5M2>(a1 * rh, b1 * rh);
+      if (i & 1) {
+        ra[2 * p][i >> 1] |= r0 << 16;
+        ra[2 * p + 1][i >> 1] |= r1 << 16;
+      } else {
+        ra[2 * p][i >> 1] = r0;
+        ra[2 * p + 1][i >> 1] = r1;
+      }
+    }
+    if (ok) st_pairs<R>(tp, tl);
+    tp = opaque(tp + M);
+    if (ok) st_pairs<R>(tp, th);
+    tp = opaque(tp + M);
+  }
+  uint8_t* qp = q + int64_t{row0} * N + col;
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    if (ok) *reinterpret_cast<uint2*>(qp) = make_uint2(ra[j][0], ra[j][1]);
+    qp = opaque(qp + N);
+  }
+  __syncthreads();
+
+  // scales: threads 0..127 one s row each (4 blocks of 32 columns), 128..255 one st row each
+  // (4 blocks of 32 rows); 4-byte stores where the row's 4 bytes are in and aligned
+  const int nbs = N / 32, mbs = M / 32;
+  if (t < kTile) {
+    const int row = m0 + t;
+    if (row < M) {
+      const uint32_t v = ssm[t];
+      uint8_t* dst = s + int64_t{row} * nbs + n0 / 32;
+      if (nbs % 4 == 0) {
+        *reinterpret_cast<uint32_t*>(dst) = v;
+      } else {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          if (n0 + 32 * b < N) dst[b] = static_cast<uint8_t>(v >> (8 * b));
+        }
+      }
+    }
+  } else if (t < 2 * kTile) {
+    const int c = t - kTile;
+    const int n = n0 + c;
+    if (n < N) {
+      const uint32_t v = csm[c];
+      uint8_t* dst = st + int64_t{n} * mbs + m0 / 32;
+      if (mbs % 4 == 0) {
+        *reinterpret_cast<uint32_t*>(dst) = v;
+      } else {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          if (m0 + 32 * b < M) dst[b] = static_cast<uint8_t>(v >> (8 * b));
+        }
+      }
+    }
+  }
+}
