@@ -47,6 +47,11 @@ from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import (
     zero_tail,
 )
 
+try:  # griddepcontrol (programmatic dependent launch, sm_90+); used only under a constexpr flag
+    from triton.language.extra.cuda import gdc_wait
+except ImportError:  # a Triton build without the CUDA extras (ROCm: no TMA kernels anyway)
+    gdc_wait = None
+
 # ---- session 8: the fp8 kernel with the TMA-store epilogue (plan f8s) ------------------------
 
 
@@ -79,11 +84,28 @@ def _scaled_store(c_ptr, c_desc, acc, sa_ptr, sb_ptr, g, row0, col0, stop, N,
 
 
 @triton.jit
+def _lens_rows(lens_ptr, M, G, G_PAD: tl.constexpr):
+    """``(gi, lo, hi)`` of ``group_table`` from the group SIZES (``lens_ptr``: int64 ``[G]``):
+    the exclusive / inclusive prefix sums in the kernel, the same clamps, so the same table as
+    from ``group_offsets(lens)`` (session 9: no zero-fill and cumsum launches on the host)."""
+    gi = tl.arange(0, G_PAD)
+    n = tl.load(lens_ptr + gi, mask=gi < G, other=0)
+    end = tl.cumsum(n, axis=0)
+    lo = tl.minimum(tl.maximum(end - n, 0), M).to(tl.int32)
+    hi = tl.minimum(tl.maximum(end, lo), M).to(tl.int32)
+    return gi, lo, hi
+
+
+@triton.jit
 def _part_table(offs_ptr, M, G, num_pid_n, BLOCK_M: tl.constexpr, G_PAD: tl.constexpr,
-                SMALL: tl.constexpr):  # fmt: skip
+                SMALL: tl.constexpr, LENS: tl.constexpr = False):  # fmt: skip
     """The group table (``group_table``) of one part of the walk: the groups of ``>= BLOCK_M``
-    rows, or with ``SMALL`` the smaller ones."""
-    gi, lo, hi, first, ends, total = group_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD)
+    rows, or with ``SMALL`` the smaller ones. ``LENS``: ``offs_ptr`` holds the group sizes
+    (``_lens_rows``) instead of the ``[G + 1]`` offsets."""
+    if LENS:
+        gi, lo, hi = _lens_rows(offs_ptr, M, G, G_PAD)
+    else:
+        gi, lo, hi, first, ends, total = group_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD)
     n = hi - lo
     if SMALL:
         mt = tl.where(n < BLOCK_M, tl.cdiv(n, BLOCK_M), 0)
@@ -134,6 +156,7 @@ def grouped_gemm_fp8_pre_kernel(
     stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn, num_programs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
+    LENS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Plan ``f8s``: the ``f8tma`` walk (flat persistent loop over the in-kernel group table,
     flattened with its K loop so the next tile's first TMA loads are issued during this tile's
@@ -142,23 +165,51 @@ def grouped_gemm_fp8_pre_kernel(
     through TMA stores (the ragged last tile moved up, see ``_tile_loop``), the smaller groups
     in a second loop with masked stores (a branch between the two stores in one flattened loop
     fails in Triton 3.6's loop fusion); the second loop continues the round-robin where the
-    first ended."""
+    first ended. Session 9 (opt-in, see ``launch_fp8_tma``): ``LENS`` (``offs_ptr`` holds the
+    int64 group sizes ``[G]``: the tables and the tail from their prefix sums); ``PDL`` (a
+    programmatic-dependent launch: the first table is built, then ``griddepcontrol.wait``
+    until the grid before, e.g. the rowwise quantization of A, has finished and its writes
+    are visible; the caller guarantees that grid wrote neither the offsets nor the sizes)."""
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     gi, lo, hi, first, ends, total = _part_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD,
-                                                 False)  # fmt: skip
+                                                 False, LENS)  # fmt: skip
+    if PDL:
+        gdc_wait()
     _tile_loop(a_desc, b_desc, c_ptr, c_desc, sa_ptr, sb_ptr, N, K, num_pid_n,
                stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
                pid, num_programs, gi, lo, hi, first, ends, total,
                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, UPCAST, True)  # fmt: skip
     pid = (pid + num_programs - total % num_programs) % num_programs
     gi, lo, hi, first, ends, total = _part_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD,
-                                                 True)  # fmt: skip
+                                                 True, LENS)  # fmt: skip
     _tile_loop(a_desc, b_desc, c_ptr, c_desc, sa_ptr, sb_ptr, N, K, num_pid_n,
                stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
                pid, num_programs, gi, lo, hi, first, ends, total,
                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, UPCAST, False)  # fmt: skip
-    zero_tail(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+    if LENS:
+        _zero_tail_lens(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn,
+                        BLOCK_M, BLOCK_N, G_PAD)  # fmt: skip
+    else:
+        zero_tail(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn, BLOCK_M,
+                  BLOCK_N)  # fmt: skip
+
+
+@triton.jit
+def _zero_tail_lens(c_ptr, lens_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G_PAD: tl.constexpr):  # fmt: skip
+    """``zero_tail`` with the tail's first row the sum of the group sizes (``LENS``)."""
+    gi = tl.arange(0, G_PAD)
+    total = tl.sum(tl.load(lens_ptr + gi, mask=gi < G, other=0), axis=0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    tail0 = tl.minimum(tl.maximum(total, 0), M).to(tl.int64)
+    tail_tiles = tl.cdiv((M - tail0).to(tl.int32), BLOCK_M) * num_pid_n
+    zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
+    for t in range(pid, tail_tiles, num_programs):
+        rows = tail0 + (t // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+        rn = (t % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
+        tl.store(c_ptrs, zero, mask=(rows[:, None] < M) & (rn[None, :] < N))
 
 
 # ---- configs, env knobs, launcher ------------------------------------------------------------
@@ -296,10 +347,16 @@ def fp8_tma_usable(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> 
 
 
 def launch_fp8_tma(
-    a, b, c, group_offs, sa, sb, cfg: GemmConfig, programs: int, variant: str = "f8tma"
-) -> None:
+    a, b, c, group_offs, sa, sb, cfg: GemmConfig, programs: int, variant: str = "f8tma",
+    lens: bool = False, pdl: bool = False,
+) -> None:  # fmt: skip
     """One launch of plan ``variant`` (``f8tma`` flat TMA kernel, ``f8tmas`` with the TMA-store
-    epilogue, ``f8s`` the session-8 kernel)."""
+    epilogue, ``f8s`` the session-8 kernel). ``f8s`` only: ``lens`` (``group_offs`` is the
+    int64 group sizes ``[G]``), ``pdl`` (a programmatic-dependent launch, compiled CUDA only:
+    the kernel builds its group table, then waits for the grid before; that grid must not
+    have written the offsets / sizes)."""
+    if (lens or pdl) and variant not in PRE_VARIANTS:
+        raise ValueError(f"launch_fp8_tma: lens / pdl need plan {PRE_VARIANTS}, got {variant}")
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import _interpreting
@@ -316,6 +373,7 @@ def launch_fp8_tma(
             sa.stride(0), sb.stride(0), sb.stride(1), programs,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             G_PAD=triton.next_power_of_2(max(g, 2)), FLATTEN=not interp, UPCAST=interp,
+            LENS=lens, **({"PDL": True, "launch_pdl": True} if pdl and not interp else {}),
             **cfg.options,
         )  # fmt: skip
         return
@@ -342,11 +400,17 @@ def grouped_gemm_fp8_tma(
     out_dtype: torch.dtype,
     config: GemmConfig | None = None,
     variant: str = "f8tma",
+    group_lens: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """``[M, N]`` of ``out_dtype`` (rows past ``group_offs[G]`` zero); operands as in the module
     doc (the caller checks ``fp8_tma_usable``). The tile is the config tuner's choice per shape
     (``grouped_gemm_kernel._choose``: timed on the first call on a GPU unless capturing or
-    ``PRIMUS_TURBO_TRITON_TUNE=0``) or ``config`` (with ``variant``: ``f8tma`` / ``f8tmas``)."""
+    ``PRIMUS_TURBO_TRITON_TUNE=0``) or ``config`` (with ``variant``: ``f8tma`` / ``f8tmas``).
+    ``group_offs=None`` (with ``group_lens``): the ``f8s`` plans build the group table from the
+    sizes in the kernel (``LENS``); other plans get ``group_offsets(group_lens)``. ``pdl``:
+    ``f8s`` launched as a programmatic dependent of the grid before (see ``launch_fp8_tma``;
+    only for a caller whose previous launch wrote neither ``group_offs`` nor ``group_lens``)."""
     from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as gk
 
     m, k = a.shape
@@ -359,19 +423,27 @@ def grouped_gemm_fp8_tma(
     family = arch_family(a.device)
     sa = a_scale.reshape(-1)
     sb = b_scale
+    plans = fp8_tma_plans(family) if config is None else [(variant, config)]
+    if config is None and (c.element_size() != 2 or (n * 2) % 16):  # TMA store: 2-byte out
+        plans = [p for p in plans if not _stores_by_tma(p[0])] or [("f8tma", plans[0][1])]
+    pre_only = all(p[0] in PRE_VARIANTS for p in plans)
+    lens = group_offs is None and pre_only
+    if group_offs is None and not lens:
+        from primus_turbo.pytorch.reference.grouped_gemm import group_offsets
+
+        group_offs = group_offsets(group_lens)
+    offs_arg = group_lens.contiguous() if lens else group_offs
+    pdl = pdl and pre_only and a.device.type == "cuda"
 
     def launch(plan: tuple[str, GemmConfig]) -> None:
         cfg = plan[1]
         bound = (-(-m // cfg.block_m) + g + 1) * -(-n // cfg.block_n)
         programs = gk._programs(bound, cfg, a.device, family)
-        launch_fp8_tma(a, b, c, group_offs, sa, sb, cfg, programs, plan[0])
+        launch_fp8_tma(a, b, c, offs_arg, sa, sb, cfg, programs, plan[0], lens, pdl)
 
     if config is not None:
-        launch((variant, config))
+        launch(plans[0])
         return c
-    plans = fp8_tma_plans(family)
-    if c.element_size() != 2 or (n * 2) % 16:  # TMA store: 2-byte out (smem), 16-byte rows
-        plans = [p for p in plans if not _stores_by_tma(p[0])] or [("f8tma", plans[0][1])]
     default = plans[0]
     key = ("fp8fwd", gk._bucket(m), n, k, g, a.dtype, out_dtype, a.device, tuple(plans))
     work = m * n * k
@@ -421,8 +493,14 @@ def aot_specs(target: str) -> list:
                    "stride_sa": "i32", "stride_sbg": "i32:16", "stride_sbn": "i32:1",
                    "num_programs": "i32"}  # fmt: skip
             consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
-                      "G_PAD": 256, "FLATTEN": True, "UPCAST": False}  # fmt: skip
+                      "G_PAD": 256, "FLATTEN": True, "UPCAST": False, "LENS": False,
+                      "PDL": False}  # fmt: skip
             specs.append(AotSpec(f"grouped_gemm_fp8_{variant}_{cfg.name}",
                                  grouped_gemm_fp8_pre_kernel, sig, consts,
                                  cfg.options))  # fmt: skip
+            # session 9 opt-ins: the table from the group sizes, the PDL wait
+            specs.append(AotSpec(f"grouped_gemm_fp8_{variant}_lens_pdl_{cfg.name}",
+                                 grouped_gemm_fp8_pre_kernel, sig,
+                                 {**consts, "LENS": True, "PDL": True},
+                                 {**cfg.options, "launch_pdl": True}))  # fmt: skip
     return specs

@@ -507,7 +507,8 @@ def aot_specs(target: str) -> list[AotSpec]:
                                      ("rowwise_loop", 4, 1024, False, 4)]:  # fmt: skip
         for v3 in (False, True) if one else (False,):
             cx = {"BM": bm, "BN": bn, "FMAX": fmax, "FMT": (0, 0, 0, 0), "ONE_PASS": one,
-                  "SAT": v3 and target == "sm_90", "FAST": v3, "EVEN": v3}  # fmt: skip
+                  "SAT": v3 and target == "sm_90", "FAST": v3, "EVEN": v3,
+                  "PDL": False}  # fmt: skip
             specs.append(
                 AotSpec(f"quant_{name}_{fp8}{'_v3' if v3 else ''}", quant_rows_kernel, rows_sig,
                         cx, {"num_warps": warps})

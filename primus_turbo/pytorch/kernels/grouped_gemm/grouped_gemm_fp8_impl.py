@@ -28,6 +28,7 @@ from primus_turbo.pytorch.core.backend import (
 )
 from primus_turbo.pytorch.core.platform import cuda_capability, triton_interpret
 from primus_turbo.pytorch.reference.grouped_gemm import (
+    group_offsets,
     grouped_gemm_ref,
     grouped_gemm_variable_k_ref,
 )
@@ -67,10 +68,15 @@ class GroupedGemmFp8TritonBackend(KernelBackend):
         return YES
 
     @staticmethod
-    def execute(a, a_scale, b, b_scale, group_offs, group_lens, out_dtype) -> torch.Tensor:
+    def execute(
+        a, a_scale, b, b_scale, group_offs, group_lens, out_dtype, pdl: bool = False
+    ) -> torch.Tensor:
         """The TMA fp8 kernel (``grouped_gemm_fp8_tma``; sm_90, env
         ``PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA`` not ``0``) where usable, else the pointer kernels
-        of ``grouped_gemm_triton``."""
+        of ``grouped_gemm_triton``. ``group_offs=None``: the TMA kernel's ``f8s`` plans read
+        the sizes (``LENS``), other paths get ``group_offsets(group_lens)``. ``pdl``: see
+        ``grouped_gemm_fp8_tma`` (the caller's previous launch wrote neither offsets nor
+        sizes)."""
         from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_tma import (
             fp8_tma_usable,
             grouped_gemm_fp8_tma,
@@ -78,7 +84,10 @@ class GroupedGemmFp8TritonBackend(KernelBackend):
         from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import grouped_gemm_triton
 
         if fp8_tma_usable(a, b, out_dtype):
-            return grouped_gemm_fp8_tma(a, b, group_offs, a_scale, b_scale, out_dtype)
+            return grouped_gemm_fp8_tma(a, b, group_offs, a_scale, b_scale, out_dtype,
+                                        group_lens=group_lens, pdl=pdl)  # fmt: skip
+        if group_offs is None:
+            group_offs = group_offsets(group_lens)
         return grouped_gemm_triton(a, b, group_offs, True, out_dtype, scales=(a_scale, b_scale))
 
     @staticmethod
@@ -172,6 +181,8 @@ class GroupedGemmFp8HipblasltBackend(KernelBackend):
             )
         from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_impl import _vendor_fixup
 
+        if group_offs is None:
+            group_offs = group_offsets(group_lens)
         ends = group_offs[1:].to(torch.int32)
         out = torch._scaled_grouped_mm(
             a, b.transpose(1, 2), a_scale.float().contiguous(), b_scale.float().contiguous(),
