@@ -15,7 +15,12 @@
 // are in flight while one is processed, issued by 4 instructions per lane instead of 8 cp.async
 // or 8 LDG per thread.
 // Variants (PRIMUS_TURBO_QUANT_CUDA_MX): 2 = b: 2 stages, 3 blocks per SM (64 KB dynamic shared
-// memory per block, register cap 80 as a); 3 = c: 3 stages, 2 blocks per SM (96 KB, cap 128).
+// memory per block, register cap 80 as a); 3 = c: 3 stages, 2 blocks per SM (96 KB, cap 128);
+// 4 = d: b's ring at 2 blocks per SM with the store side asynchronous too: q^T goes into a
+// double-buffered shared tile (2 x 18 KB, rows 144 bytes apart, row n at slot (n % 8) * 16 +
+// n / 8: 2 wavefronts per 8-byte warp store) and leaves as one 1-D bulk store per q^T row
+// (threads 0..127, one bulk group per tile; before the next tile's barrier they wait for the
+// group's shared reads); q rows and the scales leave from registers as in a.
 // Other archs compile an empty kernel (the launcher refuses devices before sm_90 and the Python
 // gate runs a there); ROCm builds compile a stub.
 #include <algorithm>
@@ -79,6 +84,26 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 }
 
+// Bulk stores (bulk async-groups of this thread): `bytes` (multiple of 16, both addresses
+// 16-byte aligned) from shared src to global dst; commit; wait until the reads of the shared
+// sources (READ) or the whole groups are done.
+__device__ __forceinline__ void bulk_s2g(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst),
+               "r"(smem_u32(src)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+template <bool READ>
+__device__ __forceinline__ void bulk_wait_all() {
+  if (READ) {
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  } else {
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  }
+}
+
 // `bytes` (multiple of 16, both addresses 16-byte aligned) from global src to shared dst,
 // completing on *bar.
 __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes,
@@ -91,17 +116,37 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t by
 }
 #endif
 
-// MX dual policy: quant_dual_mx.cu's variant-a tile math on a tile read from shared memory.
-template <bool E5M2>
+// q^T staged in shared memory for bulk stores (tile_body's QtOut): rows 144 bytes apart (16
+// past the 128 data bytes, 16-byte aligned for the bulk reads). Before the tile's barrier every
+// thread fences its writes to the async proxy and the storing threads (0..127) wait until their
+// previous bulk stores have read their shared rows (the tile before, the other buffer: its
+// rows are written again after this barrier).
+struct QtBulk {
+  static constexpr bool kOn = true;
+  static constexpr int kStride = kTile + 16;
+  __device__ __forceinline__ static void before_sync(int t) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (t < kTile) bulk_wait_all<true>();
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+  }
+};
+
+struct MxArgs {  // the outputs (primus_turbo/quant_dual_mx.h)
+  uint8_t* q;
+  uint8_t* s;
+  uint8_t* qt;
+  uint8_t* st;
+};
+
+// MX dual policy: quant_dual_mx.cu's variant-a tile math on a tile read from shared memory;
+// QT_BULK: q^T through a shared tile (in the scratch, after the scale bytes) and bulk stores.
+template <bool E5M2, bool QT_BULK>
 struct MxTile {
   static constexpr int kThreads = Layout<8>::kThreads;  // 256
-  static constexpr int kScratchWords = 2 * kTile;        // row and column scale bytes
-  struct Args {
-    uint8_t* q;
-    uint8_t* s;
-    uint8_t* qt;
-    uint8_t* st;
-  };
+  // row and column scale bytes (+ the q^T tile)
+  static constexpr int kScratchWords = 2 * kTile + (QT_BULK ? kTile * QtBulk::kStride / 4 : 0);
+  using Args = MxArgs;
   // tile: the stage (row r of the tile at r * kRowBytes); rows / columns past x are stale.
   __device__ __forceinline__ static void run(const uint8_t* tile, uint32_t* scratch,
                                              const Args& a, int M, int N, int tm, int tn) {
@@ -120,7 +165,39 @@ struct MxTile {
       d[j][3] = u.w;
     }
     // tile_body's __syncthreads (before the scale stores) follows every read of the stage
-    tile_body<E5M2, 8>(d, scratch, scratch + kTile, a.q, a.s, a.qt, a.st, M, N, tm, tn);
+    if constexpr (QT_BULK) {
+      tile_body<E5M2, 8, QtBulk>(d, scratch, scratch + kTile, a.q, a.s, a.qt, a.st, M, N, tm, tn,
+                                 reinterpret_cast<uint8_t*>(scratch + 2 * kTile));
+    } else {
+      tile_body<E5M2, 8>(d, scratch, scratch + kTile, a.q, a.s, a.qt, a.st, M, N, tm, tn);
+    }
+  }
+  // After run (past its barrier): QT_BULK: threads 0..127 store q^T row t of the tile (its
+  // min(128, M - m0) bytes along M) from the shared tile with one bulk store each.
+  __device__ __forceinline__ static void after_tile(uint32_t* scratch, const Args& a, int M,
+                                                    int N, int tm, int tn) {
+    if constexpr (QT_BULK) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      const int t = fresh_tid();
+      if (t < kTile) {
+        const int n = tn * kTile + t, m0 = tm * kTile;
+        if (n < N) {
+          const auto* qts = reinterpret_cast<const uint8_t*>(scratch + 2 * kTile);
+          bulk_s2g(a.qt + (int64_t{n} * M + m0), qts + ((t % 8) * 16 + t / 8) * QtBulk::kStride,
+                   static_cast<uint32_t>(min(kTile, M - m0)));
+        }
+        bulk_commit();
+      }
+#endif
+    }
+  }
+  // At the end of the kernel: the bulk stores complete before the block's shared memory goes.
+  __device__ __forceinline__ static void finish() {
+    if constexpr (QT_BULK) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      if (fresh_tid() < kTile) bulk_wait_all<false>();
+#endif
+    }
   }
 };
 
@@ -150,7 +227,7 @@ __global__ void __launch_bounds__(Policy::kThreads, MINB)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) uint8_t stages[];  // STAGES x kStageBytes
   __shared__ __align__(8) uint64_t full[STAGES];
-  __shared__ uint32_t scratch[2][Policy::kScratchWords];  // by step parity (one barrier a step)
+  __shared__ __align__(16) uint32_t scratch[2][Policy::kScratchWords];  // by step parity
   const int t = threadIdx.x, warp = t >> 5;
   if (t == 0) {
 #pragma unroll
@@ -178,12 +255,14 @@ __global__ void __launch_bounds__(Policy::kThreads, MINB)
     asm volatile("" : "+r"(m), "+r"(n));
     Policy::run(stages + s * kStageBytes, scratch[step & 1], args, m, n, tile / tiles_n,
                 tile % tiles_n);
+    Policy::after_tile(scratch[step & 1], args, m, n, tile / tiles_n, tile % tiles_n);
     const int next = tile + STAGES * grid;
     if (warp == 0 && next < tiles) {
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic reads, then
       issue_tile(x, stages + s * kStageBytes, &full[s], M, N, tiles_n, next);  // async writes
     }
   }
+  Policy::finish();
 #endif
 }
 
@@ -219,19 +298,21 @@ Status launch_bulk(const uint16_t* x, const typename Policy::Args& args, int M, 
 template <bool E5M2>
 Status launch_mx(const void* x, void* q, void* s, void* qt, void* st, int M, int N, int variant,
                  cudaStream_t stream) {
-  using P = MxTile<E5M2>;
-  const typename P::Args args{static_cast<uint8_t*>(q), static_cast<uint8_t*>(s),
-                              static_cast<uint8_t*>(qt), static_cast<uint8_t*>(st)};
+  using P = MxTile<E5M2, false>;
+  using PB = MxTile<E5M2, true>;
+  const MxArgs args{static_cast<uint8_t*>(q), static_cast<uint8_t*>(s),
+                    static_cast<uint8_t*>(qt), static_cast<uint8_t*>(st)};
   const auto* X = static_cast<const uint16_t*>(x);
   if (variant == 2) return launch_bulk<P, 2, 3>(X, args, M, N, stream);  // b
-  return launch_bulk<P, 3, 2>(X, args, M, N, stream);                    // c
+  if (variant == 3) return launch_bulk<P, 3, 2>(X, args, M, N, stream);  // c
+  return launch_bulk<PB, 2, 2>(X, args, M, N, stream);                   // d
 }
 
 }  // namespace
 
 Status quant_dual_mx_bulk_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                               int64_t n, bool e5m2, int variant, void* stream) noexcept {
-  if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || (variant != 2 && variant != 3)) {
+  if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || variant < 2 || variant > 4) {  // b c d
     return kBadArgument;
   }
   if (m == 0 || n == 0) return kOk;

@@ -31,7 +31,8 @@
 // sm_89+ (fp8 conversions; other archs compile an empty kernel and the Python gate never calls
 // it there). ROCm builds compile a stub (AMD keeps the Triton kernels). Nothing here throws.
 // The tile math lives in primus_turbo/quant_mx_tile.cuh (shared with quant_dual_bulk.cu, whose
-// persistent bulk-async pipeline serves the opt-in variants 2 / 3 = b / c, dispatched below).
+// persistent bulk-async pipeline serves the opt-in variants 2 / 3 / 4 = b / c / d, dispatched
+// below).
 #include "primus_turbo/device.h"
 #include "primus_turbo/quant_dual_mx.h"
 
@@ -101,7 +102,7 @@ bool quant_dual_mx_gpu_available() noexcept { return true; }
 
 Status quant_dual_mx_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                              int64_t n, bool e5m2, int variant, void* stream) noexcept {
-  if (variant == 2 || variant == 3) {  // b / c: quant_dual_bulk.cu
+  if (variant >= 2 && variant <= 4) {  // b / c / d: quant_dual_bulk.cu
     return quant_dual_mx_bulk_gpu(x, q, s, qt, st, m, n, e5m2, variant, stream);
   }
   if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || variant != 1) return kBadArgument;

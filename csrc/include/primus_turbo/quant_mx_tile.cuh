@@ -123,13 +123,25 @@ __device__ __forceinline__ void load_tile(uint32_t (&d)[R][4], const uint16_t* _
   }
 }
 
+// Where tile_body puts q^T: straight to global memory (kOn false, the default). A kernel that
+// stages q^T in shared memory passes a type with kOn = true, kStride (bytes between the tile's
+// q^T rows in shared memory, a multiple of 16) and before_sync(t) (run by every thread after its
+// writes, before the tile's barrier), and the shared tile as `qts`: q^T row n of the tile (128
+// bytes along M) at qts + ((n % 8) * 16 + n / 8) * kStride (R = 8 only).
+struct QtDirect {
+  static constexpr bool kOn = false;
+  static constexpr int kStride = 0;
+  __device__ __forceinline__ static void before_sync(int) {}
+};
+
 // Everything after the loads of tile (tm, tn). ssm / csm: this tile's 128 x 4 scale bytes of
 // s rows / st rows in shared memory.
-template <bool E5M2, int R>
+template <bool E5M2, int R, class QtOut = QtDirect>
 __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* ssm, uint32_t* csm,
                                           uint8_t* __restrict__ q, uint8_t* __restrict__ s,
                                           uint8_t* __restrict__ qt, uint8_t* __restrict__ st,
-                                          int M, int N, int tm, int tn) {
+                                          int M, int N, int tm, int tn, uint8_t* qts = nullptr) {
+  static_assert(!QtOut::kOn || R == 8, "q^T through shared memory: R = 8 only");
   constexpr int EMAX = E5M2 ? 15 : 8;
   constexpr int H = R / 2;  // row pairs per lane
   const Layout<R> L;
@@ -219,10 +231,18 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
         ra[2 * p + 1][i >> 1] = r1;
       }
     }
-    if (ok) st_pairs<R>(tp, tl);
-    tp = opaque(tp + M);
-    if (ok) st_pairs<R>(tp, th);
-    tp = opaque(tp + M);
+    if constexpr (QtOut::kOn) {
+      // rows n = 8 R wn + 8 cv + 2i (+ 1) of the tile's q^T: slot (n % 8) * 16 + n / 8, so the 8
+      // lanes of one rq write 8 consecutive slots (16 bytes apart in banks: 2 wavefronts)
+      uint8_t* p = qts + ((2 * i) * 16 + R * wn + cv) * QtOut::kStride + 32 * wm + R * rq;
+      if (ok) st_pairs<R>(p, tl);
+      if (ok) st_pairs<R>(p + 16 * QtOut::kStride, th);
+    } else {
+      if (ok) st_pairs<R>(tp, tl);
+      tp = opaque(tp + M);
+      if (ok) st_pairs<R>(tp, th);
+      tp = opaque(tp + M);
+    }
   }
   uint8_t* qp = q + int64_t{row0} * N + col;
 #pragma unroll
@@ -230,6 +250,7 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
     if (ok) *reinterpret_cast<uint2*>(qp) = make_uint2(ra[j][0], ra[j][1]);
     qp = opaque(qp + N);
   }
+  QtOut::before_sync(t);
   __syncthreads();
 
   // scales: threads 0..127 one s row each (4 blocks of 32 columns), 128..255 one st row each

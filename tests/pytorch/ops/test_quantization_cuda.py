@@ -258,9 +258,10 @@ _SKIP_GPU_MX = pytest.mark.skipif(
     not _KERNEL_MX,
     reason="needs an NVIDIA GPU and a CUDA build of primus_turbo.pytorch._C with quant_dual_mx_fp8",
 )
-# a: one tile per block (the default); b / c: the persistent bulk-async pipeline of
-# quant_dual_bulk.cu (sm_90+, 2 stages x 3 blocks per SM / 3 stages x 2 blocks per SM)
-MX_VARIANTS = ["a", "b", "c"]
+# a: one tile per block (the default); b / c / d: the persistent bulk-async pipeline of
+# quant_dual_bulk.cu (sm_90+, 2 stages x 3 blocks per SM / 3 stages x 2 blocks per SM / b's ring
+# at 2 per SM with q^T through shared memory and bulk stores)
+MX_VARIANTS = ["a", "b", "c", "d"]
 
 
 def _quant_mx(x, dtype):
@@ -314,7 +315,7 @@ def test_cuda_mx_dual_bitwise(monkeypatch, shape, dtype, variant):
 
 
 @_SKIP_GPU_MX
-@pytest.mark.parametrize("variant", ["b", "c"])
+@pytest.mark.parametrize("variant", ["b", "c", "d"])
 @pytest.mark.parametrize("shape", MX_SHAPES_BULK, ids=lambda v: "x".join(map(str, v)))
 def test_cuda_mx_dual_bulk_bitwise(monkeypatch, shape, variant):
     """The bulk pipeline on ragged / one-block / many-tiles shapes: bitwise Triton and a
@@ -380,11 +381,11 @@ def test_cuda_mx_dual_compile(monkeypatch):
 def test_cuda_mx_knob(monkeypatch):
     """The knob is validated; CPU tensors never take the kernel."""
     x = _input_mx(64, 128, True, "cpu")
-    for bad in ("d", "e", "f", "g", "1", "2"):  # measured losers, removed; numbers
+    for bad in ("e", "f", "g", "1", "2"):  # measured losers, removed; numbers
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", bad)
         with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_CUDA_MX"):
             quant_cuda.cuda_mx_dual_on(x, E4M3)
-    for ok in ("a", "A", "", "0", "b", " C "):
+    for ok in ("a", "A", "", "0", "b", " C ", "d"):
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", ok)
         assert not quant_cuda.cuda_mx_dual_on(x, E4M3)
 
@@ -402,20 +403,20 @@ def test_cuda_mx_op_meta():
         torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(y, E4M3, 1)
     q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E5M2, 1)
     assert qt.shape == (2016, 320) and qt.dtype == E5M2
-    for bad in (0, 4, 5, 6, 7):
+    for bad in (0, 5, 6, 7):
         with pytest.raises(RuntimeError, match="variant"):
             torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, bad)
     try:
         torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 2)
     except RuntimeError as exc:
-        pytest.skip(f"primus_turbo.pytorch._C without variants b / c (rebuild it): {exc}")
-    for v in (2, 3):  # b / c: the same layouts
+        pytest.skip(f"primus_turbo.pytorch._C without variants b / c / d (rebuild it): {exc}")
+    for v in (2, 3, 4):  # b / c / d: the same layouts
         q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, v)
         assert qt.shape == (2016, 320) and s.shape == (320, 63) and st.shape == (2016, 10)
 
 
 def test_cuda_mx_variant_passed_to_op(monkeypatch):
-    """The knob's variant reaches the op; b / c become a on devices before sm_90."""
+    """The knob's variant reaches the op; b / c / d become a on devices before sm_90."""
     calls = []
 
     class _Ops:
@@ -428,7 +429,7 @@ def test_cuda_mx_variant_passed_to_op(monkeypatch):
     x = torch.zeros(32, 32, dtype=torch.bfloat16)
     for capable in (True, False):
         monkeypatch.setattr(quant_cuda, "_bulk_capable", lambda index, c=capable: c)
-        for raw in ("a", "b", "c"):
+        for raw in ("a", "b", "c", "d"):
             monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", raw)
             quant_cuda.quant_dual_mx_cuda(x, E4M3)
-    assert calls == [1, 2, 3, 1, 1, 1]
+    assert calls == [1, 2, 3, 4, 1, 1, 1, 1]

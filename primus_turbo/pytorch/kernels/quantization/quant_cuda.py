@@ -18,9 +18,10 @@ on NVIDIA (H200 call 8.2: 0.816 of copy, 4 shapes; the Triton word kernel 0.787 
 ``PRIMUS_TURBO_QUANT_CUDA_MX`` = ``a`` (unset: one 128x128 tile per 256-thread block, 3 blocks
 per SM) or ``0`` (the Triton word kernel); the persistent cp.async variant ``g`` lost in call 8.3
 (0.806 vs 0.816) and was removed, so ``g`` is refused like any other value. Opt-in ``b`` /
-``c`` (session 9, unmeasured): the persistent bulk-async pipeline of csrc/kernels/
+``c`` / ``d`` (session 9, unmeasured): the persistent bulk-async pipeline of csrc/kernels/
 quant_dual_bulk.cu (sm_90+, other devices run ``a``): ``b`` 2 stages x 3 blocks per SM, ``c`` 3
-stages x 2 blocks per SM. It takes bf16, contiguous, 16-byte aligned inputs with both dims
+stages x 2 blocks per SM, ``d`` b's ring at 2 blocks per SM with q^T through shared memory and
+bulk stores. It takes bf16, contiguous, 16-byte aligned inputs with both dims
 multiples of 32 on NVIDIA sm_89+; everything else (and torch.compile tracing) runs Triton. The
 MX rows recipe (``dual=False``) always runs Triton (a CUDA rows kernel lost in call 8.2: 0.834
 vs 0.875).
@@ -98,22 +99,23 @@ def quant_dual_cuda(x: torch.Tensor, dtype: torch.dtype, fmax: float):
     return tuple(native_ops().quant_dual_fp8(x, dtype, float(fmax)))
 
 
-_MX_VARIANTS = {"0": 0, "a": 1, "b": 2, "c": 3}
+_MX_VARIANTS = {"0": 0, "a": 1, "b": 2, "c": 3, "d": 4}
 
 
 def cuda_mx_variant() -> int:
-    """``PRIMUS_TURBO_QUANT_CUDA_MX``: 0 = off, 1 (``a``, the default), 2 (``b``), 3 (``c``)."""
+    """``PRIMUS_TURBO_QUANT_CUDA_MX``: 0 = off, 1 (``a``, the default), 2 / 3 / 4 (``b`` /
+    ``c`` / ``d``)."""
     raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_MX", "").strip().lower() or "a"
     if raw not in _MX_VARIANTS:
         raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX expected 0, a, b or c, got {raw!r}"
+            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX expected 0, a, b, c or d, got {raw!r}"
         )
     return _MX_VARIANTS[raw]
 
 
 @functools.cache
 def _bulk_capable(index: int) -> bool:
-    """sm_90+: the bulk-async copies and mbarrier tx counts of variants b / c."""
+    """sm_90+: the bulk-async copies and mbarrier tx counts of variants b / c / d."""
     return torch.cuda.get_device_capability(index) >= (9, 0)
 
 
@@ -158,5 +160,5 @@ def quant_dual_mx_cuda(x: torch.Tensor, dtype: torch.dtype):
 
     variant = cuda_mx_variant()
     if variant >= 2 and not _bulk_capable(x.device.index or 0):
-        variant = 1  # b / c need sm_90+: a (the same bits)
+        variant = 1  # b / c / d need sm_90+: a (the same bits)
     return tuple(native_ops().quant_dual_mx_fp8(x, dtype, variant))
