@@ -386,6 +386,75 @@ def quant_rows_chunked_kernel(
 
 
 @triton.jit
+def _rows_amax(x, FAST: tl.constexpr):
+    """Per-row max of ``|x|`` over the finite values (``quant_rows_kernel``'s rule)."""
+    if FAST:
+        amax = tl.max(tl.abs(x), axis=1)
+        if tl.where(tl.max(amax, axis=0) < float("inf"), 0, 1) != 0:
+            amax = tl.max(_finite_abs(x), axis=1)
+    else:
+        amax = tl.max(_finite_abs(x), axis=1)
+    return amax
+
+
+@triton.jit
+def _rows_cast(x, scale, q_ptr, FMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr):
+    if SAT:
+        return (x * scale[:, None]).to(q_ptr.dtype.element_ty)
+    return _cast(x, scale[:, None], FMAX, q_ptr.dtype.element_ty, FMT)
+
+
+@triton.jit
+def quant_rows3_kernel(
+    x_ptr, q_ptr, s_ptr, M, stride_xm, stride_xn, stride_qm, stride_qn, stride_s,
+    BM: tl.constexpr, CH: tl.constexpr, FMAX: tl.constexpr, FMT: tl.constexpr = (0, 0, 0, 0),
+    SAT: tl.constexpr = False, FAST: tl.constexpr = False, EVEN: tl.constexpr = False,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
+    """Rowwise, one pass, rows of ``N = 3 * CH`` values (768 = 3 x 256, 1536, 3072, ...): each
+    program holds ``BM`` rows as three ``[BM, CH]`` column thirds (three loads in flight per
+    thread, no idle lane, the row maxima within each warp's rows: no cross-warp reduction),
+    the row amax the max of the three, scale and cast as ``quant_rows_kernel``: bitwise the
+    same outputs. ``EVEN``: ``M % BM == 0`` (no masks). ``SAT`` / ``FAST`` / ``PDL`` as
+    there."""
+    if PDL:
+        gdc_launch_dependents()
+    pid = tl.program_id(0)
+    rm = pid * BM + tl.arange(0, BM)
+    rm64 = rm.to(tl.int64)
+    rn = tl.arange(0, CH)
+    x_ptrs = x_ptr + rm64[:, None] * stride_xm + rn[None, :] * stride_xn
+    q_ptrs = q_ptr + rm64[:, None] * stride_qm + rn[None, :] * stride_qn
+    step_x, step_q = CH * stride_xn, CH * stride_qn
+    if EVEN:
+        x0 = tl.load(x_ptrs, eviction_policy="evict_first").to(tl.float32)
+        x1 = tl.load(x_ptrs + step_x, eviction_policy="evict_first").to(tl.float32)
+        x2 = tl.load(x_ptrs + 2 * step_x, eviction_policy="evict_first").to(tl.float32)
+    else:
+        m = (rm < M)[:, None]
+        x0 = tl.load(x_ptrs, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        x1 = tl.load(x_ptrs + step_x, mask=m, other=0.0, eviction_policy="evict_first")
+        x2 = tl.load(x_ptrs + 2 * step_x, mask=m, other=0.0, eviction_policy="evict_first")
+        x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+    amax = tl.maximum(tl.maximum(_rows_amax(x0, FAST), _rows_amax(x1, FAST)),
+                      _rows_amax(x2, FAST))  # fmt: skip
+    scale, sinv = _scale_of(amax, FMAX, False, 0)
+    q0 = _rows_cast(x0, scale, q_ptr, FMAX, FMT, SAT)
+    q1 = _rows_cast(x1, scale, q_ptr, FMAX, FMT, SAT)
+    q2 = _rows_cast(x2, scale, q_ptr, FMAX, FMT, SAT)
+    if EVEN:
+        tl.store(s_ptr + rm64 * stride_s, sinv)
+        tl.store(q_ptrs, q0)
+        tl.store(q_ptrs + step_q, q1)
+        tl.store(q_ptrs + 2 * step_q, q2)
+    else:
+        tl.store(s_ptr + rm64 * stride_s, sinv, mask=rm < M)
+        tl.store(q_ptrs, q0, mask=m)
+        tl.store(q_ptrs + step_q, q1, mask=m)
+        tl.store(q_ptrs + 2 * step_q, q2, mask=m)
+
+
+@triton.jit
 def quant_mxfp4_kernel(
     x_ptr, q_ptr, s_ptr, M, N, stride_xm, stride_xn, stride_qm, stride_sm, BM: tl.constexpr
 ):
@@ -518,6 +587,15 @@ def aot_specs(target: str) -> list[AotSpec]:
                  "stride_qn": "i32:1", "stride_s": "i32:1"}  # fmt: skip
     # (name, (BM, BMP, R, CH, CPR, warps)) as quant_launch.rows_chunk_plan picks them: 768-value
     # rows (settings 1 and 2), 2880 (setting 2); the v3 flags; PDL on sm_90 only
+    for bm, warps in ((8, 8), (16, 16)):  # rows of 768 as thirds (settings 3 / 4)
+        for v3 in (False, True):
+            cx = {"BM": bm, "CH": 256, "FMAX": fmax, "FMT": (0, 0, 0, 0),
+                  "SAT": v3 and target == "sm_90", "FAST": v3, "EVEN": v3,
+                  "PDL": v3 and target == "sm_90"}  # fmt: skip
+            specs.append(
+                AotSpec(f"quant_rowwise_thirds768_bm{bm}_{fp8}{'_v3' if v3 else ''}",
+                        quant_rows3_kernel, chunk_sig, cx, {"num_warps": warps})
+            )  # fmt: skip
     for name, (bm, bmp, r, ch, cpr, warps) in [("768", (10, 16, 32, 256, 3, 8)),
                                                ("768w", (21, 32, 64, 256, 3, 16)),
                                                ("2880w", (5, 8, 256, 64, 45, 16))]:  # fmt: skip

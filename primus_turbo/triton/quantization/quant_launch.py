@@ -32,6 +32,7 @@ from primus_turbo.triton.quantization.quant_kernel import (
     amax_partial_kernel,
     cast_flat_kernel,
     quant_mxfp4_kernel,
+    quant_rows3_kernel,
     quant_rows_chunked_kernel,
     quant_rows_kernel,
     quant_tile_kernel,
@@ -306,14 +307,30 @@ def rows_chunk_setting() -> int:
     """``PRIMUS_TURBO_QUANT_ROWS_CHUNK`` (read per call): ``0`` (default) rows of a non-power-
     of-two length on ``quant_rows_kernel``'s one-pass tile (``next_power_of_2(N)`` lanes per
     row: 768 values in 1024 lanes); ``1`` / ``2``: on ``quant_rows_chunked_kernel`` (chunk-row
-    tiles of ~8K / ~16K values, see ``rows_chunk_plan``) where it idles fewer lanes. Same
-    outputs, bitwise."""
+    tiles of ~8K / ~16K values, see ``rows_chunk_plan``) where it idles fewer lanes; ``3`` /
+    ``4``: rows of ``3 * 2^k`` values on ``quant_rows3_kernel`` (three column thirds, ~8K /
+    ~16K values per program, ``rows3_plan``), others as ``0``. Same outputs, bitwise."""
     raw = os.environ.get("PRIMUS_TURBO_QUANT_ROWS_CHUNK", "0").strip() or "0"
-    if raw not in ("0", "1", "2"):
+    if raw not in ("0", "1", "2", "3", "4"):
         raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_QUANT_ROWS_CHUNK expected 0, 1 or 2, got {raw!r}"
+            f"primus_turbo: PRIMUS_TURBO_QUANT_ROWS_CHUNK expected 0, 1, 2, 3 or 4, got {raw!r}"
         )
     return int(raw)
+
+
+def rows3_plan(cols: int, setting: int) -> tuple[int, int, int] | None:
+    """``(BM, CH, warps)`` of ``quant_rows3_kernel`` (``setting`` 3: ~8K values per program,
+    4: ~16K) for rows of ``cols = 3 * CH`` values (``CH`` a power of two, 16 to 4096); else
+    ``None``. 768 -> (8, 256, 8) / (16, 256, 16)."""
+    if setting not in (3, 4) or cols % 3:
+        return None
+    ch = cols // 3
+    if ch < 16 or ch > 4096 or ch & (ch - 1):
+        return None
+    values = 8192 if setting == 3 else 16384
+    bm = 1 << max(0, (values // cols).bit_length() - 1)
+    bm = min(bm, 64)
+    return bm, ch, 16 if bm * cols > 8192 else 8
 
 
 def rows_chunk_plan(cols: int, setting: int) -> tuple[int, int, int, int, int, int] | None:
@@ -326,7 +343,7 @@ def rows_chunk_plan(cols: int, setting: int) -> tuple[int, int, int, int, int, i
     way). 768 -> (10, 16, 32, 256, 3, 8): 30 of 32 chunk-rows live (94 %) vs 768 of 1024
     lanes (75 %); 2880 with ``setting`` 2 -> 5 rows of 45 x 64 in 256 chunk-rows (88 % vs
     70 %)."""
-    if setting == 0 or cols <= 0 or cols & (cols - 1) == 0 or cols > _ROW_IN_REGS:
+    if setting not in (1, 2) or cols <= 0 or cols & (cols - 1) == 0 or cols > _ROW_IN_REGS:
         return None
     ch = min(cols & -cols, 1024)
     if ch < 16:
@@ -366,7 +383,19 @@ def quant_rowwise(x: torch.Tensor, dtype: torch.dtype, axis: int):
         row = max(16, 1 << (cols - 1).bit_length())
         one_pass = contiguous_rows and row <= _ROW_IN_REGS
         pdl = _rows_pdl(x)
-        plan = rows_chunk_plan(cols, rows_chunk_setting()) if one_pass else None
+        setting = rows_chunk_setting() if one_pass else 0
+        plan3 = rows3_plan(cols, setting)
+        if plan3 is not None:  # rows of 3 * 2^k values as three column thirds
+            bm, ch, warps = plan3
+            v3 = _v3()
+            quant_rows3_kernel[(_cdiv(rows, bm),)](
+                src, _u8(qv), s, rows, src.stride(0), src.stride(1), qv.stride(0),
+                qv.stride(1), 1, BM=bm, CH=ch, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype),
+                SAT=v3 and _nvidia_sat(x), FAST=v3, EVEN=v3 and rows % bm == 0, PDL=pdl,
+                num_warps=warps,
+            )  # fmt: skip
+            return q, (s.view(m, 1) if axis in (-1, 1) else s.view(1, n))
+        plan = rows_chunk_plan(cols, setting)
         if plan is not None:  # non-power-of-two rows as chunk-rows (fewer idle lanes)
             bm, bmp, r, ch, cpr, warps = plan
             v3 = _v3()

@@ -1,5 +1,6 @@
 """Rowwise FP8 quantization of non-power-of-two rows on ``quant_rows_chunked_kernel``
-(``PRIMUS_TURBO_QUANT_ROWS_CHUNK=1|2``): bitwise the outputs of the default one-pass kernel
+(``PRIMUS_TURBO_QUANT_ROWS_CHUNK=1|2``) and ``quant_rows3_kernel`` (``3|4``, rows of 3 x 2^k
+values): bitwise the outputs of the default one-pass kernel
 (q and scales), special values, rows not a multiple of the program's rows, strided inputs,
 both axes; the plan rule; the env knob. CPU runs the kernels under TRITON_INTERPRET=1."""
 
@@ -11,7 +12,11 @@ import torch
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity
 from primus_turbo.pytorch.ops.quantization import quantize_fp8
 from primus_turbo.pytorch.reference import quantization as ref
-from primus_turbo.triton.quantization.quant_launch import rows_chunk_plan, rows_chunk_setting
+from primus_turbo.triton.quantization.quant_launch import (
+    rows3_plan,
+    rows_chunk_plan,
+    rows_chunk_setting,
+)
 from tests.conftest import HAS_GPU
 
 pytestmark = pytest.mark.quantization
@@ -20,7 +25,7 @@ DEV = "cuda" if HAS_GPU else "cpu"
 ROW = ScalingGranularity.ROWWISE
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # (rows, cols): 768 = 3 x 256 (Qwen3-30B-A3B's K), 384 = 3 x 128; GPU adds the model shapes
-SHAPES = [(23, 768), (45, 384)]
+SHAPES = [(23, 768), (45, 384), (32, 768)]  # 32 rows: the EVEN (no mask) path of 3 / 4
 if HAS_GPU:
     SHAPES += [(65536, 768), (4097, 1536), (32768, 2880), (1000, 6144), (3, 768)]
 
@@ -45,6 +50,10 @@ def test_rows_chunk_plan_rule():
     assert rows_chunk_plan(2880, 2) == (5, 8, 256, 64, 45, 16)
     for cols in (2048, 4096, 7168, 2880, 1000, 7, 20000):  # pow2, no gain, odd, too long
         assert rows_chunk_plan(cols, 1) is None
+    assert rows3_plan(768, 3) == (8, 256, 8) and rows3_plan(768, 4) == (16, 256, 16)
+    assert rows3_plan(768, 1) is None and rows3_plan(2880, 3) is None
+    assert rows3_plan(2048, 3) is None and rows3_plan(3 * 8192, 3) is None
+    assert rows_chunk_plan(768, 3) is None
     for cols in range(16, 16385, 16):
         for setting in (1, 2):
             plan = rows_chunk_plan(cols, setting)
@@ -56,7 +65,7 @@ def test_rows_chunk_plan_rule():
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("setting", [1, 2])
+@pytest.mark.parametrize("setting", [1, 2, 3, 4])
 @pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=str)
 def test_rows_chunked_bitwise(monkeypatch, shape, setting, dtype):
     x = _x(*shape)
@@ -70,7 +79,7 @@ def test_rows_chunked_bitwise(monkeypatch, shape, setting, dtype):
         assert ((a - b).abs() <= b.abs() * 0.26 + 2.0**-9).all()
 
 
-@pytest.mark.parametrize("setting", [1, 2])
+@pytest.mark.parametrize("setting", [1, 2, 3, 4])
 def test_rows_chunked_specials_and_layouts(monkeypatch, setting):
     m, n = 25, 768
     x = _x(m, n, torch.float32)
@@ -102,18 +111,19 @@ def test_rows_chunk_env(monkeypatch):
     assert rows_chunk_setting() == 0
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_ROWS_CHUNK", "2")
     assert rows_chunk_setting() == 2
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_ROWS_CHUNK", "3")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_ROWS_CHUNK", "5")
     with pytest.raises(ValueError, match="ROWS_CHUNK"):
         rows_chunk_setting()
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="PDL flag: compiled NVIDIA kernels only")
-def test_rows_pdl_flag_same_values(monkeypatch):
+@pytest.mark.parametrize("setting", [0, 1, 3])
+def test_rows_pdl_flag_same_values(monkeypatch, setting):
     """``PRIMUS_TURBO_QUANT_ROWS_PDL=1`` only adds griddepcontrol.launch_dependents."""
     x = _x(4097, 768)
-    q0, s0 = _quant(monkeypatch, x, E4M3, 1)
+    q0, s0 = _quant(monkeypatch, x, E4M3, setting)
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_ROWS_PDL", "1")
-    q1, s1 = _quant(monkeypatch, x, E4M3, 1)
+    q1, s1 = _quant(monkeypatch, x, E4M3, setting)
     q2, s2 = _quant(monkeypatch, x, E4M3, 0)
     assert torch.equal(q0, q1) and torch.equal(s0, s1)
     assert torch.equal(q0, q2) and torch.equal(s0, s2)
