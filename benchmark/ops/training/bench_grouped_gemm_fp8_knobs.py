@@ -14,6 +14,7 @@ A figure is the median of its round medians; "vs bf16" = bf16 op / fp8 op. Every
 forward output is compared BITWISE with ``default`` (exit status 1 if any differs).
 
 Keys: ``CHUNK`` = ``PRIMUS_TURBO_QUANT_ROWS_CHUNK``, ``QPDL`` = ``PRIMUS_TURBO_QUANT_ROWS_PDL``,
+``REV`` = ``PRIMUS_TURBO_QUANT_ROWS_REVERSE``,
 ``LENS`` / ``PDL`` = ``PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS`` / ``_PDL``; any other key is taken
 as ``PRIMUS_TURBO_<KEY>``.
 
@@ -45,6 +46,7 @@ import primus_turbo.pytorch as turbo  # noqa: E402
 SHORT = {
     "CHUNK": "PRIMUS_TURBO_QUANT_ROWS_CHUNK",
     "QPDL": "PRIMUS_TURBO_QUANT_ROWS_PDL",
+    "REV": "PRIMUS_TURBO_QUANT_ROWS_REVERSE",
     "LENS": "PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS",
     "PDL": "PRIMUS_TURBO_GROUPED_GEMM_FP8_PDL",
 }

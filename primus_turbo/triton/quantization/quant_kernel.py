@@ -343,7 +343,7 @@ def quant_rows_chunked_kernel(
     x_ptr, q_ptr, s_ptr, M, stride_xm, stride_xn, stride_qm, stride_qn, stride_s,
     BM: tl.constexpr, BMP: tl.constexpr, R: tl.constexpr, CH: tl.constexpr, CPR: tl.constexpr,
     FMAX: tl.constexpr, FMT: tl.constexpr = (0, 0, 0, 0), SAT: tl.constexpr = False,
-    FAST: tl.constexpr = False, PDL: tl.constexpr = False,
+    FAST: tl.constexpr = False, PDL: tl.constexpr = False, REVERSE: tl.constexpr = False,
 ):  # fmt: skip
     """Rowwise, one pass, for rows of ``N = CPR * CH`` values that are not a power of two (e.g.
     768 = 3 x 256): the tile is ``[R, CH]`` chunk-rows, chunk ``j`` holding columns
@@ -353,10 +353,15 @@ def quant_rows_chunked_kernel(
     The row maxima are the chunk maxima reduced over ``[BMP, R]`` (max is exact), the scale
     and the cast are ``quant_rows_kernel``'s: bitwise the same outputs. ``SAT`` / ``FAST`` as
     there. ``PDL``: the dependent grid (a programmatic-dependent launch, e.g. the fp8 grouped
-    GEMM) may start once every program has started (``griddepcontrol.launch_dependents``)."""
+    GEMM) may start once every program has started (``griddepcontrol.launch_dependents``).
+    ``REVERSE``: program ``i`` takes the ``i``-th row block from the END (the first rows are
+    written last, so a consumer reading them first, e.g. group 0 of a grouped GEMM, finds
+    them in L2)."""
     if PDL:
         gdc_launch_dependents()
     pid = tl.program_id(0)
+    if REVERSE:
+        pid = tl.num_programs(0) - 1 - pid
     j = tl.arange(0, R)
     r_loc = j // CPR
     row = pid * BM + r_loc
@@ -409,17 +414,19 @@ def quant_rows3_kernel(
     x_ptr, q_ptr, s_ptr, M, stride_xm, stride_xn, stride_qm, stride_qn, stride_s,
     BM: tl.constexpr, CH: tl.constexpr, FMAX: tl.constexpr, FMT: tl.constexpr = (0, 0, 0, 0),
     SAT: tl.constexpr = False, FAST: tl.constexpr = False, EVEN: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, REVERSE: tl.constexpr = False,
 ):  # fmt: skip
     """Rowwise, one pass, rows of ``N = 3 * CH`` values (768 = 3 x 256, 1536, 3072, ...): each
     program holds ``BM`` rows as three ``[BM, CH]`` column thirds (three loads in flight per
     thread, no idle lane, the row maxima within each warp's rows: no cross-warp reduction),
     the row amax the max of the three, scale and cast as ``quant_rows_kernel``: bitwise the
     same outputs. ``EVEN``: ``M % BM == 0`` (no masks). ``SAT`` / ``FAST`` / ``PDL`` as
-    there."""
+    there, ``REVERSE`` as in ``quant_rows_chunked_kernel``."""
     if PDL:
         gdc_launch_dependents()
     pid = tl.program_id(0)
+    if REVERSE:
+        pid = tl.num_programs(0) - 1 - pid
     rm = pid * BM + tl.arange(0, BM)
     rm64 = rm.to(tl.int64)
     rn = tl.arange(0, CH)
@@ -591,7 +598,7 @@ def aot_specs(target: str) -> list[AotSpec]:
         for v3 in (False, True):
             cx = {"BM": bm, "CH": 256, "FMAX": fmax, "FMT": (0, 0, 0, 0),
                   "SAT": v3 and target == "sm_90", "FAST": v3, "EVEN": v3,
-                  "PDL": v3 and target == "sm_90"}  # fmt: skip
+                  "PDL": v3 and target == "sm_90", "REVERSE": v3}  # fmt: skip
             specs.append(
                 AotSpec(f"quant_rowwise_thirds768_bm{bm}_{fp8}{'_v3' if v3 else ''}",
                         quant_rows3_kernel, chunk_sig, cx, {"num_warps": warps})
@@ -602,7 +609,7 @@ def aot_specs(target: str) -> list[AotSpec]:
         for v3 in (False, True):
             cx = {"BM": bm, "BMP": bmp, "R": r, "CH": ch, "CPR": cpr, "FMAX": fmax,
                   "FMT": (0, 0, 0, 0), "SAT": v3 and target == "sm_90", "FAST": v3,
-                  "PDL": v3 and target == "sm_90"}  # fmt: skip
+                  "PDL": v3 and target == "sm_90", "REVERSE": v3}  # fmt: skip
             specs.append(
                 AotSpec(f"quant_rowwise_chunk{name}_{fp8}{'_v3' if v3 else ''}",
                         quant_rows_chunked_kernel, chunk_sig, cx, {"num_warps": warps})

@@ -360,6 +360,13 @@ def rows_chunk_plan(cols: int, setting: int) -> tuple[int, int, int, int, int, i
     return bm, bmp, r, ch, cpr, 16 if r * ch > 8192 else 8
 
 
+def _rows_reverse() -> bool:
+    """``PRIMUS_TURBO_QUANT_ROWS_REVERSE=1`` (read per call; default 0): the chunked / thirds
+    rowwise kernels (``PRIMUS_TURBO_QUANT_ROWS_CHUNK`` 1-4) walk the row blocks last to first,
+    so the first rows (what a grouped GEMM reads first) are the last written (L2 hits)."""
+    return os.environ.get("PRIMUS_TURBO_QUANT_ROWS_REVERSE", "0").strip() in ("1", "true", "on")
+
+
 def _rows_pdl(x: torch.Tensor) -> bool:
     """``PRIMUS_TURBO_QUANT_ROWS_PDL=1`` (read per call; default 0): the rowwise kernels let a
     programmatic-dependent launch after them (the fp8 grouped GEMM with
@@ -392,7 +399,7 @@ def quant_rowwise(x: torch.Tensor, dtype: torch.dtype, axis: int):
                 src, _u8(qv), s, rows, src.stride(0), src.stride(1), qv.stride(0),
                 qv.stride(1), 1, BM=bm, CH=ch, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype),
                 SAT=v3 and _nvidia_sat(x), FAST=v3, EVEN=v3 and rows % bm == 0, PDL=pdl,
-                num_warps=warps,
+                REVERSE=_rows_reverse(), num_warps=warps,
             )  # fmt: skip
             return q, (s.view(m, 1) if axis in (-1, 1) else s.view(1, n))
         plan = rows_chunk_plan(cols, setting)
@@ -403,7 +410,7 @@ def quant_rowwise(x: torch.Tensor, dtype: torch.dtype, axis: int):
                 src, _u8(qv), s, rows, src.stride(0), src.stride(1), qv.stride(0),
                 qv.stride(1), 1, BM=bm, BMP=bmp, R=r, CH=ch, CPR=cpr, FMAX=_fmax(dtype),
                 FMT=_interp_fmt(dtype), SAT=v3 and _nvidia_sat(x), FAST=v3, PDL=pdl,
-                num_warps=warps,
+                REVERSE=_rows_reverse(), num_warps=warps,
             )  # fmt: skip
             return q, (s.view(m, 1) if axis in (-1, 1) else s.view(1, n))
         if one_pass:  # the whole row in registers: one read; ~8K values per program

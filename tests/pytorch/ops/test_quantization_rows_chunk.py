@@ -72,6 +72,10 @@ def test_rows_chunked_bitwise(monkeypatch, shape, setting, dtype):
     q0, s0 = _quant(monkeypatch, x, dtype, 0)
     q1, s1 = _quant(monkeypatch, x, dtype, setting)
     assert torch.equal(q0, q1) and torch.equal(s0, s1)
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_ROWS_REVERSE", "1")  # row blocks last to first
+    q2, s2 = _quant(monkeypatch, x, dtype, setting)
+    monkeypatch.delenv("PRIMUS_TURBO_QUANT_ROWS_REVERSE")
+    assert torch.equal(q0, q2) and torch.equal(s0, s2)
     if shape[0] * shape[1] <= 1 << 16:  # and near the reference (rounding of the division)
         qr, sr = ref.quantize_rowwise_ref(x, dtype, -1)
         torch.testing.assert_close(s1.float().cpu(), sr.float().cpu(), rtol=1e-6, atol=0)
