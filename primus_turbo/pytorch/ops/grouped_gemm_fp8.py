@@ -35,6 +35,9 @@ Both operands of a backward GEMM use the gradient fp8 dtype (E5M2 for ``Format.H
 no kernel multiplies mixed fp8 formats. BLOCKWISE / MX_BLOCKWISE are not implemented here
 (NotImplementedError). Not traceable by torch.compile (graph break), as upstream.
 Group sizes are never read on the host by the TRITON backend; checks as in ``grouped_gemm``.
+Session-9 opt-in forward knobs (default off; ``_env_on``): ``PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS``
+(the group table from ``group_lens`` in the kernel) and ``..._PDL`` (the GEMM as a programmatic
+dependent of the op's quantization of ``a``).
 """
 
 from __future__ import annotations
