@@ -18,8 +18,7 @@ thermal drift (5-15 % on the H200 under sustained GEMM load, session 6) over all
 instead of charging it to the last ones. Each forced plan's output is checked against the
 default's (relative max error). Prints per candidate the ms, TFLOPS and the ratios
 ``grouped_mm / ours``, ``loop / ours``, ``default / ours``; ``--b2b`` adds the config tuner's
-timing (back-to-back launches, no flush; with ``PRIMUS_TURBO_TUNE_FLUSH_L2=1`` each launch
-after an L2 flush, as the flushed tuner times) of every candidate.
+timing (back-to-back launches, no flush) of every candidate.
 
     python benchmark/ops/training/bench_grouped_gemm_plans.py --models DeepSeek-V3 \\
         --gemms wgrad --vk-plans tmavs:m256n128k64g8w8s4,tmavs:m128n256k64g16w8s4 -o out.csv
@@ -215,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                        if peer in ms}  # fmt: skip
                 spread = (max(per_round[name]) - min(per_round[name])) / t
                 extra = {}
-                if name in b2b:  # the tuner's way (time_rounds; PRIMUS_TURBO_TUNE_FLUSH_L2)
+                if name in b2b:  # the tuner's way: back-to-back launches, no flush
                     extra["b2b ms"] = b2b[name]
                     if "grouped_mm" in b2b:
                         extra["b2b x grouped_mm"] = b2b["grouped_mm"] / b2b[name]

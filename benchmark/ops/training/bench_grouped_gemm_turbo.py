@@ -211,12 +211,7 @@ def resolved_backend(a, b, gl) -> str:
 
     try:
         kw = dict(a=a, b=b, group_lens=gl, group_offs=group_offsets(gl), trans_b=True)
-        fwd = GroupedGemmDispatcher.resolve(**kw, out_dtype=a.dtype)
-        # PRIMUS_TURBO_GROUPED_GEMM_SPLIT=1: dgrad and wgrad may choose their own backends
-        bwd = GroupedGemmDispatcher.backward_backends(fwd, **kw, out_dtype=a.dtype)
-        if bwd == (fwd, fwd):
-            return fwd.name
-        return "/".join(x.name for x in (fwd, *bwd))
+        return GroupedGemmDispatcher.resolve(**kw, out_dtype=a.dtype).name
     except Exception as e:
         return f"none ({type(e).__name__})"
 

@@ -38,39 +38,13 @@ def disk_cache_enabled() -> bool:
     return env_flag("PRIMUS_TURBO_AUTOTUNE_CACHE", True)
 
 
-_L2_FLUSH: dict[int, torch.Tensor] = {}
-# GPU cycles of the idle kernel queued after a flush (~0.1 ms at 2 GHz, as benchmark/harness.py):
-# the start event then waits on device work, not on a slow host launching the timed call.
-_FLUSH_SLACK_CYCLES = 200_000
-
-
-def clear_l2(device: torch.device) -> None:
-    """Overwrite a buffer of twice the device's L2 size (at least 64 MiB) and queue a short idle
-    kernel, so the next timed sample starts from a cold L2, as the benchmarks' graph timing does.
-    No-op off CUDA."""
-    if device.type != "cuda":
-        return
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    buf = _L2_FLUSH.get(index)
-    if buf is None:
-        l2 = getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0)
-        buf = torch.empty(max(2 * l2, 64 << 20) // 4, dtype=torch.int32, device=device)
-        _L2_FLUSH[index] = buf
-    buf.zero_()
-    torch.cuda._sleep(_FLUSH_SLACK_CYCLES)
-
-
 def time_fn(
-    fn: Callable[[], object],
-    device: torch.device,
-    warmup: int = 5,
-    rep: int = 20,
-    flush_l2: bool = False,
+    fn: Callable[[], object], device: torch.device, warmup: int = 5, rep: int = 20
 ) -> float:
     """Median time of ``fn()`` in milliseconds; ``inf`` if it raises.
 
-    On a GPU each repetition is bracketed by events on the current stream (``flush_l2``: after
-    :func:`clear_l2`, outside the events); on the CPU a ``perf_counter`` pair is used.
+    On a GPU each repetition is bracketed by events on the current stream; on the CPU a
+    ``perf_counter`` pair is used.
     """
     try:
         for _ in range(warmup):
@@ -79,8 +53,6 @@ def time_fn(
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             for _ in range(rep):
-                if flush_l2:
-                    clear_l2(device)
                 start = torch.cuda.Event(enable_timing=True)
                 end = torch.cuda.Event(enable_timing=True)
                 start.record()

@@ -31,45 +31,35 @@ _OUT_DTYPES = (*GROUPED_DTYPES, torch.float32)
 
 class GroupedGemmFunction(torch.autograd.Function):
     """Forward ``[M, N]``; dgrad is a grouped GEMM with b transposed, wgrad the variable-K GEMM.
-    Each runs on its own resolved backend (the forward's, unless
-    ``PRIMUS_TURBO_GROUPED_GEMM_SPLIT=1`` lets the default dispatch choose per direction)."""
+    Both reuse the forward's backend."""
 
     @staticmethod
-    def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, backend_value,
-                dgrad_value, wgrad_value):  # fmt: skip
+    def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, backend_value):
         backend = BackendType(backend_value)
-        # the backend's own offsets (int64 prefix sum / int32 ends), made once for all GEMMs on
-        # that backend; a backward GEMM on another backend makes its own from group_offs
+        # the backend's own offsets (int64 prefix sum / int32 ends), made once for all 3 GEMMs
         offs = GroupedGemmDispatcher.backend_class(backend).prepare_offsets(group_lens, group_offs)
-        ctx.save_for_backward(a, b, group_lens, offs, group_offs)
-        ctx.trans_b = trans_b
-        ctx.backends = (backend_value, dgrad_value, wgrad_value)
+        ctx.save_for_backward(a, b, group_lens, offs)
+        ctx.trans_b, ctx.backend_value = trans_b, backend_value
         return grouped_gemm_impl(a, b, group_lens, offs, trans_b, out_dtype, backend)
 
     @staticmethod
     def backward(ctx, grad_out):
-        a, b, group_lens, offs, user_offs = ctx.saved_tensors
-        trans_b = ctx.trans_b
-        fwd, dgrad, wgrad = (BackendType(v) for v in ctx.backends)
-        prepared = {fwd: offs}
-
-        def offsets(backend):
-            if backend not in prepared:
-                impl = GroupedGemmDispatcher.backend_class(backend)
-                prepared[backend] = impl.prepare_offsets(group_lens, user_offs)
-            return prepared[backend]
-
+        a, b, group_lens, group_offs = ctx.saved_tensors
+        trans_b, backend = ctx.trans_b, BackendType(ctx.backend_value)
         g = grad_out.to(a.dtype).contiguous()  # no-ops for the usual contiguous bf16 grad
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:  # d a = g @ op(b)^T: flip trans_b
-            grad_a = grouped_gemm_impl(
-                g, b, group_lens, offsets(dgrad), not trans_b, a.dtype, dgrad
-            )
+            grad_a = grouped_gemm_impl(g, b, group_lens, group_offs, not trans_b, a.dtype, backend)
         if ctx.needs_input_grad[1]:
-            # trans_b: b is [G, N, K], d b_g = g_g^T @ a_g; else [G, K, N], d b_g = a_g^T @ g_g
-            x, y = (g, a) if trans_b else (a, g)
-            grad_b = grouped_gemm_variable_k_impl(x, y, group_lens, offsets(wgrad), b.dtype, wgrad)
-        return grad_a, grad_b, None, None, None, None, None, None, None
+            if trans_b:  # b is [G, N, K]: d b_g = g_g^T @ a_g
+                grad_b = grouped_gemm_variable_k_impl(
+                    g, a, group_lens, group_offs, b.dtype, backend
+                )
+            else:  # b is [G, K, N]: d b_g = a_g^T @ g_g
+                grad_b = grouped_gemm_variable_k_impl(
+                    a, g, group_lens, group_offs, b.dtype, backend
+                )
+        return grad_a, grad_b, None, None, None, None, None
 
 
 @functools.cache
@@ -161,7 +151,6 @@ def grouped_gemm(
     backend = GroupedGemmDispatcher.resolve(**kwargs)
     if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
         return grouped_gemm_impl(a, b, group_lens, group_offs, trans_b, out_dtype, backend)
-    dgrad, wgrad = GroupedGemmDispatcher.backward_backends(backend, **kwargs)
     return GroupedGemmFunction.apply(
-        a, b, group_lens, group_offs, trans_b, out_dtype, backend.value, dgrad.value, wgrad.value
+        a, b, group_lens, group_offs, trans_b, out_dtype, backend.value
     )

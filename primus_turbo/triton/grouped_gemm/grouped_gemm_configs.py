@@ -307,14 +307,6 @@ def vk_tma_store_cfg_ok(cfg: GemmConfig) -> bool:
 VK_STORE_MIN_AVG_ROWS = 2048
 
 
-@functools.cache
-def vk_large_rule() -> bool:
-    """``PRIMUS_TURBO_GROUPED_GEMM_VK_LARGE_RULE``: ``1`` (default: the large-expert wgrad takes
-    ``vk_large_expert_plan`` untimed) or ``0`` (the tuner times the wgrad candidates there too:
-    to check the rule against the L2-flushed tuner, ``PRIMUS_TURBO_TUNE_FLUSH_L2=1``)."""
-    return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_VK_LARGE_RULE", "1", ("0", "1")) == "1"
-
-
 def vk_large_expert_plan(p: int, q: int) -> tuple[str, GemmConfig]:
     """The wgrad plan for large experts (``VK_STORE_MIN_AVG_ROWS``) of output ``[P, Q]``."""
     return ("tmavs", S8_VK_G16 if p >= q else VK_STORE_TILES[0])
@@ -422,7 +414,6 @@ def variable_k_plans(
                       if vk_tma_store_cfg_ok(cfg)]  # fmt: skip
     var = "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG"
     large = p is not None and q is not None and avg_rows >= VK_STORE_MIN_AVG_ROWS
-    large = large and vk_large_rule()
     if large and family == ArchFamily.HOPPER and mode == "tune" and not config_filter(var):
         pick = vk_large_expert_plan(p, q)
         if candidate_set() != "all" and pick in plans:

@@ -41,53 +41,12 @@ def tune_timing() -> str:
     return _env_choice("PRIMUS_TURBO_GROUPED_GEMM_TUNE_TIMING", "rounds", ("rounds", "do_bench"))
 
 
-@functools.cache
-def tune_flush_l2() -> bool:
-    """``PRIMUS_TURBO_TUNE_FLUSH_L2``: ``0`` (default: back-to-back launches, warm L2) or ``1``
-    (every timed launch after an L2 flush, ``core.autotune.clear_l2``, as the benchmarks' graph
-    timing), for the plan tuner (``time_rounds``) and the grouped GEMM backend choice
-    (``GroupedGemmDispatcher.time_backend``). Session 8: the warm-L2 tuner ranked the
-    graph-fastest large-expert wgrad plan last."""
-    return _env_choice("PRIMUS_TURBO_TUNE_FLUSH_L2", "0", ("0", "1")) == "1"
-
-
-def _mean_ms(launch, cand, n: int, flush: bool) -> float:
-    """Mean of ``n`` launches of ``cand``: back-to-back between two events, or (``flush``) each
-    after an L2 flush, between its own events."""
-    if not flush:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(n):
-            launch(cand)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / n
-    from primus_turbo.pytorch.core.autotune import clear_l2
-
-    device = torch.device("cuda", torch.cuda.current_device())
-    events = []
-    for _ in range(n):
-        clear_l2(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        launch(cand)
-        end.record()
-        events.append((start, end))
-    events[-1][1].synchronize()
-    return sum(s.elapsed_time(e) for s, e in events) / n
-
-
-def time_rounds(
-    cands: list, launch, rounds: int = 3, budget_ms: float = 25.0, flush: bool | None = None
-) -> dict:
+def time_rounds(cands: list, launch, rounds: int = 3, budget_ms: float = 25.0) -> dict:
     """Per candidate, the best of ``rounds`` interleaved rounds (candidate order rotated each
     round), each the mean of ``n`` back-to-back launches between two events (``n`` from a first
-    timed launch: about ``budget_ms`` per round, 2 to 50; ``flush``, default
-    ``tune_flush_l2()``: each launch after an L2 flush, timed alone). Interleaving spreads clock
-    and thermal drift over all candidates instead of charging it to the last ones; a candidate
+    timed launch: about ``budget_ms`` per round, 2 to 50). Interleaving spreads clock and
+    thermal drift over all candidates instead of charging it to the last ones; a candidate
     that fails to compile or launch is dropped."""
-    if flush is None:
-        flush = tune_flush_l2()
     alive, est = [], {}
     for cand in cands:
         try:
@@ -106,7 +65,13 @@ def time_rounds(
         order = alive[r % max(len(alive), 1) :] + alive[: r % max(len(alive), 1)]
         for cand in order:
             n = int(min(50, max(2, budget_ms / est[cand])))
-            best[cand] = min(best[cand], _mean_ms(launch, cand, n, flush))
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(n):
+                launch(cand)
+            end.record()
+            end.synchronize()
+            best[cand] = min(best[cand], start.elapsed_time(end) / n)
     return best
 
 

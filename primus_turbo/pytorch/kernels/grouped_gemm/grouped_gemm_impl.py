@@ -22,7 +22,6 @@ from primus_turbo.pytorch.core.backend import (
     YES,
     AutoKernelDispatcher,
     BackendType,
-    GlobalBackendManager,
     KernelBackend,
     PrecisionType,
     Verdict,
@@ -66,107 +65,56 @@ class GroupedGemmDispatcher(AutoKernelDispatcher):
         disk); TRITON where the vendor cannot (fp16, fp32 output, K or N not a multiple of 8,
         ROCm). While tracing (torch.compile) the vendor; while capturing a CUDA graph, an
         earlier timing's answer or else the vendor. ``PRIMUS_TURBO_GROUPED_GEMM_DEFAULT`` =
-        ``tune`` (default) | ``vendor`` | ``triton`` fixes the choice for A/B runs.
-        ``PRIMUS_TURBO_GROUPED_GEMM_SPLIT=1``: this is the forward's own choice (timed alone,
-        key tagged ``fwd``); ``backward_backends`` makes the dgrad's and the wgrad's."""
-        if not _default_tunes(a=a, **kwargs):
-            return _untuned_default(a=a, **kwargs)
-        return cls._tuned_default("fwd" if _split_mode() else None, a=a, **kwargs)
-
-    @classmethod
-    def _tuned_default(cls, direction: str | None, a, **kwargs) -> BackendType:
-        """The tuned default of one direction (``None``: the whole step, one choice)."""
+        ``tune`` (default) | ``vendor`` | ``triton`` fixes the choice for A/B runs."""
+        if a.device.type != "cuda":
+            return BackendType.TORCH
+        if not GroupedGemmHipblasltBackend.can_handle(a=a, **kwargs):
+            return BackendType.TRITON
+        mode = _default_mode()
+        if mode != "tune":
+            return BackendType.TRITON if mode == "triton" else BackendType.HIPBLASLT
         if torch.compiler.is_compiling():
             # no cache lookup while dynamo traces: the LRU/disk cache (file reads, OrderedDict
             # moves) is not traceable and broke fullgraph=True compiles (MoELayer)
             return BackendType.HIPBLASLT
         if is_graph_capturing():
-            key = cls.make_key(a=a, direction=direction, **kwargs)
-            cached = cls._cache.get(key, device_name(a.device))
+            cached = cls._cache.get(cls.make_key(a=a, **kwargs), device_name(a.device))
             return BackendType[cached] if cached else BackendType.HIPBLASLT
-        return cls.tune(a=a, direction=direction, **kwargs)
+        return cls.tune(a=a, **kwargs)
 
     @classmethod
-    def backward_backends(cls, forward: BackendType, **kwargs) -> tuple[BackendType, BackendType]:
-        """``(dgrad, wgrad)`` backends of the call whose forward resolved to ``forward``: the
-        forward's, unless ``PRIMUS_TURBO_GROUPED_GEMM_SPLIT=1`` and the default dispatch
-        decides (no backend pinned in code or env, no autotune request, ``..._DEFAULT=tune``,
-        a vendor-capable input): then each direction's own tuned choice (cached per key;
-        while tracing the vendor, while capturing a graph the cached answer or the vendor)."""
-        if not _split_mode() or not _default_tunes(**kwargs) or not _default_decides(**kwargs):
-            return forward, forward
-        compiling = torch.compiler.is_compiling()
-        memo_key = None
-        if not compiling:
-            memo_key = (GlobalBackendManager.generation, cls.make_key(**kwargs))
-            hit = _BWD_MEMO.get(memo_key)
-            if hit is not None:
-                return hit
-        pair = (cls._tuned_default("dgrad", **kwargs), cls._tuned_default("wgrad", **kwargs))
-        if not compiling and not is_graph_capturing():  # capture's fallback is not memoised
-            if len(_BWD_MEMO) >= 4096:
-                _BWD_MEMO.clear()
-            _BWD_MEMO[memo_key] = pair
-        return pair
-
-    @classmethod
-    def time_backend(
-        cls, backend: BackendType, device: torch.device, direction: str | None = None, **kwargs
-    ) -> float:
-        """``direction`` ``fwd`` / ``dgrad`` / ``wgrad``: that GEMM alone (offsets made outside
-        the timing, as the op makes them once per step); ``None``: the forward, or forward +
-        dgrad + wgrad (what one training step runs on the backend) when a gradient will be
-        needed. ``PRIMUS_TURBO_TUNE_FLUSH_L2=1``: each sample after an L2 flush."""
+    def time_backend(cls, backend: BackendType, device: torch.device, **kwargs) -> float:
+        """Forward time, or forward + dgrad + wgrad (what one training step runs on the
+        backend) when a gradient will be needed."""
         a, b, trans_b = kwargs["a"], kwargs["b"], kwargs["trans_b"]
         impl = cls._backends[backend]
-        flush = _tune_flush()
-        needs_grad = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
-        if direction is None and not needs_grad:
-            return time_fn(lambda: impl.execute(**kwargs), device, flush_l2=flush)
-        lens, offs, out_dtype = kwargs["group_lens"], kwargs["group_offs"], kwargs["out_dtype"]
+        if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+            return time_fn(lambda: impl.execute(**kwargs), device)
+        lens, offs = kwargs["group_lens"], kwargs["group_offs"]
         a, b = a.detach(), b.detach()
         m, n, _, _ = grouped_dims(a, b, trans_b)
         grad = torch.randn((m, n), device=a.device, dtype=a.dtype)
-        x, y = (grad, a) if trans_b else (a, grad)
 
-        def fwd(o):
+        def step():
+            o = impl.prepare_offsets(lens, offs)
             impl.execute(a=a, b=b, group_lens=lens, group_offs=o, trans_b=trans_b,
-                         out_dtype=out_dtype)  # fmt: skip
-
-        def dgrad(o):
+                         out_dtype=kwargs["out_dtype"])  # fmt: skip
             impl.execute(a=grad, b=b, group_lens=lens, group_offs=o, trans_b=not trans_b,
                          out_dtype=a.dtype)  # fmt: skip
-
-        def wgrad(o):
+            x, y = (grad, a) if trans_b else (a, grad)
             impl.variable_k(x, y, lens, o, b.dtype)
 
         with torch.no_grad():
-            if direction is None:
-
-                def step():
-                    o = impl.prepare_offsets(lens, offs)
-                    fwd(o)
-                    dgrad(o)
-                    wgrad(o)
-
-                return time_fn(step, device, flush_l2=flush)
-            gemm = {"fwd": fwd, "dgrad": dgrad, "wgrad": wgrad}[direction]
-            o = impl.prepare_offsets(lens, offs)
-            return time_fn(lambda: gemm(o), device, flush_l2=flush)
+            return time_fn(step, device)
 
     @classmethod
-    def make_key(cls, a, b, group_lens, group_offs, trans_b, out_dtype, direction=None, **kwargs):
+    def make_key(cls, a, b, group_lens, group_offs, trans_b, out_dtype, **kwargs):
         m, n, k, g = grouped_dims(a, b, trans_b)
         # M in power-of-two buckets: a dropless MoE sees a new M every step, and one timing per
         # bucket is enough (can_handle does not depend on M). The unit-stride flags:
         # HIPBLASLT's can_handle (hence the default) depends on them.
-        key = (_bucket_rows(m), n, k, g, a.dtype, b.dtype, out_dtype, trans_b, a.device.type,
-               a.stride(1) == 1, b.stride(2) == 1)  # fmt: skip
-        if direction is not None:  # PRIMUS_TURBO_GROUPED_GEMM_SPLIT=1: one choice per GEMM
-            key = (direction, *key)
-        if a.device.type == "cuda" and _tune_flush():  # a flushed timing is its own answer
-            key = (*key, "l2flush")
-        return key
+        return (_bucket_rows(m), n, k, g, a.dtype, b.dtype, out_dtype, trans_b, a.device.type,
+                a.stride(1) == 1, b.stride(2) == 1)  # fmt: skip
 
     @classmethod
     def describe(cls, a, b, group_lens, group_offs, trans_b, out_dtype, **kwargs) -> str:
@@ -320,59 +268,6 @@ def _default_mode() -> str:
             f"'triton', got {mode!r}"
         )
     return mode
-
-
-# (generation, forward key) -> (dgrad, wgrad) of backward_backends (the per-call fast path)
-_BWD_MEMO: dict = {}
-
-
-@functools.cache
-def _split_mode() -> bool:
-    """``PRIMUS_TURBO_GROUPED_GEMM_SPLIT``: ``0`` (default: the default dispatch picks one
-    backend for the whole step) or ``1`` (forward, dgrad and wgrad each pick the faster of
-    TRITON and the vendor for their own shape: three cached decisions)."""
-    raw = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_SPLIT", "0").strip().lower() or "0"
-    if raw not in ("0", "1"):
-        raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_SPLIT expected one of '0', '1', got {raw!r}"
-        )
-    return raw == "1"
-
-
-def _tune_flush() -> bool:
-    """``PRIMUS_TURBO_TUNE_FLUSH_L2`` (``grouped_gemm_tune.tune_flush_l2``)."""
-    from primus_turbo.triton.grouped_gemm.grouped_gemm_tune import tune_flush_l2
-
-    return tune_flush_l2()
-
-
-def _default_tunes(a, **kwargs) -> bool:
-    """Whether the default dispatch times TRITON against the vendor for this input (a CUDA
-    input the vendor can handle, ``PRIMUS_TURBO_GROUPED_GEMM_DEFAULT=tune``)."""
-    return (
-        a.device.type == "cuda"
-        and bool(GroupedGemmHipblasltBackend.can_handle(a=a, **kwargs))
-        and _default_mode() == "tune"
-    )
-
-
-def _untuned_default(a, **kwargs) -> BackendType:
-    """The default where nothing is timed (see ``GroupedGemmDispatcher.default_backend``)."""
-    if a.device.type != "cuda":
-        return BackendType.TORCH
-    if not GroupedGemmHipblasltBackend.can_handle(a=a, **kwargs):
-        return BackendType.TRITON
-    return BackendType.TRITON if _default_mode() == "triton" else BackendType.HIPBLASLT
-
-
-def _default_decides(**kwargs) -> bool:
-    """No backend pinned (code or env) and no autotune request for this input's precision: the
-    resolution ends in ``default_backend``."""
-    disp = GroupedGemmDispatcher
-    choice = GlobalBackendManager.get_backend(disp.family, disp.precision(**kwargs))
-    if choice is not None and not choice.empty:
-        return False
-    return not GlobalBackendManager.auto_tune_enabled()
 
 
 def _grouped_mm_available() -> bool:
