@@ -13,13 +13,12 @@ sample):
 A figure is the median of its round medians; "vs bf16" = bf16 op / fp8 op. Every setting's
 forward output is compared BITWISE with ``default`` (exit status 1 if any differs).
 
-Keys: ``CHUNK`` = ``PRIMUS_TURBO_QUANT_ROWS_CHUNK``, ``QPDL`` = ``PRIMUS_TURBO_QUANT_ROWS_PDL``,
-``REV`` = ``PRIMUS_TURBO_QUANT_ROWS_REVERSE``,
-``LENS`` / ``PDL`` = ``PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS`` / ``_PDL``; any other key is taken
-as ``PRIMUS_TURBO_<KEY>``.
+Keys: ``LENS`` = ``PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS`` (default on; ``LENS=0`` the old
+``group_offs`` path); any other key is taken as ``PRIMUS_TURBO_<KEY>`` (e.g. a future knob).
+(Session 9 round 1 also had CHUNK / REV / QPDL / PDL: measured losers, removed; moe_notes.)
 
     python benchmark/ops/training/bench_grouped_gemm_fp8_knobs.py --models Qwen3-30B-A3B \\
-        --settings default "CHUNK=1" "LENS=1" "CHUNK=1 LENS=1 PDL=1 QPDL=1" -o out.csv
+        --settings default "LENS=0" -o out.csv
 """
 
 from __future__ import annotations
@@ -43,17 +42,11 @@ from harness import set_timing, time_ms, use_bench_stream  # noqa: E402
 
 import primus_turbo.pytorch as turbo  # noqa: E402
 
-SHORT = {
-    "CHUNK": "PRIMUS_TURBO_QUANT_ROWS_CHUNK",
-    "QPDL": "PRIMUS_TURBO_QUANT_ROWS_PDL",
-    "REV": "PRIMUS_TURBO_QUANT_ROWS_REVERSE",
-    "LENS": "PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS",
-    "PDL": "PRIMUS_TURBO_GROUPED_GEMM_FP8_PDL",
-}
+SHORT = {"LENS": "PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS"}
 
 
 def parse_setting(text: str) -> tuple[str, dict[str, str]]:
-    """``'CHUNK=1 LENS=1'`` -> ``('CHUNK=1 LENS=1', {env: value})``; ``default`` -> ``{}``."""
+    """``'LENS=0'`` -> ``('LENS=0', {env: value})``; ``default`` -> ``{}``."""
     text = text.strip()
     if text in ("", "default"):
         return "default", {}

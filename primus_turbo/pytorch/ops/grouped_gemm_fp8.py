@@ -35,9 +35,9 @@ Both operands of a backward GEMM use the gradient fp8 dtype (E5M2 for ``Format.H
 no kernel multiplies mixed fp8 formats. BLOCKWISE / MX_BLOCKWISE are not implemented here
 (NotImplementedError). Not traceable by torch.compile (graph break), as upstream.
 Group sizes are never read on the host by the TRITON backend; checks as in ``grouped_gemm``.
-Session-9 opt-in forward knobs (default off; ``_env_on``): ``PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS``
-(the group table from ``group_lens`` in the kernel) and ``..._PDL`` (the GEMM as a programmatic
-dependent of the op's quantization of ``a``).
+Without ``group_offs`` from the caller the TRITON forward's ``f8s`` kernel builds its group
+table from ``group_lens`` (``_lens_on``; ``PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS=0``: the op
+computes ``group_offsets`` first, the old path, kept for A/B).
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ from primus_turbo.pytorch.core.quantized_tensor import (
 )
 from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_fp8_impl import (
     GroupedGemmFp8Dispatcher,
-    GroupedGemmFp8TritonBackend,
 )
 from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_impl import (
     GroupedGemmDispatcher,
@@ -80,7 +79,6 @@ _OP = "grouped_gemm_fp8"
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32)
 _OUT = (torch.float16, torch.bfloat16, torch.float32)
 _ROW, _TENSOR = ScalingGranularity.ROWWISE, ScalingGranularity.TENSORWISE
-_TRITON_IMPL = GroupedGemmFp8TritonBackend
 
 
 def _quant_rows(x: torch.Tensor, dtype: torch.dtype, gran: ScalingGranularity):
@@ -167,22 +165,16 @@ def _dgrad_high_precision(a_dtype, b, g, group_lens, group_offs, trans_b, ctx):
     return grouped_gemm_impl(gh, bh, group_lens, offs, not trans_b, odt, backend).to(a_dtype)
 
 
-def _env_on(knob: str) -> bool:
-    """Session-9 opt-in knobs, read per call (default ``0``):
-    ``PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS=1``: without ``group_offs`` from the caller, the
-    TRITON forward's ``f8s`` kernel builds its group table from ``group_lens`` (prefix sums in
-    the kernel) instead of the op launching a zero-fill and a cumsum for ``group_offsets``
-    (the backward, other plans and backends compute them where they need them);
-    ``PRIMUS_TURBO_GROUPED_GEMM_FP8_PDL=1``: when the op quantizes ``a`` itself, the ``f8s``
-    GEMM is launched as a programmatic dependent of that quantization (CUDA sm_90: its group
-    table is built while the quantization finishes; with ``PRIMUS_TURBO_QUANT_ROWS_PDL=1``
-    the rowwise quantization lets it start once all its programs run)."""
-    raw = os.environ.get(f"PRIMUS_TURBO_GROUPED_GEMM_FP8_{knob}", "0").strip().lower()
-    if raw not in ("0", "1", "false", "true", "off", "on", ""):
-        raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_FP8_{knob} expected 0 or 1, got {raw!r}"
-        )
-    return raw in ("1", "true", "on")
+def _lens_on() -> bool:
+    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS`` (read per call; default on, session 9): without
+    ``group_offs`` from the caller, the TRITON forward's ``f8s`` kernel builds its group table
+    from ``group_lens`` (prefix sums in the kernel) instead of the op launching a zero-fill and
+    a cumsum for ``group_offsets`` (the backward, other plans and backends compute them where
+    they need them); bitwise the same (call 9.1: Qwen3-30B-A3B op forward +1.2%). ``0``: the
+    old offsets path."""
+    from primus_turbo.pytorch.core.checks import env_flag
+
+    return env_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS", True)
 
 
 @functools.cache
@@ -308,15 +300,12 @@ class GroupedGemmFp8Function(torch.autograd.Function):
             qa, sa = _quant_rows(a.contiguous(), fwd_dtype, gran)
         if not pre_b:
             qb, sb = _forward_weights(b, trans_b, fwd_dtype, gran)
-        # PDL only right after the op's own quantization of a (a launch that wrote neither
-        # group_offs nor group_lens)
-        kw = {"pdl": True} if not pre_a and impl is _TRITON_IMPL and _env_on("PDL") else {}
-        return impl.execute(qa, sa, qb, sb, group_offs, group_lens, out_dtype, **kw)
+        return impl.execute(qa, sa, qb, sb, group_offs, group_lens, out_dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
         a, b, group_lens, group_offs, qbt, sbt, qb, sb, qa, sa = ctx.saved_tensors
-        if group_offs is None:  # PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS: the forward read the sizes
+        if group_offs is None:  # LENS (_lens_on): the forward read the sizes
             group_offs = group_offsets(group_lens)
         trans_b, config = ctx.trans_b, ctx.config
         gran = config.granularity
@@ -512,7 +501,7 @@ def grouped_gemm_fp8(
     check(k_b == k, _OP, "b", f"a reduction size K={k}", f"shape {b_shape}")
     check(group_lens.shape[0] == g, _OP, "group_lens", f"{g} sizes", group_lens.shape[0])
     if group_offs is None:  # LENS: the TRITON forward builds its table from the sizes
-        group_offs = None if _env_on("LENS") else group_offsets(group_lens)
+        group_offs = None if _lens_on() else group_offsets(group_lens)
     else:
         check_tensor(_OP, "group_offs", group_offs, ndim=1, dtypes=(torch.int64,))
         check(group_offs.device == a_dev, _OP, "group_offs", f"a tensor on {a_dev}",

@@ -47,11 +47,6 @@ from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import (
     zero_tail,
 )
 
-try:  # griddepcontrol (programmatic dependent launch, sm_90+); used only under a constexpr flag
-    from triton.language.extra.cuda import gdc_wait
-except ImportError:  # a Triton build without the CUDA extras (ROCm: no TMA kernels anyway)
-    gdc_wait = None
-
 # ---- session 8: the fp8 kernel with the TMA-store epilogue (plan f8s) ------------------------
 
 
@@ -156,7 +151,7 @@ def grouped_gemm_fp8_pre_kernel(
     stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn, num_programs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, G_PAD: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
-    LENS: tl.constexpr = False, PDL: tl.constexpr = False,
+    LENS: tl.constexpr = False,
 ):  # fmt: skip
     """Plan ``f8s``: the ``f8tma`` walk (flat persistent loop over the in-kernel group table,
     flattened with its K loop so the next tile's first TMA loads are issued during this tile's
@@ -165,17 +160,13 @@ def grouped_gemm_fp8_pre_kernel(
     through TMA stores (the ragged last tile moved up, see ``_tile_loop``), the smaller groups
     in a second loop with masked stores (a branch between the two stores in one flattened loop
     fails in Triton 3.6's loop fusion); the second loop continues the round-robin where the
-    first ended. Session 9 (opt-in, see ``launch_fp8_tma``): ``LENS`` (``offs_ptr`` holds the
-    int64 group sizes ``[G]``: the tables and the tail from their prefix sums); ``PDL`` (a
-    programmatic-dependent launch: the first table is built, then ``griddepcontrol.wait``
-    until the grid before, e.g. the rowwise quantization of A, has finished and its writes
-    are visible; the caller guarantees that grid wrote neither the offsets nor the sizes)."""
+    first ended. Session 9: ``LENS`` (``offs_ptr`` holds the int64 group sizes ``[G]``: the
+    tables and the tail from their prefix sums; the op's default forward when the caller
+    gives no ``group_offs``)."""
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     gi, lo, hi, first, ends, total = _part_table(offs_ptr, M, G, num_pid_n, BLOCK_M, G_PAD,
                                                  False, LENS)  # fmt: skip
-    if PDL:
-        gdc_wait()
     _tile_loop(a_desc, b_desc, c_ptr, c_desc, sa_ptr, sb_ptr, N, K, num_pid_n,
                stride_cm, stride_cn, stride_sa, stride_sbg, stride_sbn,
                pid, num_programs, gi, lo, hi, first, ends, total,
@@ -348,15 +339,13 @@ def fp8_tma_usable(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> 
 
 def launch_fp8_tma(
     a, b, c, group_offs, sa, sb, cfg: GemmConfig, programs: int, variant: str = "f8tma",
-    lens: bool = False, pdl: bool = False,
+    lens: bool = False,
 ) -> None:  # fmt: skip
     """One launch of plan ``variant`` (``f8tma`` flat TMA kernel, ``f8tmas`` with the TMA-store
     epilogue, ``f8s`` the session-8 kernel). ``f8s`` only: ``lens`` (``group_offs`` is the
-    int64 group sizes ``[G]``), ``pdl`` (a programmatic-dependent launch, compiled CUDA only:
-    the kernel builds its group table, then waits for the grid before; that grid must not
-    have written the offsets / sizes)."""
-    if (lens or pdl) and variant not in PRE_VARIANTS:
-        raise ValueError(f"launch_fp8_tma: lens / pdl need plan {PRE_VARIANTS}, got {variant}")
+    int64 group sizes ``[G]``)."""
+    if lens and variant not in PRE_VARIANTS:
+        raise ValueError(f"launch_fp8_tma: lens needs plan {PRE_VARIANTS}, got {variant}")
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import _interpreting
@@ -373,7 +362,7 @@ def launch_fp8_tma(
             sa.stride(0), sb.stride(0), sb.stride(1), programs,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             G_PAD=triton.next_power_of_2(max(g, 2)), FLATTEN=not interp, UPCAST=interp,
-            LENS=lens, **({"PDL": True, "launch_pdl": True} if pdl and not interp else {}),
+            LENS=lens,
             **cfg.options,
         )  # fmt: skip
         return
@@ -401,16 +390,13 @@ def grouped_gemm_fp8_tma(
     config: GemmConfig | None = None,
     variant: str = "f8tma",
     group_lens: torch.Tensor | None = None,
-    pdl: bool = False,
 ) -> torch.Tensor:
     """``[M, N]`` of ``out_dtype`` (rows past ``group_offs[G]`` zero); operands as in the module
     doc (the caller checks ``fp8_tma_usable``). The tile is the config tuner's choice per shape
     (``grouped_gemm_kernel._choose``: timed on the first call on a GPU unless capturing or
     ``PRIMUS_TURBO_TRITON_TUNE=0``) or ``config`` (with ``variant``: ``f8tma`` / ``f8tmas``).
     ``group_offs=None`` (with ``group_lens``): the ``f8s`` plans build the group table from the
-    sizes in the kernel (``LENS``); other plans get ``group_offsets(group_lens)``. ``pdl``:
-    ``f8s`` launched as a programmatic dependent of the grid before (see ``launch_fp8_tma``;
-    only for a caller whose previous launch wrote neither ``group_offs`` nor ``group_lens``)."""
+    sizes in the kernel (``LENS``); other plans get ``group_offsets(group_lens)``."""
     from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as gk
 
     m, k = a.shape
@@ -433,13 +419,12 @@ def grouped_gemm_fp8_tma(
 
         group_offs = group_offsets(group_lens)
     offs_arg = group_lens.contiguous() if lens else group_offs
-    pdl = pdl and pre_only and a.device.type == "cuda"
 
     def launch(plan: tuple[str, GemmConfig]) -> None:
         cfg = plan[1]
         bound = (-(-m // cfg.block_m) + g + 1) * -(-n // cfg.block_n)
         programs = gk._programs(bound, cfg, a.device, family)
-        launch_fp8_tma(a, b, c, offs_arg, sa, sb, cfg, programs, plan[0], lens, pdl)
+        launch_fp8_tma(a, b, c, offs_arg, sa, sb, cfg, programs, plan[0], lens)
 
     if config is not None:
         launch(plans[0])
@@ -493,14 +478,12 @@ def aot_specs(target: str) -> list:
                    "stride_sa": "i32", "stride_sbg": "i32:16", "stride_sbn": "i32:1",
                    "num_programs": "i32"}  # fmt: skip
             consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
-                      "G_PAD": 256, "FLATTEN": True, "UPCAST": False, "LENS": False,
-                      "PDL": False}  # fmt: skip
+                      "G_PAD": 256, "FLATTEN": True, "UPCAST": False, "LENS": False}  # fmt: skip
             specs.append(AotSpec(f"grouped_gemm_fp8_{variant}_{cfg.name}",
                                  grouped_gemm_fp8_pre_kernel, sig, consts,
                                  cfg.options))  # fmt: skip
-            # session 9 opt-ins: the table from the group sizes, the PDL wait
-            specs.append(AotSpec(f"grouped_gemm_fp8_{variant}_lens_pdl_{cfg.name}",
-                                 grouped_gemm_fp8_pre_kernel, sig,
-                                 {**consts, "LENS": True, "PDL": True},
-                                 {**cfg.options, "launch_pdl": True}))  # fmt: skip
+            # session 9: the table from the group sizes (the op's default forward)
+            specs.append(AotSpec(f"grouped_gemm_fp8_{variant}_lens_{cfg.name}",
+                                 grouped_gemm_fp8_pre_kernel, sig, {**consts, "LENS": True},
+                                 cfg.options))  # fmt: skip
     return specs

@@ -23,11 +23,6 @@ import triton.language as tl
 
 from primus_turbo.triton.aot import AOT_TARGETS, AotSpec
 
-try:  # griddepcontrol (programmatic dependent launch, sm_90+); used only under a constexpr flag
-    from triton.language.extra.cuda import gdc_launch_dependents
-except ImportError:  # a Triton build without the CUDA extras (ROCm)
-    gdc_launch_dependents = None
-
 ROWS, COLS, TILE, GIVEN, MX = 0, 1, 2, 3, 4
 
 
@@ -278,16 +273,13 @@ def quant_rows_kernel(
     SAT: tl.constexpr = False,
     FAST: tl.constexpr = False,
     EVEN: tl.constexpr = False,
-    PDL: tl.constexpr = False,
 ):
     """Rowwise: one scale per row. ``ONE_PASS`` (``BN >= N``): each row is read once and held
     in registers (amax, scale, cast, store). Otherwise an amax loop then a cast loop over the
     row (the second read hits L1/L2 for rows up to a few MB). v3 flags of the one-pass path:
     ``SAT`` (NVIDIA satfinite conversion, no clamp), ``FAST`` (amax of plain ``|x|``; the
     finite filter only when a row's amax is not finite), ``EVEN`` (``N == BN``, ``M % BM == 0``:
-    no masks). ``PDL``: as in ``quant_rows_chunked_kernel``."""
-    if PDL:
-        gdc_launch_dependents()
+    no masks)."""
     pid = tl.program_id(0)
     rm = pid * BM + tl.arange(0, BM)
     rm64 = rm.to(tl.int64)
@@ -336,129 +328,6 @@ def quant_rows_kernel(
             x = tl.load(x_ptr + rm64[:, None] * stride_xm + rn64 * stride_xn, mask=mask, other=0.0)
             q = _cast(x.to(tl.float32), scale[:, None], FMAX, q_ptr.dtype.element_ty, FMT)
             tl.store(q_ptr + rm64[:, None] * stride_qm + rn64 * stride_qn, q, mask=mask)
-
-
-@triton.jit
-def quant_rows_chunked_kernel(
-    x_ptr, q_ptr, s_ptr, M, stride_xm, stride_xn, stride_qm, stride_qn, stride_s,
-    BM: tl.constexpr, BMP: tl.constexpr, R: tl.constexpr, CH: tl.constexpr, CPR: tl.constexpr,
-    FMAX: tl.constexpr, FMT: tl.constexpr = (0, 0, 0, 0), SAT: tl.constexpr = False,
-    FAST: tl.constexpr = False, PDL: tl.constexpr = False, REVERSE: tl.constexpr = False,
-):  # fmt: skip
-    """Rowwise, one pass, for rows of ``N = CPR * CH`` values that are not a power of two (e.g.
-    768 = 3 x 256): the tile is ``[R, CH]`` chunk-rows, chunk ``j`` holding columns
-    ``(j % CPR) * CH + [0, CH)`` of row ``pid * BM + j // CPR`` (``BM = R // CPR`` rows per
-    program, ``BMP`` its power of two), so at most ``R - BM * CPR`` chunk-rows of lanes idle
-    instead of the ``next_power_of_2(N) - N`` columns of ``quant_rows_kernel``'s one-pass tile.
-    The row maxima are the chunk maxima reduced over ``[BMP, R]`` (max is exact), the scale
-    and the cast are ``quant_rows_kernel``'s: bitwise the same outputs. ``SAT`` / ``FAST`` as
-    there. ``PDL``: the dependent grid (a programmatic-dependent launch, e.g. the fp8 grouped
-    GEMM) may start once every program has started (``griddepcontrol.launch_dependents``).
-    ``REVERSE``: program ``i`` takes the ``i``-th row block from the END (the first rows are
-    written last, so a consumer reading them first, e.g. group 0 of a grouped GEMM, finds
-    them in L2)."""
-    if PDL:
-        gdc_launch_dependents()
-    pid = tl.program_id(0)
-    if REVERSE:
-        pid = tl.num_programs(0) - 1 - pid
-    j = tl.arange(0, R)
-    r_loc = j // CPR
-    row = pid * BM + r_loc
-    live = (j < BM * CPR) & (row < M)
-    row64 = row.to(tl.int64)
-    cols = ((j % CPR) * CH)[:, None] + tl.arange(0, CH)[None, :]
-    x = tl.load(x_ptr + row64[:, None] * stride_xm + cols * stride_xn, mask=live[:, None],
-                other=0.0, eviction_policy="evict_first").to(tl.float32)  # fmt: skip
-    if FAST:
-        camax = tl.max(tl.abs(x), axis=1)
-        if tl.where(tl.max(camax, axis=0) < float("inf"), 0, 1) != 0:
-            camax = tl.max(_finite_abs(x), axis=1)
-    else:
-        camax = tl.max(_finite_abs(x), axis=1)
-    sel = r_loc[None, :] == tl.arange(0, BMP)[:, None]  # [BMP, R]: chunk j belongs to row b
-    amax = tl.max(tl.where(sel, camax[None, :], 0.0), axis=1)  # [BMP]
-    scale, sinv = _scale_of(amax, FMAX, False, 0)
-    cscale = tl.sum(tl.where(sel, scale[:, None], 0.0), axis=0)  # [R]: one term per chunk
-    q_ptrs = q_ptr + row64[:, None] * stride_qm + cols * stride_qn
-    if SAT:
-        q = (x * cscale[:, None]).to(q_ptr.dtype.element_ty)
-    else:
-        q = _cast(x, cscale[:, None], FMAX, q_ptr.dtype.element_ty, FMT)
-    tl.store(q_ptrs, q, mask=live[:, None])
-    rb = pid * BM + tl.arange(0, BMP)
-    tl.store(s_ptr + rb.to(tl.int64) * stride_s, sinv, mask=(tl.arange(0, BMP) < BM) & (rb < M))
-
-
-@triton.jit
-def _rows_amax(x, FAST: tl.constexpr):
-    """Per-row max of ``|x|`` over the finite values (``quant_rows_kernel``'s rule)."""
-    if FAST:
-        amax = tl.max(tl.abs(x), axis=1)
-        if tl.where(tl.max(amax, axis=0) < float("inf"), 0, 1) != 0:
-            amax = tl.max(_finite_abs(x), axis=1)
-    else:
-        amax = tl.max(_finite_abs(x), axis=1)
-    return amax
-
-
-@triton.jit
-def _rows_cast(x, scale, q_ptr, FMAX: tl.constexpr, FMT: tl.constexpr, SAT: tl.constexpr):
-    if SAT:
-        return (x * scale[:, None]).to(q_ptr.dtype.element_ty)
-    return _cast(x, scale[:, None], FMAX, q_ptr.dtype.element_ty, FMT)
-
-
-@triton.jit
-def quant_rows3_kernel(
-    x_ptr, q_ptr, s_ptr, M, stride_xm, stride_xn, stride_qm, stride_qn, stride_s,
-    BM: tl.constexpr, CH: tl.constexpr, FMAX: tl.constexpr, FMT: tl.constexpr = (0, 0, 0, 0),
-    SAT: tl.constexpr = False, FAST: tl.constexpr = False, EVEN: tl.constexpr = False,
-    PDL: tl.constexpr = False, REVERSE: tl.constexpr = False,
-):  # fmt: skip
-    """Rowwise, one pass, rows of ``N = 3 * CH`` values (768 = 3 x 256, 1536, 3072, ...): each
-    program holds ``BM`` rows as three ``[BM, CH]`` column thirds (three loads in flight per
-    thread, no idle lane, the row maxima within each warp's rows: no cross-warp reduction),
-    the row amax the max of the three, scale and cast as ``quant_rows_kernel``: bitwise the
-    same outputs. ``EVEN``: ``M % BM == 0`` (no masks). ``SAT`` / ``FAST`` / ``PDL`` as
-    there, ``REVERSE`` as in ``quant_rows_chunked_kernel``."""
-    if PDL:
-        gdc_launch_dependents()
-    pid = tl.program_id(0)
-    if REVERSE:
-        pid = tl.num_programs(0) - 1 - pid
-    rm = pid * BM + tl.arange(0, BM)
-    rm64 = rm.to(tl.int64)
-    rn = tl.arange(0, CH)
-    x_ptrs = x_ptr + rm64[:, None] * stride_xm + rn[None, :] * stride_xn
-    q_ptrs = q_ptr + rm64[:, None] * stride_qm + rn[None, :] * stride_qn
-    step_x, step_q = CH * stride_xn, CH * stride_qn
-    if EVEN:
-        x0 = tl.load(x_ptrs, eviction_policy="evict_first").to(tl.float32)
-        x1 = tl.load(x_ptrs + step_x, eviction_policy="evict_first").to(tl.float32)
-        x2 = tl.load(x_ptrs + 2 * step_x, eviction_policy="evict_first").to(tl.float32)
-    else:
-        m = (rm < M)[:, None]
-        x0 = tl.load(x_ptrs, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        x1 = tl.load(x_ptrs + step_x, mask=m, other=0.0, eviction_policy="evict_first")
-        x2 = tl.load(x_ptrs + 2 * step_x, mask=m, other=0.0, eviction_policy="evict_first")
-        x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
-    amax = tl.maximum(tl.maximum(_rows_amax(x0, FAST), _rows_amax(x1, FAST)),
-                      _rows_amax(x2, FAST))  # fmt: skip
-    scale, sinv = _scale_of(amax, FMAX, False, 0)
-    q0 = _rows_cast(x0, scale, q_ptr, FMAX, FMT, SAT)
-    q1 = _rows_cast(x1, scale, q_ptr, FMAX, FMT, SAT)
-    q2 = _rows_cast(x2, scale, q_ptr, FMAX, FMT, SAT)
-    if EVEN:
-        tl.store(s_ptr + rm64 * stride_s, sinv)
-        tl.store(q_ptrs, q0)
-        tl.store(q_ptrs + step_q, q1)
-        tl.store(q_ptrs + 2 * step_q, q2)
-    else:
-        tl.store(s_ptr + rm64 * stride_s, sinv, mask=rm < M)
-        tl.store(q_ptrs, q0, mask=m)
-        tl.store(q_ptrs + step_q, q1, mask=m)
-        tl.store(q_ptrs + 2 * step_q, q2, mask=m)
 
 
 @triton.jit
@@ -583,36 +452,10 @@ def aot_specs(target: str) -> list[AotSpec]:
                                      ("rowwise_loop", 4, 1024, False, 4)]:  # fmt: skip
         for v3 in (False, True) if one else (False,):
             cx = {"BM": bm, "BN": bn, "FMAX": fmax, "FMT": (0, 0, 0, 0), "ONE_PASS": one,
-                  "SAT": v3 and target == "sm_90", "FAST": v3, "EVEN": v3,
-                  "PDL": False}  # fmt: skip
+                  "SAT": v3 and target == "sm_90", "FAST": v3, "EVEN": v3}  # fmt: skip
             specs.append(
                 AotSpec(f"quant_{name}_{fp8}{'_v3' if v3 else ''}", quant_rows_kernel, rows_sig,
                         cx, {"num_warps": warps})
-            )  # fmt: skip
-    chunk_sig = {"x_ptr": "*bf16", "q_ptr": f"*{fp8}", "s_ptr": "*fp32", "M": "i32",
-                 "stride_xm": "i32:16", "stride_xn": "i32:1", "stride_qm": "i32:16",
-                 "stride_qn": "i32:1", "stride_s": "i32:1"}  # fmt: skip
-    # (name, (BM, BMP, R, CH, CPR, warps)) as quant_launch.rows_chunk_plan picks them: 768-value
-    # rows (settings 1 and 2), 2880 (setting 2); the v3 flags; PDL on sm_90 only
-    for bm, warps in ((8, 8), (16, 16)):  # rows of 768 as thirds (settings 3 / 4)
-        for v3 in (False, True):
-            cx = {"BM": bm, "CH": 256, "FMAX": fmax, "FMT": (0, 0, 0, 0),
-                  "SAT": v3 and target == "sm_90", "FAST": v3, "EVEN": v3,
-                  "PDL": v3 and target == "sm_90", "REVERSE": v3}  # fmt: skip
-            specs.append(
-                AotSpec(f"quant_rowwise_thirds768_bm{bm}_{fp8}{'_v3' if v3 else ''}",
-                        quant_rows3_kernel, chunk_sig, cx, {"num_warps": warps})
-            )  # fmt: skip
-    for name, (bm, bmp, r, ch, cpr, warps) in [("768", (10, 16, 32, 256, 3, 8)),
-                                               ("768w", (21, 32, 64, 256, 3, 16)),
-                                               ("2880w", (5, 8, 256, 64, 45, 16))]:  # fmt: skip
-        for v3 in (False, True):
-            cx = {"BM": bm, "BMP": bmp, "R": r, "CH": ch, "CPR": cpr, "FMAX": fmax,
-                  "FMT": (0, 0, 0, 0), "SAT": v3 and target == "sm_90", "FAST": v3,
-                  "PDL": v3 and target == "sm_90", "REVERSE": v3}  # fmt: skip
-            specs.append(
-                AotSpec(f"quant_rowwise_chunk{name}_{fp8}{'_v3' if v3 else ''}",
-                        quant_rows_chunked_kernel, chunk_sig, cx, {"num_warps": warps})
             )  # fmt: skip
     if target in ("gfx950", "sm_90"):
         fp4_sig = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "M": "i32", "N": "i32:16",

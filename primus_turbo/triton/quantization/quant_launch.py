@@ -32,8 +32,6 @@ from primus_turbo.triton.quantization.quant_kernel import (
     amax_partial_kernel,
     cast_flat_kernel,
     quant_mxfp4_kernel,
-    quant_rows3_kernel,
-    quant_rows_chunked_kernel,
     quant_rows_kernel,
     quant_tile_kernel,
 )
@@ -303,80 +301,6 @@ def quant_tensorwise(x: torch.Tensor, dtype: torch.dtype, dual: bool = False):
 _ROW_IN_REGS = 16384  # rowwise rows up to this length are read once and held in registers
 
 
-def rows_chunk_setting() -> int:
-    """``PRIMUS_TURBO_QUANT_ROWS_CHUNK`` (read per call): ``0`` (default) rows of a non-power-
-    of-two length on ``quant_rows_kernel``'s one-pass tile (``next_power_of_2(N)`` lanes per
-    row: 768 values in 1024 lanes); ``1`` / ``2``: on ``quant_rows_chunked_kernel`` (chunk-row
-    tiles of ~8K / ~16K values, see ``rows_chunk_plan``) where it idles fewer lanes; ``3`` /
-    ``4``: rows of ``3 * 2^k`` values on ``quant_rows3_kernel`` (three column thirds, ~8K /
-    ~16K values per program, ``rows3_plan``), others as ``0``. Same outputs, bitwise."""
-    raw = os.environ.get("PRIMUS_TURBO_QUANT_ROWS_CHUNK", "0").strip() or "0"
-    if raw not in ("0", "1", "2", "3", "4"):
-        raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_QUANT_ROWS_CHUNK expected 0, 1, 2, 3 or 4, got {raw!r}"
-        )
-    return int(raw)
-
-
-def rows3_plan(cols: int, setting: int) -> tuple[int, int, int] | None:
-    """``(BM, CH, warps)`` of ``quant_rows3_kernel`` (``setting`` 3: ~8K values per program,
-    4: ~16K) for rows of ``cols = 3 * CH`` values (``CH`` a power of two, 16 to 4096); else
-    ``None``. 768 -> (8, 256, 8) / (16, 256, 16)."""
-    if setting not in (3, 4) or cols % 3:
-        return None
-    ch = cols // 3
-    if ch < 16 or ch > 4096 or ch & (ch - 1):
-        return None
-    values = 8192 if setting == 3 else 16384
-    bm = 1 << max(0, (values // cols).bit_length() - 1)
-    bm = min(bm, 64)
-    return bm, ch, 16 if bm * cols > 8192 else 8
-
-
-def rows_chunk_plan(cols: int, setting: int) -> tuple[int, int, int, int, int, int] | None:
-    """``(BM, BMP, R, CH, CPR, warps)`` of ``quant_rows_chunked_kernel`` for rows of ``cols``
-    values: chunks of ``CH`` (the largest power of two dividing ``cols``, at most 1024; at
-    least 16), ``CPR = cols / CH`` per row, ``R`` chunk-rows per tile (``R * CH`` ~ 8K values
-    for ``setting`` 1, ~16K for 2), ``BM = R // CPR`` rows per program. ``None`` (the one-pass
-    tile of ``quant_rows_kernel``) for ``setting`` 0, power-of-two rows, rows over 16K values,
-    or where the chunked tile would not idle fewer lanes (e.g. 7168 = 7 x 1024: 7 of 8 either
-    way). 768 -> (10, 16, 32, 256, 3, 8): 30 of 32 chunk-rows live (94 %) vs 768 of 1024
-    lanes (75 %); 2880 with ``setting`` 2 -> 5 rows of 45 x 64 in 256 chunk-rows (88 % vs
-    70 %)."""
-    if setting not in (1, 2) or cols <= 0 or cols & (cols - 1) == 0 or cols > _ROW_IN_REGS:
-        return None
-    ch = min(cols & -cols, 1024)
-    if ch < 16:
-        return None
-    cpr = cols // ch
-    values = 8192 if setting == 1 else 16384
-    r = max(values // ch, 1 << (cpr - 1).bit_length())
-    bm = r // cpr
-    bmp = 1 << (bm - 1).bit_length() if bm > 1 else 1
-    if bmp * r > 4096:  # the [BMP, R] row-of-chunk selections stay small
-        return None
-    if bm * cpr / r <= cols / (1 << (cols - 1).bit_length()) + 0.02:
-        return None
-    return bm, bmp, r, ch, cpr, 16 if r * ch > 8192 else 8
-
-
-def _rows_reverse() -> bool:
-    """``PRIMUS_TURBO_QUANT_ROWS_REVERSE=1`` (read per call; default 0): the chunked / thirds
-    rowwise kernels (``PRIMUS_TURBO_QUANT_ROWS_CHUNK`` 1-4) walk the row blocks last to first,
-    so the first rows (what a grouped GEMM reads first) are the last written (L2 hits)."""
-    return os.environ.get("PRIMUS_TURBO_QUANT_ROWS_REVERSE", "0").strip() in ("1", "true", "on")
-
-
-def _rows_pdl(x: torch.Tensor) -> bool:
-    """``PRIMUS_TURBO_QUANT_ROWS_PDL=1`` (read per call; default 0): the rowwise kernels let a
-    programmatic-dependent launch after them (the fp8 grouped GEMM with
-    ``PRIMUS_TURBO_GROUPED_GEMM_FP8_PDL=1``) start once all their programs run (compiled
-    NVIDIA kernels only)."""
-    if os.environ.get("PRIMUS_TURBO_QUANT_ROWS_PDL", "0").strip() not in ("1", "true", "on"):
-        return False
-    return not triton_interpret() and x.device.type == "cuda" and torch.version.hip is None
-
-
 def quant_rowwise(x: torch.Tensor, dtype: torch.dtype, axis: int):
     """One scale per row (axis=-1/1) or per column (axis=0) of any length."""
     m, n = x.shape
@@ -389,30 +313,6 @@ def quant_rowwise(x: torch.Tensor, dtype: torch.dtype, axis: int):
         contiguous_rows = src.stride(1) == 1
         row = max(16, 1 << (cols - 1).bit_length())
         one_pass = contiguous_rows and row <= _ROW_IN_REGS
-        pdl = _rows_pdl(x)
-        setting = rows_chunk_setting() if one_pass else 0
-        plan3 = rows3_plan(cols, setting)
-        if plan3 is not None:  # rows of 3 * 2^k values as three column thirds
-            bm, ch, warps = plan3
-            v3 = _v3()
-            quant_rows3_kernel[(_cdiv(rows, bm),)](
-                src, _u8(qv), s, rows, src.stride(0), src.stride(1), qv.stride(0),
-                qv.stride(1), 1, BM=bm, CH=ch, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype),
-                SAT=v3 and _nvidia_sat(x), FAST=v3, EVEN=v3 and rows % bm == 0, PDL=pdl,
-                REVERSE=_rows_reverse(), num_warps=warps,
-            )  # fmt: skip
-            return q, (s.view(m, 1) if axis in (-1, 1) else s.view(1, n))
-        plan = rows_chunk_plan(cols, setting)
-        if plan is not None:  # non-power-of-two rows as chunk-rows (fewer idle lanes)
-            bm, bmp, r, ch, cpr, warps = plan
-            v3 = _v3()
-            quant_rows_chunked_kernel[(_cdiv(rows, bm),)](
-                src, _u8(qv), s, rows, src.stride(0), src.stride(1), qv.stride(0),
-                qv.stride(1), 1, BM=bm, BMP=bmp, R=r, CH=ch, CPR=cpr, FMAX=_fmax(dtype),
-                FMT=_interp_fmt(dtype), SAT=v3 and _nvidia_sat(x), FAST=v3, PDL=pdl,
-                REVERSE=_rows_reverse(), num_warps=warps,
-            )  # fmt: skip
-            return q, (s.view(m, 1) if axis in (-1, 1) else s.view(1, n))
         if one_pass:  # the whole row in registers: one read; ~8K values per program
             bm, bn = max(1, min(64, 8192 // row)), row
             warps = 16 if bm * bn > 8192 else 8
@@ -424,7 +324,7 @@ def quant_rowwise(x: torch.Tensor, dtype: torch.dtype, axis: int):
             src, _u8(qv), s, rows, cols, src.stride(0), src.stride(1), qv.stride(0), qv.stride(1),
             1, BM=bm, BN=bn, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype), ONE_PASS=one_pass,
             SAT=v3 and _nvidia_sat(x), FAST=v3, EVEN=v3 and cols == bn and rows % bm == 0,
-            PDL=pdl, num_warps=warps,
+            num_warps=warps,
         )  # fmt: skip
     return q, (s.view(m, 1) if axis in (-1, 1) else s.view(1, n))
 

@@ -1,8 +1,6 @@
-"""FP8 grouped GEMM forward, session 9 opt-in knobs: the ``f8s`` kernel's group table from the
-group sizes (``LENS``; op knob ``PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS``: no zero-fill + cumsum
-launches for ``group_offs``) and the programmatic-dependent launch after the op's own
-quantization of ``a`` (``PRIMUS_TURBO_GROUPED_GEMM_FP8_PDL``, with
-``PRIMUS_TURBO_QUANT_ROWS_PDL``). Each bitwise equal to the default path."""
+"""FP8 grouped GEMM forward, session 9: the ``f8s`` kernel's group table from the group sizes
+(``LENS``, the op's default without ``group_offs``: no zero-fill + cumsum launches;
+``PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS=0`` the old offsets path), bitwise equal to it."""
 
 from __future__ import annotations
 
@@ -19,8 +17,7 @@ from tests.pytorch.test_utils import rand
 
 pytestmark = pytest.mark.grouped_gemm
 
-KNOBS = ("PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS", "PRIMUS_TURBO_GROUPED_GEMM_FP8_PDL",
-         "PRIMUS_TURBO_QUANT_ROWS_PDL", "PRIMUS_TURBO_QUANT_ROWS_CHUNK")  # fmt: skip
+LENS = "PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS"
 
 
 def _case(lens, n, k, device, tail=0):
@@ -53,7 +50,7 @@ def _plans(device):
 def test_fp8_lens_table_bitwise(device):
     """``group_offs=None`` + ``group_lens``: every f8s tile bitwise equal to the offsets path
     (empty first / middle / last groups, remainders, rows past the groups zeroed); GPU adds a
-    Qwen3-like K = 768 case and the PDL launch (same values)."""
+    Qwen3-like K = 768 case."""
     from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
 
     _tma_skip(device)
@@ -70,19 +67,12 @@ def test_fp8_lens_table_bitwise(device):
                                            group_lens=gl)  # fmt: skip
             if not torch.equal(got, want) or got[sum(lens) :].any():
                 bad.append(f"lens {lens} {variant} {cfg.name}")
-            if device == "cuda":
-                pdl = mod.grouped_gemm_fp8_tma(a, b, None, sa, sb, torch.bfloat16, cfg, variant,
-                                               group_lens=gl, pdl=True)  # fmt: skip
-                pdl2 = mod.grouped_gemm_fp8_tma(a, b, offs, sa, sb, torch.bfloat16, cfg,
-                                                variant, pdl=True)  # fmt: skip
-                if not torch.equal(pdl, want) or not torch.equal(pdl2, want):
-                    bad.append(f"pdl lens {lens} {variant} {cfg.name}")
     assert not bad, bad
 
 
 def test_fp8_lens_other_plans_get_offsets(device):
     """A plan that is not f8s (``f8tma``) with ``group_offs=None``: offsets computed on the
-    host, same result; ``launch_fp8_tma`` refuses lens / pdl for it."""
+    host, same result; ``launch_fp8_tma`` refuses lens for it."""
     from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_tma as mod
 
     _tma_skip(device)
@@ -94,18 +84,17 @@ def test_fp8_lens_other_plans_get_offsets(device):
     got = mod.grouped_gemm_fp8_tma(a, b, None, sa, sb, torch.bfloat16, cfg, "f8tma",
                                    group_lens=gl)  # fmt: skip
     assert torch.equal(got, want)
-    with pytest.raises(ValueError, match="lens / pdl"):
+    with pytest.raises(ValueError, match="lens needs"):
         mod.launch_fp8_tma(a, b, want, gl, sa, sb, cfg, 4, "f8tma", lens=True)
 
 
 @pytest.mark.parametrize("prequant_b", [False, True], ids=["b", "qb"])
-def test_fp8_op_knobs_bitwise(prequant_b, monkeypatch, device):
-    """The op (TRITON, rowwise, fwd + bwd) with every session-9 knob on equals the default
-    bitwise: LENS (no group_offs launches; the backward computes them), PDL (GPU), the chunked
-    rowwise quantization of a (K = 768 on GPU, 384 on CPU)."""
+def test_fp8_op_lens_bitwise(prequant_b, monkeypatch, device):
+    """The op (TRITON, rowwise, fwd + bwd) with LENS (default: no group_offs launches; the
+    backward computes them) equals ``PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS=0`` bitwise (K = 768
+    on GPU, 384 on CPU)."""
     _tma_skip(device)
-    for knob in KNOBS:
-        monkeypatch.delenv(knob, raising=False)
+    monkeypatch.setenv(LENS, "0")
     GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON, precision=PrecisionType.FP8)
     lens, n, k = (
         ([5, 0, 20, 9], 24, 384) if device == "cpu" else ([300, 0, 1000, 7, 129], 2048, 768)
@@ -124,11 +113,7 @@ def test_fp8_op_knobs_bitwise(prequant_b, monkeypatch, device):
         return out.detach(), a.grad, b.grad
 
     want = run()
-    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS", "1")
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_ROWS_CHUNK", "1")
-    if device == "cuda":
-        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_PDL", "1")
-        monkeypatch.setenv("PRIMUS_TURBO_QUANT_ROWS_PDL", "1")
+    monkeypatch.delenv(LENS)
     got = run()
     for name, x, y in zip(("out", "da", "db"), got, want, strict=True):
         assert torch.equal(x, y), name
@@ -137,19 +122,19 @@ def test_fp8_op_knobs_bitwise(prequant_b, monkeypatch, device):
 def test_fp8_op_knob_env(monkeypatch):
     op = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm_fp8")
 
-    monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS", raising=False)
-    assert not op._env_on("LENS")
-    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS", "1")
-    assert op._env_on("LENS")
-    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_PDL", "maybe")
-    with pytest.raises(ValueError, match="PRIMUS_TURBO_GROUPED_GEMM_FP8_PDL"):
-        op._env_on("PDL")
+    monkeypatch.delenv(LENS, raising=False)
+    assert op._lens_on()
+    monkeypatch.setenv(LENS, "0")
+    assert not op._lens_on()
+    monkeypatch.setenv(LENS, "maybe")
+    with pytest.raises(ValueError, match=LENS):
+        op._lens_on()
 
 
 @pytest.mark.gpu
-def test_fp8_op_knobs_graph_capture(monkeypatch, device):
-    """Forward with LENS + PDL + the PDL rowwise quantization captured in a CUDA graph: the
-    replay equals the eager default (the programmatic edge survives capture)."""
+def test_fp8_op_lens_graph_capture(monkeypatch, device):
+    """Forward with LENS (default) captured in a CUDA graph: the replay equals the eager
+    offsets path (``PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS=0``)."""
     _tma_skip(device)
     GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON, precision=PrecisionType.FP8)
     lens, n, k = [300, 0, 1000, 7, 129], 2048, 768
@@ -158,11 +143,9 @@ def test_fp8_op_knobs_graph_capture(monkeypatch, device):
     b = rand(len(lens), n, k, dtype=torch.bfloat16, device=device)
     config = Float8QuantConfig(granularity=ScalingGranularity.ROWWISE)
     qb = quantize_grouped_weight(b, config, trans_b=True, keep_source=False)
-    for knob in KNOBS:
-        monkeypatch.delenv(knob, raising=False)
+    monkeypatch.setenv(LENS, "0")
     want = turbo.ops.grouped_gemm_fp8(a, qb, gl, trans_b=True, config=config)
-    for knob in KNOBS:
-        monkeypatch.setenv(knob, "1")
+    monkeypatch.delenv(LENS)
     turbo.ops.grouped_gemm_fp8(a, qb, gl, trans_b=True, config=config)  # warm up (compile)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

@@ -68,15 +68,11 @@ class GroupedGemmFp8TritonBackend(KernelBackend):
         return YES
 
     @staticmethod
-    def execute(
-        a, a_scale, b, b_scale, group_offs, group_lens, out_dtype, pdl: bool = False
-    ) -> torch.Tensor:
+    def execute(a, a_scale, b, b_scale, group_offs, group_lens, out_dtype) -> torch.Tensor:
         """The TMA fp8 kernel (``grouped_gemm_fp8_tma``; sm_90, env
         ``PRIMUS_TURBO_GROUPED_GEMM_FP8_TMA`` not ``0``) where usable, else the pointer kernels
         of ``grouped_gemm_triton``. ``group_offs=None``: the TMA kernel's ``f8s`` plans read
-        the sizes (``LENS``), other paths get ``group_offsets(group_lens)``. ``pdl``: see
-        ``grouped_gemm_fp8_tma`` (the caller's previous launch wrote neither offsets nor
-        sizes)."""
+        the sizes (``LENS``), other paths get ``group_offsets(group_lens)``."""
         from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_tma import (
             fp8_tma_usable,
             grouped_gemm_fp8_tma,
@@ -85,7 +81,7 @@ class GroupedGemmFp8TritonBackend(KernelBackend):
 
         if fp8_tma_usable(a, b, out_dtype):
             return grouped_gemm_fp8_tma(a, b, group_offs, a_scale, b_scale, out_dtype,
-                                        group_lens=group_lens, pdl=pdl)  # fmt: skip
+                                        group_lens=group_lens)  # fmt: skip
         if group_offs is None:
             group_offs = group_offsets(group_lens)
         return grouped_gemm_triton(a, b, group_offs, True, out_dtype, scales=(a_scale, b_scale))
