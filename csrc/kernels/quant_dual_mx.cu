@@ -22,17 +22,30 @@
 // sm_90 SASS per element (main path, 752 per thread and tile incl. the unexecuted byte-wise
 // edge stores): 2 FMUL, 1 unpack, 1 F2FP (two outputs), 0.5 exponent mask, ~0.9 packed max,
 // ~0.5 PRMT; 80 registers, no spill (the Triton word kernel: 11.75 per element, 96 registers).
-// Variant (PRIMUS_TURBO_QUANT_CUDA_MX; H200 call 8.2, x of copy, 4 shapes: a 0.816, Triton
-// 0.787 in call 8.1): 1 (a, the only one) = one tile per 256-thread block, 3 blocks per SM (79
-// registers). Removed after call 8.2: d (512-thread blocks, 4 rows per lane: 0.751), e
-// (persistent, next tile in registers: 0.777), f (a with ld.global.nc.L2::256B: 0.810), the rows
-// kernel (0.834 vs Triton 0.875); after call 8.3: g (persistent 2 blocks/SM, next tile by
-// cp.async, q^T through a swizzled shared tile with 16-byte stores: 0.806 vs a 0.816). Needs
+// Variants (PRIMUS_TURBO_QUANT_CUDA_MX, all the same bits): 1 (a, the default; H200 call 8.2:
+// 0.816 of copy, 4 shapes; Triton 0.787 in call 8.1) = one tile per 256-thread block, 3 blocks
+// per SM (79 registers). Why the 1x128 kernel `t` of quant_dual.cu, same structure, reaches 0.918
+// (ncu 8192 x 4096, calls 8.1 / 9.1: a 38.8 us, t 34.1 us): the L2 write sectors. a's scale
+// stores are 4 bytes per s row / st row and tile (row stride N / 32 and M / 32 bytes), one
+// 32-byte sector each: 2 x M N / 128 sectors (524288 there) on top of q and q^T's 2097152, where
+// t's fp32 scales are 512-byte coalesced rows (65536): L2 compression input sectors 2621448 vs
+// 2163231, L2 throughput ~87% in both (the limiter), DRAM 61.6% vs 69%. a issues fewer
+// instructions (11.48 M vs 12.53 M), so the gap is not the math. Opt-in (sm_90+, launched as
+// thread block clusters of 2 x 4 tiles, M x N; the letters of two session-8 losers reused): 2
+// (e) and 3 (f): after tile_body each block sends its 128 + 128 scale words to the owner block's
+// shared memory (block r owns 128 / CN s rows and 128 / CM st rows of the cluster), one
+// cluster barrier (e) or the owner's mbarrier (f, st.async), then owners store 16 bytes per s
+// row and 8 per st row: 96 sectors per tile instead of 256. Shapes whose tiles do not fill whole
+// clusters (M % 256, N % 512) run a.
+// Removed after call 8.2: d (512-thread blocks, 4 rows per lane: 0.751), e (persistent, next
+// tile in registers: 0.777), f (a with ld.global.nc.L2::256B: 0.810), the rows kernel (0.834 vs
+// Triton 0.875); after call 8.3: g (persistent 2 blocks/SM, next tile by cp.async, q^T through
+// a swizzled shared tile with 16-byte stores: 0.806 vs a 0.816); after call 9.1: b / c / d
+// (persistent, tiles staged by 1-D cp.async.bulk on mbarriers, 2 stages x 3 per SM / 3 x 2 /
+// b with q^T through shared memory and bulk stores: 0.701 / 0.698 / 0.614 vs a 0.816). Needs
 // sm_89+ (fp8 conversions; other archs compile an empty kernel and the Python gate never calls
 // it there). ROCm builds compile a stub (AMD keeps the Triton kernels). Nothing here throws.
-// The tile math lives in primus_turbo/quant_mx_tile.cuh (shared with quant_dual_bulk.cu, whose
-// persistent bulk-async pipeline serves the opt-in variants 2 / 3 / 4 = b / c / d, dispatched
-// below).
+// The tile math lives in primus_turbo/quant_mx_tile.cuh.
 #include "primus_turbo/device.h"
 #include "primus_turbo/quant_dual_mx.h"
 
@@ -53,8 +66,8 @@ namespace {
 
 #include "primus_turbo/quant_mx_tile.cuh"  // kTile, Layout, load_tile, tile_body
 
-// One 128 x 128 tile per block; R rows per lane (8: 256 threads, 4: 512 threads), at least
-// MINB blocks per SM (the register cap).
+// One 128 x 128 tile per block; R rows per lane (8: 256 threads), at least MINB blocks per SM
+// (the register cap).
 template <bool E5M2, int R, int MINB>
 __global__ void __launch_bounds__(Layout<R>::kThreads, MINB)
     quant_mx_tile_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
@@ -65,7 +78,127 @@ __global__ void __launch_bounds__(Layout<R>::kThreads, MINB)
   const int tm = blockIdx.x / tiles_n, tn = blockIdx.x % tiles_n;
   uint32_t d[R][4];
   load_tile<R>(d, x, M, N, tm, tn);
-  tile_body<E5M2, R>(d, ssm, csm, q, s, qt, st, M, N, tm, tn);
+  tile_body<E5M2, R>(d, ssm, csm, q, qt, M, N, tm, tn);
+  store_scales(ssm, csm, s, st, M, N, tm, tn);
+#endif
+}
+
+// 32-bit words of CN (s) / CM (st) scale words per row, stored at once (4 / 8 / 16 bytes).
+template <int W>
+__device__ __forceinline__ void st_words(uint8_t* p, const uint32_t* w) {
+  if constexpr (W == 4) {
+    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+  } else if constexpr (W == 2) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+  } else {
+    *reinterpret_cast<uint32_t*>(p) = w[0];
+  }
+}
+
+// Variants e / f: a cluster of CM x CN tiles (blocks); the whole grid is clusters (M % 128 CM ==
+// 0, N % 128 CN == 0: every tile is full). Block r of cluster c takes tile (CM (c / cn) + r / CN,
+// CN (c % cn) + r % CN), runs a's tile math, then the scale gather described at the top. ASYNC
+// false (e): plain st.shared::cluster stores and a release / acquire cluster barrier (ptxas puts
+// a MEMBAR.ALL.GPU before the arrive: the block waits for its q / q^T stores); true (f): each
+// word sent by st.async with complete_tx on the owner's mbarrier (1 KB expected per block), the
+// owner waits on its own barrier only (no fence, no second cluster barrier).
+template <bool E5M2, int CM, int CN, bool ASYNC>
+__global__ void __launch_bounds__(256, 3)
+    quant_mx_cluster_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
+                            uint8_t* __restrict__ s, uint8_t* __restrict__ qt,
+                            uint8_t* __restrict__ st, int M, int N, int clusters_n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kSRows = kTile / CN;  // s rows this block owns (of the cluster's 128 CM)
+  constexpr int kSCols = kTile / CM;  // st rows (columns of x) it owns (of 128 CN)
+  static_assert(kSRows * CN + kSCols * CM == 2 * kTile, "each block owns 256 words");
+  __shared__ uint32_t ssm[kTile], csm[kTile];
+  __shared__ __align__(16) uint32_t sown[kSRows * CN];  // owned s rows: CN words each
+  __shared__ __align__(16) uint32_t cown[kSCols * CM];  // owned st rows: CM words each
+  __shared__ __align__(8) uint64_t mbar;  // ASYNC: the owned words' arrival
+  const int t = threadIdx.x;
+  const auto mbar_a = static_cast<uint32_t>(__cvta_generic_to_shared(&mbar));
+  if (ASYNC && t == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(mbar_a) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile(
+        "{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(
+            mbar_a),
+        "r"(2 * kTile * 4) : "memory");  // 256 words
+  }
+  // every block of the cluster must be running (and its barrier initialised) before any writes
+  // into its shared memory
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+  uint32_t rank, cid;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(cid));
+  const int cmi = static_cast<int>(cid) / clusters_n, cni = static_cast<int>(cid) % clusters_n;
+  const int sub_m = static_cast<int>(rank) / CN, sub_n = static_cast<int>(rank) % CN;
+  const int tm = cmi * CM + sub_m, tn = cni * CN + sub_n;
+  {
+    uint32_t d[8][4];
+    load_tile<8>(d, x, M, N, tm, tn);
+    tile_body<E5M2, 8>(d, ssm, csm, q, qt, M, N, tm, tn);
+  }
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+  {
+    // s row r (of the cluster) -> owner r / kSRows, word (r % kSRows) CN + sub_n; st row c ->
+    // owner c / kSCols, word (c % kSCols) CM + sub_m
+    uint32_t* slot;
+    uint32_t owner, v;
+    if (t < kTile) {
+      const int r = kTile * sub_m + t;
+      slot = &sown[(r % kSRows) * CN + sub_n];
+      owner = static_cast<uint32_t>(r / kSRows);
+      v = ssm[t];
+    } else {
+      const int c = kTile * sub_n + (t - kTile);
+      slot = &cown[(c % kSCols) * CM + sub_m];
+      owner = static_cast<uint32_t>(c / kSCols);
+      v = csm[t - kTile];
+    }
+    const auto local = static_cast<uint32_t>(__cvta_generic_to_shared(slot));
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                 : "=r"(remote)
+                 : "r"(local), "r"(owner));
+    if constexpr (ASYNC) {
+      uint32_t rbar;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                   : "=r"(rbar)
+                   : "r"(mbar_a), "r"(owner));
+      asm volatile(
+          "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
+              remote),
+          "r"(v), "r"(rbar) : "memory");
+    } else {
+      asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(remote), "r"(v) : "memory");
+    }
+  }
+  if constexpr (ASYNC) {
+    uint32_t done = 0;
+    while (!done) {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
+          "0;\n selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(mbar_a)
+          : "memory");
+    }
+  } else {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  }
+  // owners store; no block touches another block's shared memory after this point (e: the
+  // barrier; f: every word this block receives has arrived), so exits are safe
+  const int m0 = cmi * CM * kTile, n0 = cni * CN * kTile;
+  if (t < kSRows) {
+    const int row = m0 + static_cast<int>(rank) * kSRows + t;
+    st_words<CN>(s + int64_t{row} * (N / 32) + n0 / 32, &sown[t * CN]);
+  } else if (t >= kTile && t < kTile + kSCols) {
+    const int c = t - kTile;
+    const int n = n0 + static_cast<int>(rank) * kSCols + c;
+    st_words<CM>(st + int64_t{n} * (M / 32) + m0 / 32, &cown[c * CM]);
+  }
 #endif
 }
 
@@ -77,9 +210,30 @@ void launch_tiles(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* QT, uint8_
                                                                            tn);
 }
 
+template <bool E5M2, int CM, int CN, bool ASYNC>
+Status launch_clusters(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* QT, uint8_t* ST, int M,
+                       int N, int64_t tiles, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(tiles), 1, 1);
+  cfg.blockDim = dim3(256, 1, 1);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = CM * CN;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const int clusters_n = N / (kTile * CN);
+  auto* kern = quant_mx_cluster_kernel<E5M2, CM, CN, ASYNC>;
+  PT_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, kern, X, Q, S, QT, ST, M, N, clusters_n));
+  return kOk;
+}
+
 template <bool E5M2>
 Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, int64_t n,
-              cudaStream_t stream) {
+              int variant, cudaStream_t stream) {
   const int64_t tiles_m = (m + kTile - 1) / kTile, tiles_n = (n + kTile - 1) / kTile;
   const int64_t tiles = tiles_m * tiles_n;
   // 32-bit row / column indices (offsets are 64-bit)
@@ -91,6 +245,16 @@ Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, in
   auto* ST = static_cast<uint8_t*>(st);
   const int tn = static_cast<int>(tiles_n);
   const int M = static_cast<int>(m), N = static_cast<int>(n);
+  if (variant == 2 || variant == 3) {  // e / f: whole clusters only, sm_90+ (else a)
+    int dev = 0, major = 0;
+    PT_RETURN_IF_ERROR(ptGetDevice(&dev));
+    PT_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (major >= 9 && m % (2 * kTile) == 0 && n % (4 * kTile) == 0) {
+      return variant == 2
+                 ? launch_clusters<E5M2, 2, 4, false>(X, Q, S, QT, ST, M, N, tiles, stream)
+                 : launch_clusters<E5M2, 2, 4, true>(X, Q, S, QT, ST, M, N, tiles, stream);
+    }
+  }
   launch_tiles<E5M2, 8, 3>(X, Q, S, QT, ST, M, N, tn, tiles, stream);  // a
   PT_RETURN_LAUNCH_STATUS();
   return kOk;
@@ -102,13 +266,13 @@ bool quant_dual_mx_gpu_available() noexcept { return true; }
 
 Status quant_dual_mx_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                              int64_t n, bool e5m2, int variant, void* stream) noexcept {
-  if (variant >= 2 && variant <= 4) {  // b / c / d: quant_dual_bulk.cu
-    return quant_dual_mx_bulk_gpu(x, q, s, qt, st, m, n, e5m2, variant, stream);
+  if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || variant < 1 || variant > 3) {
+    return kBadArgument;
   }
-  if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || variant != 1) return kBadArgument;
   if (m == 0 || n == 0) return kOk;
   auto* cs = static_cast<cudaStream_t>(stream);
-  return e5m2 ? launch<true>(x, q, s, qt, st, m, n, cs) : launch<false>(x, q, s, qt, st, m, n, cs);
+  return e5m2 ? launch<true>(x, q, s, qt, st, m, n, variant, cs)
+              : launch<false>(x, q, s, qt, st, m, n, variant, cs);
 }
 
 #endif  // PT_HIP

@@ -21,14 +21,11 @@ namespace primus_turbo {
 bool quant_dual_mx_gpu_available() noexcept;
 
 // `variant`: 1 (a, the default) = one 128 x 128 tile per 256-thread block (3 blocks per SM);
-// 2 (b) / 3 (c) / 4 (d) = the persistent bulk-async pipeline of quant_dual_bulk.cu (sm_90+:
-// other devices return kBadArgument); any other value returns kBadArgument. `stream`: a
+// 2 (e) / 3 (f) = a in thread block clusters of 2 x 4 / 2 x 2 tiles gathering the scales before
+// storing them (sm_90+ and whole clusters, M % 256 == 0 and N % 512 / 256 == 0; a otherwise, the
+// same bits); any other value returns kBadArgument. `stream`: a
 // cudaStream_t. Runs on the current device.
 Status quant_dual_mx_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                              int64_t n, bool e5m2, int variant, void* stream) noexcept;
-
-// Variants 2 / 3 / 4 (quant_dual_bulk.cu; called by quant_dual_mx_fp8_gpu).
-Status quant_dual_mx_bulk_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
-                              int64_t n, bool e5m2, int variant, void* stream) noexcept;
 
 }  // namespace primus_turbo

@@ -1,17 +1,10 @@
-// The MX dual tile math of the NVIDIA cast-transpose kernels (quant_dual_mx.cu: one tile per
-// block; quant_dual_bulk.cu: persistent, tiles staged by bulk copies): the 128 x 128 tile
-// layout (8 warp tiles of 32 rows x 64 columns, a lane holding 8 rows x 8 columns), warp-local
-// E8M0 amaxes, both copies stored from registers, the scales through 1 KB of shared memory.
-// Moved verbatim out of quant_dual_mx.cu (its sm_90 SASS is unchanged). Include inside the
-// kernels' anonymous namespace of the CUDA (non-HIP) branch, after primus_turbo/device.h.
+// The MX dual tile math of the NVIDIA cast-transpose kernels (quant_dual_mx.cu): the 128 x 128
+// tile layout (8 warp tiles of 32 rows x 64 columns, a lane holding 8 rows x 8 columns),
+// warp-local E8M0 amaxes, both copies stored from registers, the scales through 1 KB of shared
+// memory (tile_body), and their stores to s / st (store_scales; the cluster variants gather them
+// first). Include inside the kernels' anonymous namespace of the CUDA (non-HIP) branch, after
+// primus_turbo/device.h.
 #pragma once
-
-// The thread index the tile math uses. A persistent kernel may define PT_MX_TILE_TID as an
-// opaque read (asm volatile) before including this header, so the layout values derived from it
-// are recomputed per tile instead of being hoisted out of the tile loop and held in registers.
-#ifndef PT_MX_TILE_TID
-#define PT_MX_TILE_TID() static_cast<int>(threadIdx.x)
-#endif
 
 constexpr int kTile = 128;  // rows and columns of a block tile
 constexpr uint32_t kExpMask = 0x7f807f80u;  // the exponent fields of two bf16
@@ -93,7 +86,7 @@ struct Layout {
   static constexpr int kThreads = 2048 / R;
   int wm, wn, rq, cv;
   __device__ __forceinline__ Layout() {
-    const int t = PT_MX_TILE_TID(), warp = t >> 5, lane = t & 31;
+    const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
     wm = warp & 3;
     wn = warp >> 2;
     rq = lane / R;
@@ -123,29 +116,17 @@ __device__ __forceinline__ void load_tile(uint32_t (&d)[R][4], const uint16_t* _
   }
 }
 
-// Where tile_body puts q^T: straight to global memory (kOn false, the default). A kernel that
-// stages q^T in shared memory passes a type with kOn = true, kStride (bytes between the tile's
-// q^T rows in shared memory, a multiple of 16) and before_sync(t) (run by every thread after its
-// writes, before the tile's barrier), and the shared tile as `qts`: q^T row n of the tile (128
-// bytes along M) at qts + ((n % 8) * 16 + n / 8) * kStride (R = 8 only).
-struct QtDirect {
-  static constexpr bool kOn = false;
-  static constexpr int kStride = 0;
-  __device__ __forceinline__ static void before_sync(int) {}
-};
-
-// Everything after the loads of tile (tm, tn). ssm / csm: this tile's 128 x 4 scale bytes of
-// s rows / st rows in shared memory.
-template <bool E5M2, int R, class QtOut = QtDirect>
+// Everything after the loads of tile (tm, tn) up to the scales: q and qt stored, this tile's
+// 128 x 4 scale bytes of s rows / st rows in ssm / csm (shared memory), ending with the block's
+// barrier (store_scales or a cluster gather follows).
+template <bool E5M2, int R>
 __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* ssm, uint32_t* csm,
-                                          uint8_t* __restrict__ q, uint8_t* __restrict__ s,
-                                          uint8_t* __restrict__ qt, uint8_t* __restrict__ st,
-                                          int M, int N, int tm, int tn, uint8_t* qts = nullptr) {
-  static_assert(!QtOut::kOn || R == 8, "q^T through shared memory: R = 8 only");
+                                          uint8_t* __restrict__ q, uint8_t* __restrict__ qt, int M,
+                                          int N, int tm, int tn) {
   constexpr int EMAX = E5M2 ? 15 : 8;
   constexpr int H = R / 2;  // row pairs per lane
   const Layout<R> L;
-  const int t = PT_MX_TILE_TID(), wm = L.wm, wn = L.wn, rq = L.rq, cv = L.cv;
+  const int wm = L.wm, wn = L.wn, rq = L.rq, cv = L.cv;
   const int m0 = tm * kTile, n0 = tn * kTile;
   const int row0 = m0 + 32 * wm + R * rq;  // the thread's first row
   const int col = n0 + 8 * R * wn + 8 * cv;  // its first column
@@ -231,18 +212,10 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
         ra[2 * p + 1][i >> 1] = r1;
       }
     }
-    if constexpr (QtOut::kOn) {
-      // rows n = 8 R wn + 8 cv + 2i (+ 1) of the tile's q^T: slot (n % 8) * 16 + n / 8, so the 8
-      // lanes of one rq write 8 consecutive slots (16 bytes apart in banks: 2 wavefronts)
-      uint8_t* p = qts + ((2 * i) * 16 + R * wn + cv) * QtOut::kStride + 32 * wm + R * rq;
-      if (ok) st_pairs<R>(p, tl);
-      if (ok) st_pairs<R>(p + 16 * QtOut::kStride, th);
-    } else {
-      if (ok) st_pairs<R>(tp, tl);
-      tp = opaque(tp + M);
-      if (ok) st_pairs<R>(tp, th);
-      tp = opaque(tp + M);
-    }
+    if (ok) st_pairs<R>(tp, tl);
+    tp = opaque(tp + M);
+    if (ok) st_pairs<R>(tp, th);
+    tp = opaque(tp + M);
   }
   uint8_t* qp = q + int64_t{row0} * N + col;
 #pragma unroll
@@ -250,11 +223,16 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
     if (ok) *reinterpret_cast<uint2*>(qp) = make_uint2(ra[j][0], ra[j][1]);
     qp = opaque(qp + N);
   }
-  QtOut::before_sync(t);
   __syncthreads();
+}
 
-  // scales: threads 0..127 one s row each (4 blocks of 32 columns), 128..255 one st row each
-  // (4 blocks of 32 rows); 4-byte stores where the row's 4 bytes are in and aligned
+// The tile's scales (after tile_body's barrier): threads 0..127 one s row each (4 blocks of 32
+// columns), 128..255 one st row each (4 blocks of 32 rows); 4-byte stores where the row's 4 bytes
+// are in and aligned.
+__device__ __forceinline__ void store_scales(const uint32_t* ssm, const uint32_t* csm,
+                                             uint8_t* __restrict__ s, uint8_t* __restrict__ st,
+                                             int M, int N, int tm, int tn) {
+  const int t = threadIdx.x, m0 = tm * kTile, n0 = tn * kTile;
   const int nbs = N / 32, mbs = M / 32;
   if (t < kTile) {
     const int row = m0 + t;

@@ -258,10 +258,9 @@ _SKIP_GPU_MX = pytest.mark.skipif(
     not _KERNEL_MX,
     reason="needs an NVIDIA GPU and a CUDA build of primus_turbo.pytorch._C with quant_dual_mx_fp8",
 )
-# a: one tile per block (the default); b / c / d: the persistent bulk-async pipeline of
-# quant_dual_bulk.cu (sm_90+, 2 stages x 3 blocks per SM / 3 stages x 2 blocks per SM / b's ring
-# at 2 per SM with q^T through shared memory and bulk stores)
-MX_VARIANTS = ["a", "b", "c", "d"]
+# a: one tile per block (the default); e / f: a in thread block clusters of 2 x 4 tiles gathering
+# the scales (sm_90+, M % 256 == 0 and N % 512 == 0; a elsewhere): e cluster barrier, f st.async
+MX_VARIANTS = ["a", "e", "f"]
 
 
 def _quant_mx(x, dtype):
@@ -297,9 +296,10 @@ def _compare_mx(monkeypatch, x, dtype, variant):
 # odd (byte-wise scale stores); N % 64 = 32 (half warp tiles); one 32 x 32 block; M = 96
 MX_SHAPES = [(8192, 4096), (6144, 4096), (4096, 2048), (4160, 2016), (320, 4064), (96, 160),
              (2048, 96), (32, 32), (64, 128)]  # fmt: skip
-# b / c also: M % 128 = 32 and N % 128 = 32 (a partial tile's bulk rows of 64 bytes), one block
-# of 32 x 4096, more tiles than persistent blocks many times over (ring phases wrap)
-MX_SHAPES_BULK = [(1056, 4000), (32, 4096), (4096, 32), (8192, 8192), (28672, 4096)]
+# e / f also: whole clusters of other shapes (one cluster 256 x 512; N = 1536 (3 clusters along
+# N); M = 28672; N = 8192) and shapes that fall back to a (M % 256 = 128; N % 512 = 256)
+MX_SHAPES_CLUSTER = [(256, 512), (768, 1536), (8192, 8192), (28672, 4096), (4224, 4096),
+                     (2048, 2304)]  # fmt: skip
 
 
 @_SKIP_GPU_MX
@@ -315,11 +315,11 @@ def test_cuda_mx_dual_bitwise(monkeypatch, shape, dtype, variant):
 
 
 @_SKIP_GPU_MX
-@pytest.mark.parametrize("variant", ["b", "c", "d"])
-@pytest.mark.parametrize("shape", MX_SHAPES_BULK, ids=lambda v: "x".join(map(str, v)))
-def test_cuda_mx_dual_bulk_bitwise(monkeypatch, shape, variant):
-    """The bulk pipeline on ragged / one-block / many-tiles shapes: bitwise Triton and a
-    (e4m3; e5m2 shares the pipeline and is in test_cuda_mx_dual_bitwise)."""
+@pytest.mark.parametrize("variant", ["e", "f"])
+@pytest.mark.parametrize("shape", MX_SHAPES_CLUSTER, ids=lambda v: "x".join(map(str, v)))
+def test_cuda_mx_dual_cluster_bitwise(monkeypatch, shape, variant):
+    """The cluster variants on one / several / many clusters and on fallback shapes: bitwise
+    Triton and a (e4m3; e5m2 is in test_cuda_mx_dual_bitwise)."""
     m, n = shape
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", variant)
     assert quant_cuda.cuda_mx_dual_on(_input_mx(m, n, False, "cuda"), E4M3)
@@ -333,7 +333,8 @@ def test_cuda_mx_dual_values(monkeypatch, variant):
     """Every finite exponent and the specials, column- and row-wise (against Triton)."""
     bits = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16)
     x = bits.view(torch.bfloat16).reshape(256, 256).cuda()
-    for xx in (x, x.t().contiguous(), x.flip(0).contiguous()):
+    # 256 x 512: one whole 2 x 4 cluster of e / f
+    for xx in (x, x.t().contiguous(), x.flip(0).contiguous(), torch.cat((x, x.t()), 1)):
         for dtype in (E4M3, E5M2):
             _compare_mx(monkeypatch, xx, dtype, variant)
 
@@ -381,11 +382,11 @@ def test_cuda_mx_dual_compile(monkeypatch):
 def test_cuda_mx_knob(monkeypatch):
     """The knob is validated; CPU tensors never take the kernel."""
     x = _input_mx(64, 128, True, "cpu")
-    for bad in ("e", "f", "g", "1", "2"):  # measured losers, removed; numbers
+    for bad in ("b", "c", "d", "g", "1", "2"):  # measured losers, removed; numbers
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", bad)
         with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_CUDA_MX"):
             quant_cuda.cuda_mx_dual_on(x, E4M3)
-    for ok in ("a", "A", "", "0", "b", " C ", "d"):
+    for ok in ("a", "A", "", "0", "e", " F "):
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", ok)
         assert not quant_cuda.cuda_mx_dual_on(x, E4M3)
 
@@ -403,20 +404,22 @@ def test_cuda_mx_op_meta():
         torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(y, E4M3, 1)
     q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E5M2, 1)
     assert qt.shape == (2016, 320) and qt.dtype == E5M2
-    for bad in (0, 5, 6, 7):
+    try:
+        torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 4)
+    except RuntimeError:
+        pass
+    else:
+        pytest.skip("primus_turbo.pytorch._C still accepts variant 4 (b / c / d): rebuild it")
+    for bad in (0, 4, 5):
         with pytest.raises(RuntimeError, match="variant"):
             torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, bad)
-    try:
-        torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 2)
-    except RuntimeError as exc:
-        pytest.skip(f"primus_turbo.pytorch._C without variants b / c / d (rebuild it): {exc}")
-    for v in (2, 3, 4):  # b / c / d: the same layouts
+    for v in (2, 3):  # e / f: the same layouts
         q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, v)
         assert qt.shape == (2016, 320) and s.shape == (320, 63) and st.shape == (2016, 10)
 
 
 def test_cuda_mx_variant_passed_to_op(monkeypatch):
-    """The knob's variant reaches the op; b / c / d become a on devices before sm_90."""
+    """The knob's variant reaches the op; e / f become a on devices before sm_90."""
     calls = []
 
     class _Ops:
@@ -428,8 +431,8 @@ def test_cuda_mx_variant_passed_to_op(monkeypatch):
     monkeypatch.setattr("primus_turbo.build_info.native_ops", lambda: _Ops)
     x = torch.zeros(32, 32, dtype=torch.bfloat16)
     for capable in (True, False):
-        monkeypatch.setattr(quant_cuda, "_bulk_capable", lambda index, c=capable: c)
-        for raw in ("a", "b", "c", "d"):
+        monkeypatch.setattr(quant_cuda, "_cluster_capable", lambda index, c=capable: c)
+        for raw in ("a", "e", "f"):
             monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", raw)
             quant_cuda.quant_dual_mx_cuda(x, E4M3)
-    assert calls == [1, 2, 3, 4, 1, 1, 1, 1]
+    assert calls == [1, 2, 3, 1, 1, 1]

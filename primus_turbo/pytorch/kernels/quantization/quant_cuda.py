@@ -17,14 +17,16 @@ The MX dual recipe (``quant_mx(x, dtype, dual=True)``) has a CUDA cast-transpose
 on NVIDIA (H200 call 8.2: 0.816 of copy, 4 shapes; the Triton word kernel 0.787 in call 8.1).
 ``PRIMUS_TURBO_QUANT_CUDA_MX`` = ``a`` (unset: one 128x128 tile per 256-thread block, 3 blocks
 per SM) or ``0`` (the Triton word kernel); the persistent cp.async variant ``g`` lost in call 8.3
-(0.806 vs 0.816) and was removed, so ``g`` is refused like any other value. Opt-in ``b`` /
-``c`` / ``d`` (session 9, unmeasured): the persistent bulk-async pipeline of csrc/kernels/
-quant_dual_bulk.cu (sm_90+, other devices run ``a``): ``b`` 2 stages x 3 blocks per SM, ``c`` 3
-stages x 2 blocks per SM, ``d`` b's ring at 2 blocks per SM with q^T through shared memory and
-bulk stores. It takes bf16, contiguous, 16-byte aligned inputs with both dims
-multiples of 32 on NVIDIA sm_89+; everything else (and torch.compile tracing) runs Triton. The
-MX rows recipe (``dual=False``) always runs Triton (a CUDA rows kernel lost in call 8.2: 0.834
-vs 0.875).
+(0.806 vs 0.816) and was removed, so was the bulk-async pipeline ``b`` / ``c`` / ``d`` after
+call 9.1 (0.701 / 0.698 / 0.614); removed letters are refused like any other value. Opt-in
+``e`` / ``f`` (session 9 round 2, unmeasured): ``a`` in thread block clusters of 2 x 4 tiles
+that gather the E8M0 scales before storing them (16 / 8 bytes per s / st row instead of 4: a's
+4-byte scale stores cost 2 M N / 128 extra L2 write sectors, the gap to the 1x128 ``t``); ``e``
+cluster barrier, ``f`` st.async on the owner's mbarrier; sm_90+ with M % 256 == 0 and
+N % 512 == 0, ``a`` elsewhere (the same bits). It takes bf16, contiguous, 16-byte aligned
+inputs with both dims multiples of 32 on NVIDIA sm_89+; everything else (and torch.compile
+tracing) runs Triton. The MX rows recipe (``dual=False``) always runs Triton (a CUDA rows
+kernel lost in call 8.2: 0.834 vs 0.875).
 """
 
 from __future__ import annotations
@@ -103,19 +105,19 @@ _MX_VARIANTS = {"0": 0, "a": 1, "b": 2, "c": 3, "d": 4}
 
 
 def cuda_mx_variant() -> int:
-    """``PRIMUS_TURBO_QUANT_CUDA_MX``: 0 = off, 1 (``a``, the default), 2 / 3 / 4 (``b`` /
-    ``c`` / ``d``)."""
+    """``PRIMUS_TURBO_QUANT_CUDA_MX``: 0 = off, 1 (``a``, the default), 2 / 3 (``e`` /
+    ``f``, the cluster variants)."""
     raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_MX", "").strip().lower() or "a"
     if raw not in _MX_VARIANTS:
         raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX expected 0, a, b, c or d, got {raw!r}"
+            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX expected 0, a, e or f, got {raw!r}"
         )
     return _MX_VARIANTS[raw]
 
 
 @functools.cache
-def _bulk_capable(index: int) -> bool:
-    """sm_90+: the bulk-async copies and mbarrier tx counts of variants b / c / d."""
+def _cluster_capable(index: int) -> bool:
+    """sm_90+: the thread block clusters of variants e / f."""
     return torch.cuda.get_device_capability(index) >= (9, 0)
 
 
@@ -159,6 +161,6 @@ def quant_dual_mx_cuda(x: torch.Tensor, dtype: torch.dtype):
     from primus_turbo.build_info import native_ops
 
     variant = cuda_mx_variant()
-    if variant >= 2 and not _bulk_capable(x.device.index or 0):
-        variant = 1  # b / c / d need sm_90+: a (the same bits)
+    if variant >= 2 and not _cluster_capable(x.device.index or 0):
+        variant = 1  # e / f need sm_90+: a (the same bits)
     return tuple(native_ops().quant_dual_mx_fp8(x, dtype, variant))
