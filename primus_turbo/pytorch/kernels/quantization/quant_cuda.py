@@ -101,7 +101,7 @@ def quant_dual_cuda(x: torch.Tensor, dtype: torch.dtype, fmax: float):
     return tuple(native_ops().quant_dual_fp8(x, dtype, float(fmax)))
 
 
-_MX_VARIANTS = {"0": 0, "a": 1, "b": 2, "c": 3, "d": 4}
+_MX_VARIANTS = {"0": 0, "a": 1, "e": 2, "f": 3}
 
 
 def cuda_mx_variant() -> int:
