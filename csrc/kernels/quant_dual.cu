@@ -2,8 +2,9 @@
 // qt = x.T quantized along M, in one pass ("cast-transpose"; recipe and layouts in
 // primus_turbo/quant_dual.h).
 //
-// Persistent blocks of 256 threads (2 per SM) walk the 128 x 128 tiles of x; the next tile's
-// loads (cp.async into a second shared stage) are in flight while the current one is processed.
+// Variant p (the default is t: see Variants below). Persistent blocks of 256 threads (2 per SM)
+// walk the 128 x 128 tiles of x; the next tile's loads (cp.async into a second shared stage) are
+// in flight while the current one is processed.
 // Thread t owns the 8 columns 8 * (t % 16) .. +7 of the 4 rows 4 * (t / 16) .. +3 in each of two
 // 64-row passes (8 vectors of 16 bytes). Amax is taken on the bf16 bit patterns (|x| = bits &
 // 0x7fff, a monotone key; two values per 32-bit word with __vmaxu2); only a thread that saw an
@@ -16,12 +17,17 @@
 // and stored as 16-byte rows of qt. Needs sm_89+ (fp8 conversions; other archs compile an empty
 // kernel and the Python gate never calls it there). ROCm builds skip the kernel (AMD keeps the
 // Triton kernels). Nothing here throws.
-// Variants (`variant` of quant_dual_fp8_gpu, PRIMUS_TURBO_QUANT_CUDA_B128; same bits): 0 = the
-// persistent kernel above (the default; H200 call 8.3: 0.841 of copy, 4 shapes); opt-in, after
-// quant_dual_mx.cu's a (one tile per block won there): 1 = `t`, one 128 x 128 tile per
-// 256-thread block, 3 blocks per SM (80 registers, 0 spill), 8 warp tiles of 32 x 64 (see
-// quant_dual_tile_kernel); 2 = `t4`, the same at 4 blocks per SM (64 registers, 0 spill: the row
-// multipliers re-read from shared memory).
+// Variants (`variant` of quant_dual_fp8_gpu, PRIMUS_TURBO_QUANT_CUDA_B128; same bits): 1 = `t`,
+// the Python default since session 9 round 2 (after quant_dual_mx.cu's a: one tile per block won
+// there): one 128 x 128 tile per 256-thread block, 3 blocks per SM (80 registers, 0 spill), 8 warp
+// tiles of 32 x 64 (see quant_dual_tile_kernel); H200 call 9.1 (graph, two interleaved repeats,
+// 8192/6144/4096/28672 x 4096): 0.918 of copy geomean, every shape 0.91-0.93. 0 = `p`, the
+// persistent kernel above (the default until then and the op's default argument; 0.854 in the
+// same A/B, 28672: 0.823; call 8.3: 0.841); t / t4 index rows and columns in 32 bits, so M or N >
+// 0x7fffff00 is refused (kBadArgument) and the Python gate sends such inputs to p. 2 = `t4`, t at
+// 4 blocks per SM (64 registers, 0 spill: the row multipliers re-read from shared memory), not
+// yet measured (call 9.1 hit the op's old 0-or-1 variant check). p / t4 stay selectable for the
+// call-9.2 A/B; the losers go after it.
 #include <algorithm>
 #include <atomic>
 

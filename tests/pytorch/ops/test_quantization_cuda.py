@@ -165,9 +165,9 @@ def test_cuda_op_meta():
         torch.ops.primus_turbo_cpp.quant_dual_fp8(y, E4M3, 448.0)
 
 
-# ---- 1x128 dual, opt-in variants of the CUDA kernel (PRIMUS_TURBO_QUANT_CUDA_B128=t / t4: one
-# 128x128 tile per 256-thread block at 3 / 4 blocks per SM): bitwise the default persistent
-# kernel (B128 unset) and Triton
+# ---- 1x128 dual, variants of the CUDA kernel (PRIMUS_TURBO_QUANT_CUDA_B128=t, the default since
+# session 9 round 2, / t4: one 128x128 tile per 256-thread block at 3 / 4 blocks per SM): bitwise
+# the persistent kernel (B128=p) and Triton
 
 B128_VARIANTS = ["t", "t4"]
 # SHAPES plus ragged ones: M % 8 != 0 (byte-wise qt stores), one row, one 8-column vector,
@@ -179,8 +179,8 @@ def _compare_b128(monkeypatch, x, dtype, variant):
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA", "0")
     tri = _quant(x, dtype)  # Triton
     monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA")
-    monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA_B128", raising=False)
-    base = _quant(x, dtype)  # the default persistent CUDA kernel
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_B128", "p")
+    base = _quant(x, dtype)  # the persistent CUDA kernel
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_B128", variant)
     out = _quant(x, dtype)
     for name, a, b, c in zip(("q", "scale", "q_t", "scale_t"), out, base, tri, strict=True):
@@ -221,17 +221,47 @@ def test_cuda_b128_variant_zero_size(monkeypatch, variant):
 
 
 def test_cuda_b128_knob(monkeypatch):
-    """PRIMUS_TURBO_QUANT_CUDA_B128: unset / p = the persistent default, t, t4; anything else is
-    refused with the knob's name."""
-    for raw, want in (("", 0), ("p", 0), ("P", 0), ("t", 1), (" T ", 1), ("t4", 2)):
+    """PRIMUS_TURBO_QUANT_CUDA_B128: unset / t = the default, p, t4; anything else is refused
+    with the knob's name."""
+    for raw, want in (("", 1), ("p", 0), ("P", 0), ("t", 1), (" T ", 1), ("t4", 2)):
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_B128", raw)
         assert quant_cuda.cuda_b128_variant() == want
     monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA_B128")
-    assert quant_cuda.cuda_b128_variant() == 0
+    assert quant_cuda.cuda_b128_variant() == 1
     for bad in ("0", "1", "a", "t3", "tt"):
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_B128", bad)
         with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_CUDA_B128"):
             quant_cuda.cuda_b128_variant()
+
+
+@pytest.mark.parametrize("raw", ["", "t", "t4", "p"])
+def test_cuda_b128_index_limit_fallback(monkeypatch, raw):
+    """t / t4 index rows and columns in 32 bits (the launch refuses M or N > 0x7fffff00): a
+    larger dim takes p (the op without its variant argument); smaller ones pass the variant.
+    CPU: the op is mocked, the inputs are meta tensors."""
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_B128", raw)
+    want = quant_cuda.cuda_b128_variant()
+    calls = []
+
+    class _Ops:
+        @staticmethod
+        def quant_dual_fp8(*args):
+            calls.append(args[3] if len(args) > 3 else 0)
+            return (None,) * 4
+
+    lim = 2**31 - 256
+    with unittest.mock.patch("primus_turbo.build_info.native_ops", return_value=_Ops):
+        for shape, big in (
+            ((lim - 1, 8), False),
+            ((8, lim - 8), False),
+            ((lim, 8), True),
+            ((8, 2**31), True),
+            ((2**32, 8), True),
+        ):
+            calls.clear()
+            x = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+            quant_cuda.quant_dual_cuda(x, E4M3, 448.0)
+            assert calls == [0 if big else want], (shape, raw, calls)
 
 
 def test_cuda_b128_op_meta():
