@@ -22,21 +22,28 @@
 // sm_90 SASS per element (main path, 752 per thread and tile incl. the unexecuted byte-wise
 // edge stores): 2 FMUL, 1 unpack, 1 F2FP (two outputs), 0.5 exponent mask, ~0.9 packed max,
 // ~0.5 PRMT; 80 registers, no spill (the Triton word kernel: 11.75 per element, 96 registers).
-// Variants (PRIMUS_TURBO_QUANT_CUDA_MX, all the same bits): 1 (a, the default; H200 call 8.2:
-// 0.816 of copy, 4 shapes; Triton 0.787 in call 8.1) = one tile per 256-thread block, 3 blocks
-// per SM (79 registers). Why the 1x128 kernel `t` of quant_dual.cu, same structure, reaches 0.918
+// Variants (PRIMUS_TURBO_QUANT_CUDA_MX, all the same bits): 1 (a, the default before sm_90 and
+// for shapes without whole clusters; H200 call 8.2: 0.816 of copy, 4 shapes; Triton 0.787 in
+// call 8.1) = one tile per 256-thread block, 3 blocks per SM (79 registers). Why the 1x128
+// kernel `t` of quant_dual.cu, same structure, reaches 0.918
 // (ncu 8192 x 4096, calls 8.1 / 9.1: a 38.8 us, t 34.1 us): the L2 write sectors. a's scale
 // stores are 4 bytes per s row / st row and tile (row stride N / 32 and M / 32 bytes), one
 // 32-byte sector each: 2 x M N / 128 sectors (524288 there) on top of q and q^T's 2097152, where
 // t's fp32 scales are 512-byte coalesced rows (65536): L2 compression input sectors 2621448 vs
 // 2163231, L2 throughput ~87% in both (the limiter), DRAM 61.6% vs 69%. a issues fewer
-// instructions (11.48 M vs 12.53 M), so the gap is not the math. Opt-in (sm_90+, launched as
-// thread block clusters of 2 x 4 tiles, M x N; the letters of two session-8 losers reused): 2
-// (e) and 3 (f): after tile_body each block sends its 128 + 128 scale words to the owner block's
-// shared memory (block r owns 128 / CN s rows and 128 / CM st rows of the cluster), one
-// cluster barrier (e) or the owner's mbarrier (f, st.async), then owners store 16 bytes per s
+// instructions (11.48 M vs 12.53 M), so the gap is not the math. 2 (f, the default on sm_90+
+// since session 9 round 3; call 9.2: 0.831 / 0.831 of copy vs a 0.814 / 0.817, ncu 37.5 us vs
+// 41.3 us, L2 input sectors 2294253) = a in thread block clusters of 2 x 4 tiles, M x N: after
+// tile_body each block sends its 128 + 128 scale words to the owner block's shared memory by
+// st.async with complete_tx on the owner's mbarrier (block r owns 128 / CN s rows and 128 / CM
+// st rows of the cluster), the owner waits on its own barrier only, then stores 16 bytes per s
 // row and 8 per st row: 96 sectors per tile instead of 256. Shapes whose tiles do not fill whole
-// clusters (M % 256, N % 512) run a.
+// clusters (M % 256, N % 512) run a. 3 (g, opt-in, unmeasured) = f in clusters of 4 x 4 tiles
+// (16 blocks: the non-portable cluster size, M % 512 == 0 and N % 512 == 0, else f's shapes, else
+// a): 16 bytes per s row and per st row, 64 sectors per tile; a refused cluster launch runs f.
+// Removed after call 9.2: e (f with st.shared::cluster and a release / acquire cluster barrier;
+// ptxas puts a MEMBAR.ALL.GPU before the arrive, so each block waited for its q / q^T stores:
+// 0.781 / 0.779 vs a 0.814 / 0.817).
 // Removed after call 8.2: d (512-thread blocks, 4 rows per lane: 0.751), e (persistent, next
 // tile in registers: 0.777), f (a with ld.global.nc.L2::256B: 0.810), the rows kernel (0.834 vs
 // Triton 0.875); after call 8.3: g (persistent 2 blocks/SM, next tile by cp.async, q^T through
@@ -95,14 +102,12 @@ __device__ __forceinline__ void st_words(uint8_t* p, const uint32_t* w) {
   }
 }
 
-// Variants e / f: a cluster of CM x CN tiles (blocks); the whole grid is clusters (M % 128 CM ==
+// Variants f / g: a cluster of CM x CN tiles (blocks); the whole grid is clusters (M % 128 CM ==
 // 0, N % 128 CN == 0: every tile is full). Block r of cluster c takes tile (CM (c / cn) + r / CN,
-// CN (c % cn) + r % CN), runs a's tile math, then the scale gather described at the top. ASYNC
-// false (e): plain st.shared::cluster stores and a release / acquire cluster barrier (ptxas puts
-// a MEMBAR.ALL.GPU before the arrive: the block waits for its q / q^T stores); true (f): each
+// CN (c % cn) + r % CN), runs a's tile math, then the scale gather described at the top: each
 // word sent by st.async with complete_tx on the owner's mbarrier (1 KB expected per block), the
 // owner waits on its own barrier only (no fence, no second cluster barrier).
-template <bool E5M2, int CM, int CN, bool ASYNC>
+template <bool E5M2, int CM, int CN>
 __global__ void __launch_bounds__(256, 3)
     quant_mx_cluster_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
                             uint8_t* __restrict__ s, uint8_t* __restrict__ qt,
@@ -114,10 +119,10 @@ __global__ void __launch_bounds__(256, 3)
   __shared__ uint32_t ssm[kTile], csm[kTile];
   __shared__ __align__(16) uint32_t sown[kSRows * CN];  // owned s rows: CN words each
   __shared__ __align__(16) uint32_t cown[kSCols * CM];  // owned st rows: CM words each
-  __shared__ __align__(8) uint64_t mbar;  // ASYNC: the owned words' arrival
+  __shared__ __align__(8) uint64_t mbar;  // the owned words' arrival
   const int t = threadIdx.x;
   const auto mbar_a = static_cast<uint32_t>(__cvta_generic_to_shared(&mbar));
-  if (ASYNC && t == 0) {
+  if (t == 0) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(mbar_a) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile(
@@ -161,35 +166,24 @@ __global__ void __launch_bounds__(256, 3)
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
                  : "=r"(remote)
                  : "r"(local), "r"(owner));
-    if constexpr (ASYNC) {
-      uint32_t rbar;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
-                   : "=r"(rbar)
-                   : "r"(mbar_a), "r"(owner));
-      asm volatile(
-          "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
-              remote),
-          "r"(v), "r"(rbar) : "memory");
-    } else {
-      asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(remote), "r"(v) : "memory");
-    }
+    uint32_t rbar;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rbar) : "r"(mbar_a), "r"(owner));
+    asm volatile(
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
+            remote),
+        "r"(v), "r"(rbar) : "memory");
   }
-  if constexpr (ASYNC) {
-    uint32_t done = 0;
-    while (!done) {
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
-          "0;\n selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(mbar_a)
-          : "memory");
-    }
-  } else {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
+        "0;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(mbar_a)
+        : "memory");
   }
-  // owners store; no block touches another block's shared memory after this point (e: the
-  // barrier; f: every word this block receives has arrived), so exits are safe
+  // owners store; no block touches another block's shared memory after this point (every word
+  // this block receives has arrived), so exits are safe
   const int m0 = cmi * CM * kTile, n0 = cni * CN * kTile;
   if (t < kSRows) {
     const int row = m0 + static_cast<int>(rank) * kSRows + t;
@@ -210,9 +204,15 @@ void launch_tiles(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* QT, uint8_
                                                                            tn);
 }
 
-template <bool E5M2, int CM, int CN, bool ASYNC>
-Status launch_clusters(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* QT, uint8_t* ST, int M,
-                       int N, int64_t tiles, cudaStream_t stream) {
+template <bool E5M2, int CM, int CN>
+cudaError_t launch_clusters(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* QT, uint8_t* ST,
+                            int M, int N, int64_t tiles, cudaStream_t stream) {
+  auto* kern = quant_mx_cluster_kernel<E5M2, CM, CN>;
+  if constexpr (CM * CN > 8) {  // g: 16 blocks, beyond the portable 8
+    const cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e != cudaSuccess) return e;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(tiles), 1, 1);
   cfg.blockDim = dim3(256, 1, 1);
@@ -226,9 +226,7 @@ Status launch_clusters(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* QT, u
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   const int clusters_n = N / (kTile * CN);
-  auto* kern = quant_mx_cluster_kernel<E5M2, CM, CN, ASYNC>;
-  PT_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, kern, X, Q, S, QT, ST, M, N, clusters_n));
-  return kOk;
+  return cudaLaunchKernelEx(&cfg, kern, X, Q, S, QT, ST, M, N, clusters_n);
 }
 
 template <bool E5M2>
@@ -245,14 +243,20 @@ Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, in
   auto* ST = static_cast<uint8_t*>(st);
   const int tn = static_cast<int>(tiles_n);
   const int M = static_cast<int>(m), N = static_cast<int>(n);
-  if (variant == 2 || variant == 3) {  // e / f: whole clusters only, sm_90+ (else a)
+  if (variant >= 2) {  // f / g: whole clusters only, sm_90+ (else a)
     int dev = 0, major = 0;
     PT_RETURN_IF_ERROR(ptGetDevice(&dev));
     PT_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (major >= 9 && variant == 3 && m % (4 * kTile) == 0 && n % (4 * kTile) == 0) {
+      if (launch_clusters<E5M2, 4, 4>(X, Q, S, QT, ST, M, N, tiles, stream) == cudaSuccess) {
+        return kOk;
+      }
+      (void)cudaGetLastError();  // a refused 16-block cluster launch: f below
+    }
     if (major >= 9 && m % (2 * kTile) == 0 && n % (4 * kTile) == 0) {
-      return variant == 2
-                 ? launch_clusters<E5M2, 2, 4, false>(X, Q, S, QT, ST, M, N, tiles, stream)
-                 : launch_clusters<E5M2, 2, 4, true>(X, Q, S, QT, ST, M, N, tiles, stream);
+      const cudaError_t e = launch_clusters<E5M2, 2, 4>(X, Q, S, QT, ST, M, N, tiles, stream);
+      PT_RETURN_IF_ERROR(e);
+      return kOk;
     }
   }
   launch_tiles<E5M2, 8, 3>(X, Q, S, QT, ST, M, N, tn, tiles, stream);  // a

@@ -11,8 +11,8 @@
 
 namespace primus_turbo::pytorch {
 
-// x: contiguous bf16 [M, N], M % 32 == 0, N % 32 == 0; dtype: fp8 e4m3fn or e5m2; variant 1,
-// 2 or 3.
+// x: contiguous bf16 [M, N], M % 32 == 0, N % 32 == 0; dtype: fp8 e4m3fn or e5m2; variant 1
+// (a), 2 (f) or 3 (g).
 // Returns (M, N).
 inline std::pair<int64_t, int64_t> check_quant_dual_mx(
     const at::Tensor& x, at::ScalarType dtype, int64_t variant,

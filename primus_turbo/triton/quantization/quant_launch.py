@@ -411,7 +411,7 @@ def quant_mx(x: torch.Tensor, dtype: torch.dtype, dual: bool = False, block: int
     if dual and block == 32 and x.device.type == "cuda" and torch.version.hip is None:
         from primus_turbo.pytorch.kernels.quantization import quant_cuda
 
-        if quant_cuda.cuda_mx_dual_on(x, dtype):  # PRIMUS_TURBO_QUANT_CUDA_MX (default a, 0 = off)
+        if quant_cuda.cuda_mx_dual_on(x, dtype):  # PRIMUS_TURBO_QUANT_CUDA_MX (default f, 0 = off)
             return quant_cuda.quant_dual_mx_cuda(x, dtype)
     m, n = x.shape
     dev = x.device

@@ -5,8 +5,9 @@ of bf16 inputs on NVIDIA, gives the same bits and scales as the Triton kernel
 unaligned qt rows, several tiles per persistent block), inf/-inf/NaN values, all-NaN / all-inf /
 all-zero rows and columns, e4m3 and e5m2, zero-size inputs; inputs it does not take fall back to
 Triton; the knob is validated; CPU tensors never take it; torch.compile traces (Triton).
-The CUDA MX dual kernel (csrc/kernels/quant_dual_mx.cu, PRIMUS_TURBO_QUANT_CUDA_MX=a, the
-default) is held to the same: bitwise the Triton word kernel (second half of the file)."""
+The CUDA MX dual kernel (csrc/kernels/quant_dual_mx.cu, PRIMUS_TURBO_QUANT_CUDA_MX=f, the
+default, and a / g) is held to the same: bitwise the Triton word kernel (second half of the
+file)."""
 
 from __future__ import annotations
 
@@ -280,7 +281,7 @@ def test_cuda_b128_op_meta():
 
 
 # ---- MX dual: the CUDA MXFP8 cast-transpose (csrc/kernels/quant_dual_mx.cu), the default on
-# NVIDIA (PRIMUS_TURBO_QUANT_CUDA_MX unset = a), bitwise the Triton word kernel
+# NVIDIA (PRIMUS_TURBO_QUANT_CUDA_MX unset = f), bitwise the Triton word kernel
 # (PRIMUS_TURBO_QUANT_CUDA_MX=0)
 
 _KERNEL_MX = _NVIDIA and quant_cuda.cuda_mx_kernel_available()
@@ -288,9 +289,10 @@ _SKIP_GPU_MX = pytest.mark.skipif(
     not _KERNEL_MX,
     reason="needs an NVIDIA GPU and a CUDA build of primus_turbo.pytorch._C with quant_dual_mx_fp8",
 )
-# a: one tile per block (the default); e / f: a in thread block clusters of 2 x 4 tiles gathering
-# the scales (sm_90+, M % 256 == 0 and N % 512 == 0; a elsewhere): e cluster barrier, f st.async
-MX_VARIANTS = ["a", "e", "f"]
+# a: one tile per block; f (the default): a in thread block clusters of 2 x 4 tiles gathering the
+# scales by st.async (sm_90+, M % 256 == 0 and N % 512 == 0; a elsewhere); g: f in 4 x 4 clusters
+# (M % 512 == 0 and N % 512 == 0; else f's shapes, else a)
+MX_VARIANTS = ["a", "f", "g"]
 
 
 def _quant_mx(x, dtype):
@@ -326,10 +328,11 @@ def _compare_mx(monkeypatch, x, dtype, variant):
 # odd (byte-wise scale stores); N % 64 = 32 (half warp tiles); one 32 x 32 block; M = 96
 MX_SHAPES = [(8192, 4096), (6144, 4096), (4096, 2048), (4160, 2016), (320, 4064), (96, 160),
              (2048, 96), (32, 32), (64, 128)]  # fmt: skip
-# e / f also: whole clusters of other shapes (one cluster 256 x 512; N = 1536 (3 clusters along
-# N); M = 28672; N = 8192) and shapes that fall back to a (M % 256 = 128; N % 512 = 256)
-MX_SHAPES_CLUSTER = [(256, 512), (768, 1536), (8192, 8192), (28672, 4096), (4224, 4096),
-                     (2048, 2304)]  # fmt: skip
+# f / g also: whole clusters of other shapes (one cluster 256 x 512 / 512 x 512; N = 1536 (3
+# clusters along N); M = 28672; N = 8192), shapes that fall back to a (M % 256 = 128; N % 512 =
+# 256) and g's fallback to f (M % 512 = 256)
+MX_SHAPES_CLUSTER = [(256, 512), (512, 512), (768, 1536), (1536, 1536), (8192, 8192),
+                     (28672, 4096), (4224, 4096), (2048, 2304), (6400, 2048)]  # fmt: skip
 
 
 @_SKIP_GPU_MX
@@ -345,7 +348,7 @@ def test_cuda_mx_dual_bitwise(monkeypatch, shape, dtype, variant):
 
 
 @_SKIP_GPU_MX
-@pytest.mark.parametrize("variant", ["e", "f"])
+@pytest.mark.parametrize("variant", ["f", "g"])
 @pytest.mark.parametrize("shape", MX_SHAPES_CLUSTER, ids=lambda v: "x".join(map(str, v)))
 def test_cuda_mx_dual_cluster_bitwise(monkeypatch, shape, variant):
     """The cluster variants on one / several / many clusters and on fallback shapes: bitwise
@@ -363,19 +366,20 @@ def test_cuda_mx_dual_values(monkeypatch, variant):
     """Every finite exponent and the specials, column- and row-wise (against Triton)."""
     bits = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16)
     x = bits.view(torch.bfloat16).reshape(256, 256).cuda()
-    # 256 x 512: one whole 2 x 4 cluster of e / f
-    for xx in (x, x.t().contiguous(), x.flip(0).contiguous(), torch.cat((x, x.t()), 1)):
+    # 256 x 512: one whole 2 x 4 cluster of f; 512 x 512: one 4 x 4 cluster of g
+    xc = torch.cat((x, x.t()), 1)
+    for xx in (x, x.t().contiguous(), x.flip(0).contiguous(), xc, torch.cat((xc, xc.flip(1)), 0)):
         for dtype in (E4M3, E5M2):
             _compare_mx(monkeypatch, xx, dtype, variant)
 
 
 @_SKIP_GPU_MX
 def test_cuda_mx_dual_fallback_and_default(monkeypatch):
-    """Unset: the CUDA kernel (variant a); 0: the Triton kernel; inputs it does not take run
+    """Unset: the CUDA kernel (variant f); 0: the Triton kernel; inputs it does not take run
     Triton silently."""
     x = _input_mx(256, 256, False, "cuda")
     monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA_MX", raising=False)
-    assert quant_cuda.cuda_mx_variant() == 1 and quant_cuda.cuda_mx_dual_on(x, E4M3)
+    assert quant_cuda.cuda_mx_variant() == 2 and quant_cuda.cuda_mx_dual_on(x, E4M3)
     with unittest.mock.patch.object(quant_cuda, "quant_dual_mx_cuda", side_effect=RuntimeError):
         with pytest.raises(RuntimeError):
             _quant_mx(x, E4M3)
@@ -412,11 +416,11 @@ def test_cuda_mx_dual_compile(monkeypatch):
 def test_cuda_mx_knob(monkeypatch):
     """The knob is validated; CPU tensors never take the kernel."""
     x = _input_mx(64, 128, True, "cpu")
-    for bad in ("b", "c", "d", "g", "1", "2"):  # measured losers, removed; numbers
+    for bad in ("b", "c", "d", "e", "1", "2"):  # measured losers, removed; numbers
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", bad)
         with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_CUDA_MX"):
             quant_cuda.cuda_mx_dual_on(x, E4M3)
-    for ok in ("a", "A", "", "0", "e", " F "):
+    for ok in ("a", "A", "", "0", "g", " F "):
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", ok)
         assert not quant_cuda.cuda_mx_dual_on(x, E4M3)
 
@@ -443,13 +447,13 @@ def test_cuda_mx_op_meta():
     for bad in (0, 4, 5):
         with pytest.raises(RuntimeError, match="variant"):
             torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, bad)
-    for v in (2, 3):  # e / f: the same layouts
+    for v in (2, 3):  # f / g: the same layouts
         q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, v)
         assert qt.shape == (2016, 320) and s.shape == (320, 63) and st.shape == (2016, 10)
 
 
 def test_cuda_mx_variant_passed_to_op(monkeypatch):
-    """The knob's variant reaches the op; e / f become a on devices before sm_90."""
+    """The knob's variant reaches the op (unset = f); f / g become a on devices before sm_90."""
     calls = []
 
     class _Ops:
@@ -462,7 +466,7 @@ def test_cuda_mx_variant_passed_to_op(monkeypatch):
     x = torch.zeros(32, 32, dtype=torch.bfloat16)
     for capable in (True, False):
         monkeypatch.setattr(quant_cuda, "_cluster_capable", lambda index, c=capable: c)
-        for raw in ("a", "e", "f"):
+        for raw in ("a", "f", "g", ""):
             monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", raw)
             quant_cuda.quant_dual_mx_cuda(x, E4M3)
-    assert calls == [1, 2, 3, 1, 1, 1]
+    assert calls == [1, 2, 3, 2, 1, 1, 1, 1]

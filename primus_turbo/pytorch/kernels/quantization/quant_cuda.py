@@ -15,19 +15,20 @@ extension built without the kernel, and torch.compile tracing (Triton, same bits
 
 The MX dual recipe (``quant_mx(x, dtype, dual=True)``) has a CUDA cast-transpose too
 (``torch.ops.primus_turbo_cpp.quant_dual_mx_fp8``, csrc/kernels/quant_dual_mx.cu), the default
-on NVIDIA (H200 call 8.2: 0.816 of copy, 4 shapes; the Triton word kernel 0.787 in call 8.1).
-``PRIMUS_TURBO_QUANT_CUDA_MX`` = ``a`` (unset: one 128x128 tile per 256-thread block, 3 blocks
-per SM) or ``0`` (the Triton word kernel); the persistent cp.async variant ``g`` lost in call 8.3
-(0.806 vs 0.816) and was removed, so was the bulk-async pipeline ``b`` / ``c`` / ``d`` after
-call 9.1 (0.701 / 0.698 / 0.614); removed letters are refused like any other value. Opt-in
-``e`` / ``f`` (session 9 round 2, unmeasured): ``a`` in thread block clusters of 2 x 4 tiles
-that gather the E8M0 scales before storing them (16 / 8 bytes per s / st row instead of 4: a's
-4-byte scale stores cost 2 M N / 128 extra L2 write sectors, the gap to the 1x128 ``t``); ``e``
-cluster barrier, ``f`` st.async on the owner's mbarrier; sm_90+ with M % 256 == 0 and
-N % 512 == 0, ``a`` elsewhere (the same bits). It takes bf16, contiguous, 16-byte aligned
-inputs with both dims multiples of 32 on NVIDIA sm_89+; everything else (and torch.compile
-tracing) runs Triton. The MX rows recipe (``dual=False``) always runs Triton (a CUDA rows
-kernel lost in call 8.2: 0.834 vs 0.875).
+on NVIDIA. ``PRIMUS_TURBO_QUANT_CUDA_MX`` = ``f`` (unset; H200 call 9.2: 0.831 / 0.831 of copy,
+4 shapes, vs ``a`` 0.814 / 0.817): ``a`` in thread block clusters of 2 x 4 tiles that gather the
+E8M0 scales in the owner block's shared memory (st.async on its mbarrier) and store 16 / 8 bytes
+per s / st row instead of 4 (a's 4-byte scale stores cost 2 M N / 128 extra L2 write sectors);
+sm_90+ with M % 256 == 0 and N % 512 == 0, ``a`` elsewhere (the same bits). ``a`` (one 128x128
+tile per 256-thread block, 3 blocks per SM; call 8.2: 0.816, Triton 0.787) stays selectable;
+``g`` (opt-in, unmeasured) = ``f`` in 4 x 4 clusters (16 blocks, non-portable size; M and N
+multiples of 512, else ``f``'s shapes, else ``a``): 16-byte s and st rows; ``0`` = the Triton
+word kernel. Removed (refused like any other value): the persistent cp.async ``g`` of session 8
+(0.806 vs 0.816), the bulk-async pipeline ``b`` / ``c`` / ``d`` (call 9.1: 0.701 / 0.698 /
+0.614), the cluster-barrier ``e`` (call 9.2: 0.781 / 0.779). It takes bf16, contiguous,
+16-byte aligned inputs with both dims multiples of 32 on NVIDIA sm_89+; everything else (and
+torch.compile tracing) runs Triton. The MX rows recipe (``dual=False``) always runs Triton (a
+CUDA rows kernel lost in call 8.2: 0.834 vs 0.875).
 """
 
 from __future__ import annotations
@@ -106,23 +107,23 @@ def quant_dual_cuda(x: torch.Tensor, dtype: torch.dtype, fmax: float):
     return tuple(native_ops().quant_dual_fp8(x, dtype, float(fmax)))  # p: any size, same bits
 
 
-_MX_VARIANTS = {"0": 0, "a": 1, "e": 2, "f": 3}
+_MX_VARIANTS = {"0": 0, "a": 1, "f": 2, "g": 3}
 
 
 def cuda_mx_variant() -> int:
-    """``PRIMUS_TURBO_QUANT_CUDA_MX``: 0 = off, 1 (``a``, the default), 2 / 3 (``e`` /
-    ``f``, the cluster variants)."""
-    raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_MX", "").strip().lower() or "a"
+    """``PRIMUS_TURBO_QUANT_CUDA_MX``: 0 = off, 1 (``a``), 2 (``f``, the default) / 3 (``g``):
+    the cluster variants."""
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_MX", "").strip().lower() or "f"
     if raw not in _MX_VARIANTS:
         raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX expected 0, a, e or f, got {raw!r}"
+            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX expected 0, a, f or g, got {raw!r}"
         )
     return _MX_VARIANTS[raw]
 
 
 @functools.cache
 def _cluster_capable(index: int) -> bool:
-    """sm_90+: the thread block clusters of variants e / f."""
+    """sm_90+: the thread block clusters of variants f / g."""
     return torch.cuda.get_device_capability(index) >= (9, 0)
 
 
@@ -167,5 +168,5 @@ def quant_dual_mx_cuda(x: torch.Tensor, dtype: torch.dtype):
 
     variant = cuda_mx_variant()
     if variant >= 2 and not _cluster_capable(x.device.index or 0):
-        variant = 1  # e / f need sm_90+: a (the same bits)
+        variant = 1  # f / g need sm_90+: a (the same bits)
     return tuple(native_ops().quant_dual_mx_fp8(x, dtype, variant))
