@@ -21,13 +21,12 @@
 // the Python default since session 9 round 2 (after quant_dual_mx.cu's a: one tile per block won
 // there): one 128 x 128 tile per 256-thread block, 3 blocks per SM (80 registers, 0 spill), 8 warp
 // tiles of 32 x 64 (see quant_dual_tile_kernel); H200 call 9.1 (graph, two interleaved repeats,
-// 8192/6144/4096/28672 x 4096): 0.918 of copy geomean, every shape 0.91-0.93. 0 = `p`, the
-// persistent kernel above (the default until then and the op's default argument; 0.854 in the
-// same A/B, 28672: 0.823; call 8.3: 0.841); t / t4 index rows and columns in 32 bits, so M or N >
-// 0x7fffff00 is refused (kBadArgument) and the Python gate sends such inputs to p. 2 = `t4`, t at
-// 4 blocks per SM (64 registers, 0 spill: the row multipliers re-read from shared memory), not
-// yet measured (call 9.1 hit the op's old 0-or-1 variant check). p / t4 stay selectable for the
-// call-9.2 A/B; the losers go after it.
+// 8192/6144/4096/28672 x 4096): 0.918 of copy geomean, every shape 0.91-0.93; call 9.2: 0.916.
+// 0 = `p`, the persistent kernel above (the default until then and the op's default argument;
+// 0.854 in the same A/B, 28672: 0.823; call 9.2: 0.853); t indexes rows and columns in 32 bits, so
+// M or N > 0x7fffff00 is refused (kBadArgument) and the Python gate sends such inputs to p.
+// (t at 4 blocks per SM, 64 registers with the row multipliers re-read from shared memory, tied t
+// in call 9.2, 0.918, and was removed.)
 #include <algorithm>
 #include <atomic>
 
@@ -333,22 +332,14 @@ __device__ __forceinline__ uint32_t pick4(const uint32_t (&a)[4], int i) {
   return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
 }
 
-// Two floats from shared memory, re-read at every call (a volatile load is not hoisted or merged).
-__device__ __forceinline__ float2 lds_f2(const float* p) {
-  float2 r;
-  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(r.x), "=f"(r.y) : "r"(a));
-  return r;
-}
-
 // p, hidden from the optimizer (keeps it from precomputing a loop's 64-bit addresses at once).
 __device__ __forceinline__ uint8_t* opaque(uint8_t* p) {
   asm volatile("" : "+l"(p));
   return p;
 }
 
-template <bool E5M2, int MINB, bool LEAN>
-__global__ void __launch_bounds__(kThreads, MINB)
+template <bool E5M2>
+__global__ void __launch_bounds__(kThreads, 3)
     quant_dual_tile_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
                            float* __restrict__ s, uint8_t* __restrict__ qt,
                            float* __restrict__ st, int M, int N, int tiles_n, float fmax) {
@@ -424,13 +415,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
 
   // One walk over the 4 words (column pairs 2i, 2i + 1), each value unpacked once; the row bytes
   // collect in ra (row j: ra[j][0] columns 0..3, ra[j][1] columns 4..7) and leave at the end.
-  // LEAN (the 64-register cap of 4 blocks per SM): the row multipliers are read from shared
-  // memory at each use (volatile loads, not kept in 8 registers).
   const bool full_m = (M % 8) == 0 && row0 + 8 <= M;
   uint8_t* qp = q + int64_t{row0} * N + col;
   uint32_t ra[8][2];
   float rs[8];
-  if constexpr (!LEAN) {
+  {
     const float4 a = *reinterpret_cast<const float4*>(&ssc[lr]);
     const float4 b = *reinterpret_cast<const float4*>(&ssc[lr + 4]);
     rs[0] = a.x, rs[1] = a.y, rs[2] = a.z, rs[3] = a.w;
@@ -447,12 +436,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
       const float a0 = bf_lo(w0), b0 = bf_hi(w0), a1 = bf_lo(w1), b1 = bf_hi(w1);
       tl[p] = cvt2<E5M2>(a0 * cs.x, a1 * cs.x);
       th[p] = cvt2<E5M2>(b0 * cs.y, b1 * cs.y);
-      float2 rp;
-      if constexpr (LEAN) {
-        rp = lds_f2(&ssc[lr + 2 * p]);
-      } else {
-        rp = make_float2(rs[2 * p], rs[2 * p + 1]);
-      }
+      const float2 rp = make_float2(rs[2 * p], rs[2 * p + 1]);
       const uint32_t r0 = cvt2<E5M2>(a0 * rp.x, b0 * rp.x);
       const uint32_t r1 = cvt2<E5M2>(a1 * rp.y, b1 * rp.y);
       if (i & 1) {
@@ -493,11 +477,9 @@ Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, in
   const int64_t tiles_m = (m + kTile - 1) / kTile, tiles_n = (n + kTile - 1) / kTile;
   const int64_t tiles = tiles_m * tiles_n;
   if (tiles > 0x7fffffff) return kBadArgument;
-  if (variant == 1 || variant == 2) {  // t: one tile per block, 3 blocks per SM; t4: 4 per SM
+  if (variant == 1) {  // t: one tile per block, 3 blocks per SM
     if (m > 0x7fffff00 || n > 0x7fffff00) return kBadArgument;  // 32-bit rows / columns
-    auto* kern = variant == 1 ? quant_dual_tile_kernel<E5M2, 3, false>
-                              : quant_dual_tile_kernel<E5M2, 4, true>;
-    kern<<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
+    quant_dual_tile_kernel<E5M2><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
         static_cast<const uint16_t*>(x), static_cast<uint8_t*>(q), static_cast<float*>(s),
         static_cast<uint8_t*>(qt), static_cast<float*>(st), static_cast<int>(m),
         static_cast<int>(n), static_cast<int>(tiles_n), fmax);
@@ -532,7 +514,7 @@ bool quant_dual_gpu_available() noexcept { return true; }
 
 Status quant_dual_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                           int64_t n, bool e5m2, float fmax, int variant, void* stream) noexcept {
-  if (m < 0 || n < 0 || n % 8 != 0 || variant < 0 || variant > 2) return kBadArgument;
+  if (m < 0 || n < 0 || n % 8 != 0 || variant < 0 || variant > 1) return kBadArgument;
   if (m == 0 || n == 0) return kOk;
   auto* cs = static_cast<cudaStream_t>(stream);
   return e5m2 ? launch<true>(x, q, s, qt, st, m, n, fmax, variant, cs)

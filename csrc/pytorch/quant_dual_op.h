@@ -12,13 +12,12 @@
 namespace primus_turbo::pytorch {
 
 // x: contiguous bf16 [M, N], N % 8 == 0; dtype: fp8 e4m3fn or e5m2; variant: 0 (p, persistent:
-// any size; the op's default), 1 (t, one tile per block, 3 per SM: the Python default) or 2 (t4,
-// t at 4 per SM); t / t4 need M, N <= 0x7fffff00 (the launch refuses larger). Returns (M, N).
+// any size; the op's default) or 1 (t, one tile per block, 3 per SM: the Python default); t needs
+// M, N <= 0x7fffff00 (the launch refuses larger). Returns (M, N).
 inline std::pair<int64_t, int64_t> check_quant_dual(const at::Tensor& x, at::ScalarType dtype,
                                                     int64_t variant = 0) {
-  TORCH_CHECK(variant >= 0 && variant <= 2,
-              "primus_turbo_cpp.quant_dual_fp8: argument 'variant' expected 0, 1 or 2, got ",
-              variant);
+  TORCH_CHECK(variant == 0 || variant == 1,
+              "primus_turbo_cpp.quant_dual_fp8: argument 'variant' expected 0 or 1, got ", variant);
   TORCH_CHECK(x.dim() == 2,
               "primus_turbo_cpp.quant_dual_fp8: argument 'x' expected a 2-D tensor, got ",
               x.sizes());

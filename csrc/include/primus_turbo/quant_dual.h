@@ -21,8 +21,9 @@ namespace primus_turbo {
 bool quant_dual_gpu_available() noexcept;
 
 // `stream`: a cudaStream_t; s/st: float*. Runs on the current device. `variant`: 0 = persistent
-// blocks with a cp.async double buffer (the default), 1 = one tile per block (opt-in `t`); any
-// other value returns kBadArgument. Both give the same bits.
+// blocks with a cp.async double buffer (`p`, any size), 1 = one tile per block (`t`, the Python
+// default; M, N <= 0x7fffff00, else kBadArgument); any other value returns kBadArgument. Both give
+// the same bits.
 Status quant_dual_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                           int64_t n, bool e5m2, float fmax, int variant, void* stream) noexcept;
 

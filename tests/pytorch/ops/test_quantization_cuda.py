@@ -167,10 +167,10 @@ def test_cuda_op_meta():
 
 
 # ---- 1x128 dual, variants of the CUDA kernel (PRIMUS_TURBO_QUANT_CUDA_B128=t, the default since
-# session 9 round 2, / t4: one 128x128 tile per 256-thread block at 3 / 4 blocks per SM): bitwise
-# the persistent kernel (B128=p) and Triton
+# session 9 round 2: one 128x128 tile per 256-thread block, 3 blocks per SM): bitwise the
+# persistent kernel (B128=p) and Triton
 
-B128_VARIANTS = ["t", "t4"]
+B128_VARIANTS = ["t"]
 # SHAPES plus ragged ones: M % 8 != 0 (byte-wise qt stores), one row, one 8-column vector,
 # N % 128 = 8 (a warp tile with one live vector), M % 32 = 8 (a lane's rows half out)
 B128_SHAPES = SHAPES + [(1, 8), (9, 264), (127, 128), (136, 8), (4104, 136)]
@@ -222,22 +222,22 @@ def test_cuda_b128_variant_zero_size(monkeypatch, variant):
 
 
 def test_cuda_b128_knob(monkeypatch):
-    """PRIMUS_TURBO_QUANT_CUDA_B128: unset / t = the default, p, t4; anything else is refused
-    with the knob's name."""
-    for raw, want in (("", 1), ("p", 0), ("P", 0), ("t", 1), (" T ", 1), ("t4", 2)):
+    """PRIMUS_TURBO_QUANT_CUDA_B128: unset / t = the default, p; anything else (t4, removed
+    after call 9.2, included) is refused with the knob's name."""
+    for raw, want in (("", 1), ("p", 0), ("P", 0), ("t", 1), (" T ", 1)):
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_B128", raw)
         assert quant_cuda.cuda_b128_variant() == want
     monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA_B128")
     assert quant_cuda.cuda_b128_variant() == 1
-    for bad in ("0", "1", "a", "t3", "tt"):
+    for bad in ("0", "1", "a", "t3", "t4", "tt"):
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_B128", bad)
         with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_CUDA_B128"):
             quant_cuda.cuda_b128_variant()
 
 
-@pytest.mark.parametrize("raw", ["", "t", "t4", "p"])
+@pytest.mark.parametrize("raw", ["", "t", "p"])
 def test_cuda_b128_index_limit_fallback(monkeypatch, raw):
-    """t / t4 index rows and columns in 32 bits (the launch refuses M or N > 0x7fffff00): a
+    """t indexes rows and columns in 32 bits (the launch refuses M or N > 0x7fffff00): a
     larger dim takes p (the op without its variant argument); smaller ones pass the variant.
     CPU: the op is mocked, the inputs are meta tensors."""
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_B128", raw)
@@ -266,16 +266,17 @@ def test_cuda_b128_index_limit_fallback(monkeypatch, raw):
 
 
 def test_cuda_b128_op_meta():
-    """The op's variant argument (Meta): 0, 1, 2 taken (same layouts), others refused."""
+    """The op's variant argument (Meta): 0, 1 taken (same layouts), others (2 = the removed t4)
+    refused."""
     _require_native_op("quant_dual_fp8")
     schema = torch.ops.primus_turbo_cpp.quant_dual_fp8.default._schema
     if "variant" not in [a.name for a in schema.arguments]:
         pytest.skip("primus_turbo.pytorch._C without quant_dual_fp8's variant (rebuild it)")
     x = torch.empty(300, 1000, dtype=torch.bfloat16, device="meta")
-    for v in (0, 1, 2):
+    for v in (0, 1):
         q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_fp8(x, E4M3, 448.0, v)
         assert qt.shape == (1000, 300) and s.stride() == (1, 300) and st.shape == (1000, 3)
-    for bad in (-1, 3):
+    for bad in (-1, 2):
         with pytest.raises(RuntimeError, match="variant"):
             torch.ops.primus_turbo_cpp.quant_dual_fp8(x, E4M3, 448.0, bad)
 

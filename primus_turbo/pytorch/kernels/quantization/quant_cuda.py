@@ -2,9 +2,10 @@
 csrc/kernels/quant_dual.cu) for the 1x128 dual quantization recipe (BLOCKWISE, block 128,
 ``quantize_fp8_with_trans``) of bf16 inputs on NVIDIA; bitwise the Triton kernel
 (tests/pytorch/ops/test_quantization_cuda.py). Default (``PRIMUS_TURBO_QUANT_CUDA_B128`` unset
-= ``t``): one 128x128 tile per 256-thread block, 3 blocks per SM; H200 call 9.1: 0.918 of copy
-(8192/6144/4096/28672 x 4096) vs 0.854 for the persistent kernel ``p`` (2 blocks per SM, the next
-tile's cp.async in flight; the default from call 7.4 to session 9) and Triton v3 0.690.
+= ``t``): one 128x128 tile per 256-thread block, 3 blocks per SM; H200 call 9.1 / 9.2: 0.918 /
+0.916 of copy (8192/6144/4096/28672 x 4096) vs 0.854 / 0.853 for the persistent kernel ``p`` (2
+blocks per SM, the next tile's cp.async in flight; the default from call 7.4 to session 9) and
+Triton v3 0.690.
 
 The default on NVIDIA: ``quant_blockwise`` (primus_turbo/triton/quantization/quant_launch.py)
 calls :func:`cuda_dual_on` first. ``PRIMUS_TURBO_QUANT_CUDA=0`` forces the Triton kernel
@@ -77,21 +78,21 @@ def cuda_dual_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
 
 # PRIMUS_TURBO_QUANT_CUDA_B128: the 1x128 dual CUDA kernel's variant (same bits). Unset / ``t``
 # (1, the default since session 9 round 2): one 128x128 tile per 256-thread block, 3 blocks per SM,
-# 8 warp tiles of 32x64 (quant_dual_mx.cu's a structure), H200 call 9.1: 0.918 of copy (4 shapes,
-# each >= 0.91); ``p`` (0): the persistent cp.async kernel (the default until then, 0.854 in the
-# same A/B); ``t4`` (2): ``t`` at 4 blocks per SM (64 registers), not measured yet. p / t4 stay
-# selectable for the call-9.2 A/B only. t / t4 index rows and columns in 32 bits: inputs with a
-# dim >= 2**31 - 256 take ``p`` (any size).
-_B128_VARIANTS = {"p": 0, "t": 1, "t4": 2}
-_B128_INDEX_LIMIT = 2**31 - 256  # 0x7fffff00: the t / t4 launch refuses M or N above it
+# 8 warp tiles of 32x64 (quant_dual_mx.cu's a structure), H200 call 9.1 / 9.2: 0.918 / 0.916 of
+# copy (4 shapes, each >= 0.90); ``p`` (0): the persistent cp.async kernel (the default until then,
+# 0.854 / 0.853 in the same A/Bs), kept for A/B and as the fallback below. ``t4`` (``t`` at 4 blocks
+# per SM, 0.918 in call 9.2: a tie) was removed and is refused like any other value. t indexes rows
+# and columns in 32 bits: inputs with a dim >= 2**31 - 256 take ``p`` (any size).
+_B128_VARIANTS = {"p": 0, "t": 1}
+_B128_INDEX_LIMIT = 2**31 - 256  # 0x7fffff00: the t launch refuses M or N above it
 
 
 def cuda_b128_variant() -> int:
-    """``PRIMUS_TURBO_QUANT_CUDA_B128``: 1 (unset / ``t``), 0 (``p``) or 2 (``t4``)."""
+    """``PRIMUS_TURBO_QUANT_CUDA_B128``: 1 (unset / ``t``) or 0 (``p``)."""
     raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_B128", "").strip().lower() or "t"
     if raw not in _B128_VARIANTS:
         raise ValueError(
-            "primus_turbo: PRIMUS_TURBO_QUANT_CUDA_B128 expected p, t or t4 (or unset = t), "
+            "primus_turbo: PRIMUS_TURBO_QUANT_CUDA_B128 expected p or t (or unset = t), "
             f"got {raw!r}"
         )
     return _B128_VARIANTS[raw]
@@ -102,7 +103,7 @@ def quant_dual_cuda(x: torch.Tensor, dtype: torch.dtype, fmax: float):
     from primus_turbo.build_info import native_ops
 
     variant = cuda_b128_variant()
-    if variant and max(x.shape) < _B128_INDEX_LIMIT:  # t / t4: 32-bit row and column indices
+    if variant and max(x.shape) < _B128_INDEX_LIMIT:  # t: 32-bit row and column indices
         return tuple(native_ops().quant_dual_fp8(x, dtype, float(fmax), variant))
     return tuple(native_ops().quant_dual_fp8(x, dtype, float(fmax)))  # p: any size, same bits
 
