@@ -40,7 +40,8 @@
 // row and 8 per st row: 96 sectors per tile instead of 256. Shapes whose tiles do not fill whole
 // clusters (M % 256, N % 512) run a. 3 (g, opt-in, unmeasured) = f in clusters of 4 x 4 tiles
 // (16 blocks: the non-portable cluster size, M % 512 == 0 and N % 512 == 0, else f's shapes, else
-// a): 16 bytes per s row and per st row, 64 sectors per tile; a refused cluster launch runs f.
+// a): 16 bytes per s row and per st row, 64 sectors per tile; where no 16-block cluster fits
+// (cudaOccupancyMaxActiveClusters, asked once per device) or the launch is refused, f runs.
 // Removed after call 9.2: e (f with st.shared::cluster and a release / acquire cluster barrier;
 // ptxas puts a MEMBAR.ALL.GPU before the arrive, so each block waited for its q / q^T stores:
 // 0.781 / 0.779 vs a 0.814 / 0.817).
@@ -53,6 +54,8 @@
 // sm_89+ (fp8 conversions; other archs compile an empty kernel and the Python gate never calls
 // it there). ROCm builds compile a stub (AMD keeps the Triton kernels). Nothing here throws.
 // The tile math lives in primus_turbo/quant_mx_tile.cuh.
+#include <atomic>
+
 #include "primus_turbo/device.h"
 #include "primus_turbo/quant_dual_mx.h"
 
@@ -206,13 +209,8 @@ void launch_tiles(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* QT, uint8_
 
 template <bool E5M2, int CM, int CN>
 cudaError_t launch_clusters(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* QT, uint8_t* ST,
-                            int M, int N, int64_t tiles, cudaStream_t stream) {
+                            int M, int N, int64_t tiles, int dev, cudaStream_t stream) {
   auto* kern = quant_mx_cluster_kernel<E5M2, CM, CN>;
-  if constexpr (CM * CN > 8) {  // g: 16 blocks, beyond the portable 8
-    const cudaError_t e =
-        cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (e != cudaSuccess) return e;
-  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(tiles), 1, 1);
   cfg.blockDim = dim3(256, 1, 1);
@@ -225,6 +223,26 @@ cudaError_t launch_clusters(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* 
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  if constexpr (CM * CN > 8) {  // g: 16 blocks, beyond the portable 8
+    // per device: 0 not asked yet, 1 a 16-block cluster fits, 2 it does not (the caller runs f,
+    // never a launch that fails, which would also invalidate a graph capture)
+    static std::atomic<int> fits[64] = {};
+    std::atomic<int>* known = dev >= 0 && dev < 64 ? &fits[dev] : nullptr;
+    int state = known ? known->load(std::memory_order_relaxed) : 0;
+    if (state == 0) {
+      int clusters = 0;
+      cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      if (e == cudaSuccess) e = cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg);
+      if (e != cudaSuccess) (void)cudaGetLastError();
+      state = e == cudaSuccess && clusters > 0 ? 1 : 2;
+      if (known) known->store(state, std::memory_order_relaxed);
+    }
+    if (state != 1) return cudaErrorNotSupported;
+    // the attribute is set on every launch (per device and context; a cheap host call)
+    const cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e != cudaSuccess) return e;
+  }
   const int clusters_n = N / (kTile * CN);
   return cudaLaunchKernelEx(&cfg, kern, X, Q, S, QT, ST, M, N, clusters_n);
 }
@@ -248,13 +266,14 @@ Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, in
     PT_RETURN_IF_ERROR(ptGetDevice(&dev));
     PT_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     if (major >= 9 && variant == 3 && m % (4 * kTile) == 0 && n % (4 * kTile) == 0) {
-      if (launch_clusters<E5M2, 4, 4>(X, Q, S, QT, ST, M, N, tiles, stream) == cudaSuccess) {
+      if (launch_clusters<E5M2, 4, 4>(X, Q, S, QT, ST, M, N, tiles, dev, stream) == cudaSuccess) {
         return kOk;
       }
-      (void)cudaGetLastError();  // a refused 16-block cluster launch: f below
+      (void)cudaGetLastError();  // no 16-block cluster fits (or a refused launch): f below
     }
     if (major >= 9 && m % (2 * kTile) == 0 && n % (4 * kTile) == 0) {
-      const cudaError_t e = launch_clusters<E5M2, 2, 4>(X, Q, S, QT, ST, M, N, tiles, stream);
+      const cudaError_t e =
+          launch_clusters<E5M2, 2, 4>(X, Q, S, QT, ST, M, N, tiles, dev, stream);
       PT_RETURN_IF_ERROR(e);
       return kOk;
     }
