@@ -15,11 +15,11 @@ from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
 from primus_turbo.pytorch.ops.fp8_delayed import refuse_delayed
 from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm
 from primus_turbo.pytorch.ops.grouped_gemm_fp8 import (
+    WeightCache,
     _mode,
     grouped_gemm_fp8,
     quantize_grouped_weight,
     register_step_refresh,
-    weight_generation,
     weight_signature,
 )
 
@@ -141,13 +141,15 @@ def _copy_pair(dst, src) -> bool:
     return True
 
 
-class Fp8WeightCache(dict):
+class Fp8WeightCache(WeightCache):
     """A module's fp8 weight copies: ``name -> (signature, generation, QuantizedTensorPair,
-    weakref to the weight)``. Every live cache is refreshed EAGERLY by the optimizer step
-    post-hook (``grouped_gemm_fp8``'s, any ``torch.optim.Optimizer``): the entries of the
-    weights that optimizer steps are re-quantized right after the step, in place into the same
-    buffers, so a CUDA graph that captured them reads fresh values at every replay, and a
-    fully captured step (optimizer inside the graph) captures the refresh after the update.
+    weakref to the weight)``: a ``grouped_gemm_fp8.WeightCache``, the raw op's cache mechanism
+    (same freshness rule, an entry freed with its weight). Every live cache is refreshed
+    EAGERLY by the optimizer step post-hook (``grouped_gemm_fp8``'s, any
+    ``torch.optim.Optimizer``): the entries of the weights that optimizer steps are
+    re-quantized right after the step, in place into the same buffers, so a CUDA graph that
+    captured them reads fresh values at every replay, and a fully captured step (optimizer
+    inside the graph) captures the refresh after the update.
     Entries of weights the optimizer does not own are marked stale (re-quantized lazily, in
     place, at their next use: e.g. weights copied from fp32 master weights after the step)."""
 
@@ -166,7 +168,7 @@ class Fp8WeightCache(dict):
             for name, hit in list(self.items()):
                 w = hit[3]()
                 if w is None:
-                    del self[name]
+                    self.pop(name, None)
                 elif params is None or id(w) in params:
                     cached_fp8_weight(self, name, w, self.config, force=True)
 
@@ -184,7 +186,7 @@ def _refresh_after_step(opt) -> None:
 register_step_refresh(_refresh_after_step)
 
 
-def cached_fp8_weight(cache: dict, name: str, w: torch.Tensor, config, force: bool = False):
+def cached_fp8_weight(cache: WeightCache, name: str, w: torch.Tensor, config, force: bool = False):
     """``cache[name]``'s ``QuantizedTensorPair`` of the expert weight ``w`` (forward, and the
     dgrad's copy when gradients are enabled), re-quantized when stale (another generation:
     ``clear_weight_cache()`` or an optimizer step that does not own ``w``; an in-place change
@@ -198,16 +200,12 @@ def cached_fp8_weight(cache: dict, name: str, w: torch.Tensor, config, force: bo
     if torch.compiler.is_compiling():
         return w
     dgrad = torch.is_grad_enabled() and _mode("DGRAD", "fp8") == "fp8"
-    gen, sig = weight_generation(), weight_signature(w)
-    hit = cache.get(name)
-    if hit is not None and hit[3]() is not w:
-        hit = None
-    fresh = hit is not None and hit[:2] == (sig, gen) and (hit[2].data_t is not None or not dgrad)
-    if fresh and not force:
+    sig = weight_signature(w)
+    hit = cache.entry(name, w)
+    if not force and cache.fresh(hit, sig) and (hit[2].data_t is not None or not dgrad):
         return hit[2]
     pair = quantize_grouped_weight(w, config, True, with_dgrad=dgrad or (
         hit is not None and hit[2].data_t is not None))  # fmt: skip
     if hit is not None and _copy_pair(hit[2], pair):
         pair = hit[2]
-    cache[name] = (sig, gen, pair, weakref.ref(w))
-    return pair
+    return cache.put(name, w, sig, pair)

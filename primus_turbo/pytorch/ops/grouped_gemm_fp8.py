@@ -19,7 +19,8 @@ several micro-batches per optimizer step (gradient accumulation). H200, DeepSeek
 our bf16: gate_up 1.73x / down 1.63x with the cache, 1.41x / 1.40x without (runs 6.1 / 6.2);
 semantics and limits in ``_forward_weights``. This is the raw op's opt-in; the modules' cache
 (``MoELayer`` / ``GroupedLinear`` in fp8, ``Fp8WeightCache``: on by default, refreshed in place
-by the optimizer step hook, valid under CUDA-graph capture) passes pre-quantized weights.
+by the optimizer step hook, valid under CUDA-graph capture) passes pre-quantized weights; both
+keep their entries in a :class:`WeightCache` (one freshness rule).
 Pre-quantized operands (``core.quantized_tensor``; checked against the recipe: fp8 dtype,
 granularity, scaled axis, shapes): ``b`` as :func:`quantize_grouped_weight` builds it (once per
 optimizer step; ``GroupedLinear(fp8_weight_cache=True)`` does this), ``a`` as
@@ -70,7 +71,7 @@ from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_impl import (
 )
 from primus_turbo.pytorch.ops.fp8_delayed import refuse_delayed
 from primus_turbo.pytorch.ops.grouped_gemm import _check_group_values
-from primus_turbo.pytorch.ops.quantization import quantize_fp8
+from primus_turbo.pytorch.ops.quantization import dequantize_fp8, quantize_fp8
 from primus_turbo.pytorch.reference.grouped_gemm import group_offsets
 
 __all__ = ["grouped_gemm_fp8", "quantize_grouped_weight"]
@@ -92,14 +93,15 @@ def _quant_rows(x: torch.Tensor, dtype: torch.dtype, gran: ScalingGranularity):
 
 
 def _dequant_rows(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``q [M, K]`` fp8 rows times their fp32 scales ``s [M]``, in ``dtype`` (one Triton pass
-    on CUDA; torch elsewhere, same values)."""
+    """``q [M, K]`` fp8 rows times their fp32 scales ``s [M]``, in ``dtype``: one Triton pass
+    on CUDA (bf16 / fp16 out), elsewhere :func:`dequantize_fp8` (ROWWISE); both fp32 math
+    rounded once, bitwise the same values."""
     s = s.float().reshape(-1)
     if q.is_cuda and dtype in (torch.bfloat16, torch.float16) and q.stride(-1) == 1:
         from primus_turbo.triton.moe.permute_kernel import dequant_rows_triton
 
         return dequant_rows_triton(q, s.contiguous(), dtype)
-    return (q.float() * s.reshape(-1, 1)).to(dtype)
+    return dequantize_fp8(q, dtype, _ROW, axis=-1, scale_inv=s.reshape(-1, 1))
 
 
 def _quant_cols(x: torch.Tensor, dtype: torch.dtype, gran: ScalingGranularity):
@@ -184,8 +186,39 @@ def _weight_cache_on() -> bool:
     return env_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_WEIGHT_CACHE", False)
 
 
-# id(b) -> (weakref to b, signature, (qb, sb)): the last forward quantization of each weight
-_WEIGHT_CACHE: dict[int, tuple] = {}
+class WeightCache(dict):
+    """Quantized copies of weight tensors, the one cache mechanism of this op's opt-in cache
+    (``_WEIGHT_CACHE``, keyed by ``id(b)``) and of the modules' ``Fp8WeightCache`` (keyed by
+    parameter name): ``key -> (signature, generation, value, weakref to the weight)``. An
+    entry serves only the tensor it was taken from, is fresh while that tensor's
+    :func:`weight_signature` (plus the caller's extra keys) and the :func:`weight_generation`
+    are unchanged, and goes when the tensor dies."""
+
+    def entry(self, key, w: torch.Tensor):
+        """``self[key]`` when it was taken from ``w`` itself (stale or not), else None."""
+        hit = self.get(key)
+        return hit if hit is not None and hit[3]() is w else None
+
+    @staticmethod
+    def fresh(hit, sig: tuple) -> bool:
+        """``hit`` (an :meth:`entry`) has signature ``sig`` and the current generation."""
+        return hit is not None and hit[:2] == (sig, weight_generation())
+
+    def put(self, key, w: torch.Tensor, sig: tuple, value):
+        """Store ``value`` for ``w`` at the current generation; returns ``value``."""
+
+        cache = weakref.ref(self)
+
+        def drop(ref):  # w died: free its copy (unless the entry was replaced since)
+            c = cache()
+            if c is not None and c.get(key, (None,) * 4)[3] is ref:
+                c.pop(key, None)
+
+        self[key] = (sig, weight_generation(), value, weakref.ref(w, drop))
+        return value
+
+
+_WEIGHT_CACHE = WeightCache()  # id(b) -> entry of the forward's (qb, sb)
 _STEP_HOOK: list = []  # the handle of the optimizer step hook, registered on the first use
 _GENERATION = [0]  # bumped by every optimizer step and clear_weight_cache()
 _STEP_REFRESH: list = []  # callables(optimizer) run by the step hook (module caches' refresh)
@@ -263,16 +296,11 @@ def _forward_weights(b: torch.Tensor, trans_b: bool, dtype: torch.dtype, gran):
         return quant()
     if b.is_cuda and torch.cuda.is_current_stream_capturing():
         return quant()
-    weight_generation()  # registers the optimizer step hook
     sig = (*weight_signature(b), trans_b, dtype, gran)
-    key = id(b)
-    hit = _WEIGHT_CACHE.get(key)
-    if hit is not None and hit[0]() is b and hit[1] == sig:
+    hit = _WEIGHT_CACHE.entry(id(b), b)
+    if _WEIGHT_CACHE.fresh(hit, sig):  # (registers the optimizer step hook)
         return hit[2]
-    out = quant()
-    ref = weakref.ref(b, lambda _r, key=key: _WEIGHT_CACHE.pop(key, None))
-    _WEIGHT_CACHE[key] = (ref, sig, out)
-    return out
+    return _WEIGHT_CACHE.put(id(b), b, sig, quant())
 
 
 class GroupedGemmFp8Function(torch.autograd.Function):
@@ -321,7 +349,8 @@ class GroupedGemmFp8Function(torch.autograd.Function):
             def hp_b():
                 if b is not None:
                     return b
-                deq = (qb.float() * sb.float()[:, :, None]).to(ctx.a_dtype)
+                g_, n_, k_ = qb.shape
+                deq = _dequant_rows(qb.reshape(g_ * n_, k_), sb, ctx.a_dtype).view(g_, n_, k_)
                 return deq if trans_b else deq.transpose(1, 2)
 
             if _mode("DGRAD", "fp8") == "hp":

@@ -386,6 +386,39 @@ def test_grouped_gemm_fp8_weight_cache_never_stale(monkeypatch, device):
         mod.clear_weight_cache()
 
 
+def test_weight_cache_entry_rules():
+    """``WeightCache``, the one mechanism of the raw op's cache and the modules'
+    ``Fp8WeightCache``: an entry serves only its own tensor, is fresh while the signature
+    (version counter, ...) and the generation hold, and goes with its tensor unless the key
+    was given to another tensor since."""
+    import gc
+
+    from primus_turbo.pytorch.ops.grouped_gemm_fp8 import (
+        WeightCache,
+        clear_weight_cache,
+        weight_signature,
+    )
+
+    cache = WeightCache()
+    w, v = torch.randn(2, 3), torch.randn(2, 3)
+    cache.put("k", w, weight_signature(w), "q")
+    hit = cache.entry("k", w)
+    assert cache.fresh(hit, weight_signature(w)) and hit[2] == "q"
+    assert cache.entry("k", v) is None
+    w.add_(1)  # version counter
+    assert not cache.fresh(cache.entry("k", w), weight_signature(w))
+    cache.put("k", w, weight_signature(w), "q2")
+    clear_weight_cache()  # generation
+    assert not cache.fresh(cache.entry("k", w), weight_signature(w))
+    cache.put("k", v, weight_signature(v), "r")
+    del w
+    gc.collect()
+    assert cache["k"][2] == "r"  # w's death does not drop v's entry
+    del v
+    gc.collect()
+    assert "k" not in cache
+
+
 # ---- session 8: grouped_gemm_fp8_pre_kernel (plan f8s; env ..._FP8_KERNEL) ----
 
 

@@ -426,14 +426,18 @@ def test_moe_quantize_permute_fp8_gpu(t, h, e, k, device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("m,k", [(32768, 7168), (3001, 2880), (7, 20)])
-def test_dequant_rows_gpu(m, k, device):
-    """The wgrad's dequantization of a grad-only ``a`` (Triton on CUDA) equals torch's."""
+def test_dequant_rows_gpu(m, k, dtype, device):
+    """The dequantization of a grad-only ``a`` for the wgrad and of source-less fp8 weights for
+    the dgrad (Triton on CUDA) equals ``dequantize_fp8`` (ROWWISE, the CPU path) bitwise."""
     from primus_turbo.pytorch.ops.grouped_gemm_fp8 import _dequant_rows
+    from primus_turbo.pytorch.ops.quantization import dequantize_fp8
 
     if device != "cuda":
         pytest.skip("the Triton dequantization runs on CUDA only")
     q = torch.randn(m, k, device=device).to(_fp8(device))
     s = torch.rand(m, device=device) * 4
-    want = (q.float() * s[:, None]).to(torch.bfloat16)
-    assert same_bits(_dequant_rows(q, s, torch.bfloat16), want)
+    want = (q.float() * s[:, None]).to(dtype)
+    assert same_bits(dequantize_fp8(q, dtype, ROW, axis=-1, scale_inv=s[:, None]), want)
+    assert same_bits(_dequant_rows(q, s, dtype), want)
