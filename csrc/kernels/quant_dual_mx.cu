@@ -38,10 +38,14 @@
 // st.async with complete_tx on the owner's mbarrier (block r owns 128 / CN s rows and 128 / CM
 // st rows of the cluster), the owner waits on its own barrier only, then stores 16 bytes per s
 // row and 8 per st row: 96 sectors per tile instead of 256. Shapes whose tiles do not fill whole
-// clusters (M % 256, N % 512) run a. 3 (g, opt-in, unmeasured) = f in clusters of 4 x 4 tiles
-// (16 blocks: the non-portable cluster size, M % 512 == 0 and N % 512 == 0, else f's shapes, else
-// a): 16 bytes per s row and per st row, 64 sectors per tile; where no 16-block cluster fits
-// (cudaOccupancyMaxActiveClusters, asked once per device) or the launch is refused, f runs.
+// clusters (M % 256, N % 512) run a. Opt-in, unmeasured (session 9 round 4), f's kernel in
+// smaller clusters (f's 8-block clusters fit 45 at once on the H200 = 360 resident blocks of
+// a's 396): 3 (h) = 2 x 2 tiles (4 blocks; M % 256 == 0 and N % 256 == 0, else a): 8 bytes per s
+// row and per st row, 128 sectors per tile; 4 (i) = 1 x 4 tiles along N (the GEMM's K of q;
+// M % 128 == 0 and N % 512 == 0, else a): 16 bytes per s row, 4 per st row (each block owns its
+// own 128 st rows), 160 sectors per tile (4 x 1 along M would also give 160 but needs M % 512).
+// Removed after call 9.3: g (f in 4 x 4 clusters of 16 blocks, the non-portable cluster size,
+// 64 sectors per tile: 0.815 / 0.816 vs f 0.830 / 0.831).
 // Removed after call 9.2: e (f with st.shared::cluster and a release / acquire cluster barrier;
 // ptxas puts a MEMBAR.ALL.GPU before the arrive, so each block waited for its q / q^T stores:
 // 0.781 / 0.779 vs a 0.814 / 0.817).
@@ -54,8 +58,6 @@
 // sm_89+ (fp8 conversions; other archs compile an empty kernel and the Python gate never calls
 // it there). ROCm builds compile a stub (AMD keeps the Triton kernels). Nothing here throws.
 // The tile math lives in primus_turbo/quant_mx_tile.cuh.
-#include <atomic>
-
 #include "primus_turbo/device.h"
 #include "primus_turbo/quant_dual_mx.h"
 
@@ -105,7 +107,7 @@ __device__ __forceinline__ void st_words(uint8_t* p, const uint32_t* w) {
   }
 }
 
-// Variants f / g: a cluster of CM x CN tiles (blocks); the whole grid is clusters (M % 128 CM ==
+// Variants f / h / i: a cluster of CM x CN tiles (blocks); the whole grid is clusters (M % 128 CM ==
 // 0, N % 128 CN == 0: every tile is full). Block r of cluster c takes tile (CM (c / cn) + r / CN,
 // CN (c % cn) + r % CN), runs a's tile math, then the scale gather described at the top: each
 // word sent by st.async with complete_tx on the owner's mbarrier (1 KB expected per block), the
@@ -209,7 +211,7 @@ void launch_tiles(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* QT, uint8_
 
 template <bool E5M2, int CM, int CN>
 cudaError_t launch_clusters(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* QT, uint8_t* ST,
-                            int M, int N, int64_t tiles, int dev, cudaStream_t stream) {
+                            int M, int N, int64_t tiles, cudaStream_t stream) {
   auto* kern = quant_mx_cluster_kernel<E5M2, CM, CN>;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(tiles), 1, 1);
@@ -223,26 +225,6 @@ cudaError_t launch_clusters(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* 
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  if constexpr (CM * CN > 8) {  // g: 16 blocks, beyond the portable 8
-    // per device: 0 not asked yet, 1 a 16-block cluster fits, 2 it does not (the caller runs f,
-    // never a launch that fails, which would also invalidate a graph capture)
-    static std::atomic<int> fits[64] = {};
-    std::atomic<int>* known = dev >= 0 && dev < 64 ? &fits[dev] : nullptr;
-    int state = known ? known->load(std::memory_order_relaxed) : 0;
-    if (state == 0) {
-      int clusters = 0;
-      cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-      if (e == cudaSuccess) e = cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg);
-      if (e != cudaSuccess) (void)cudaGetLastError();
-      state = e == cudaSuccess && clusters > 0 ? 1 : 2;
-      if (known) known->store(state, std::memory_order_relaxed);
-    }
-    if (state != 1) return cudaErrorNotSupported;
-    // the attribute is set on every launch (per device and context; a cheap host call)
-    const cudaError_t e =
-        cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (e != cudaSuccess) return e;
-  }
   const int clusters_n = N / (kTile * CN);
   return cudaLaunchKernelEx(&cfg, kern, X, Q, S, QT, ST, M, N, clusters_n);
 }
@@ -261,19 +243,21 @@ Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, in
   auto* ST = static_cast<uint8_t*>(st);
   const int tn = static_cast<int>(tiles_n);
   const int M = static_cast<int>(m), N = static_cast<int>(n);
-  if (variant >= 2) {  // f / g: whole clusters only, sm_90+ (else a)
+  // f (2 x 4) / h (2 x 2) / i (1 x 4 tiles): whole clusters only, sm_90+ (else a)
+  const int cm = variant == 4 ? 1 : 2, cn = variant == 3 ? 2 : 4;
+  if (variant >= 2 && m % (cm * kTile) == 0 && n % (cn * kTile) == 0) {
     int dev = 0, major = 0;
     PT_RETURN_IF_ERROR(ptGetDevice(&dev));
     PT_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    if (major >= 9 && variant == 3 && m % (4 * kTile) == 0 && n % (4 * kTile) == 0) {
-      if (launch_clusters<E5M2, 4, 4>(X, Q, S, QT, ST, M, N, tiles, dev, stream) == cudaSuccess) {
-        return kOk;
+    if (major >= 9) {
+      cudaError_t e;
+      if (variant == 3) {
+        e = launch_clusters<E5M2, 2, 2>(X, Q, S, QT, ST, M, N, tiles, stream);
+      } else if (variant == 4) {
+        e = launch_clusters<E5M2, 1, 4>(X, Q, S, QT, ST, M, N, tiles, stream);
+      } else {
+        e = launch_clusters<E5M2, 2, 4>(X, Q, S, QT, ST, M, N, tiles, stream);
       }
-      (void)cudaGetLastError();  // no 16-block cluster fits (or a refused launch): f below
-    }
-    if (major >= 9 && m % (2 * kTile) == 0 && n % (4 * kTile) == 0) {
-      const cudaError_t e =
-          launch_clusters<E5M2, 2, 4>(X, Q, S, QT, ST, M, N, tiles, dev, stream);
       PT_RETURN_IF_ERROR(e);
       return kOk;
     }
@@ -289,7 +273,7 @@ bool quant_dual_mx_gpu_available() noexcept { return true; }
 
 Status quant_dual_mx_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                              int64_t n, bool e5m2, int variant, void* stream) noexcept {
-  if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || variant < 1 || variant > 3) {
+  if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || variant < 1 || variant > 4) {
     return kBadArgument;
   }
   if (m == 0 || n == 0) return kOk;
