@@ -1,7 +1,8 @@
 // Resident blocks of the MX dual CUDA kernels (csrc/kernels/quant_dual_mx.cu) on the current GPU:
-// a (no cluster) from cudaOccupancyMaxActiveBlocksPerMultiprocessor x SMs, the cluster variants
-// f (2 x 4 tiles), h (2 x 2), i (1 x 4) from cudaOccupancyMaxActiveClusters x cluster size. The
-// real kernels (the .cu is included), e4m3 instances. Build and run from the repository root:
+// a (no cluster) from cudaOccupancyMaxActiveBlocksPerMultiprocessor x SMs, the cluster variant
+// f (2 x 4 tiles) from cudaOccupancyMaxActiveClusters x cluster size (H200, call 9.4: a 396, f
+// 360; the removed h / i, 2 x 2 / 1 x 4: 368). The real kernels (the .cu is included), e4m3
+// instances. Build and run from the repository root:
 //   nvcc -O3 -std=c++17 -arch=sm_90 --expt-relaxed-constexpr -DPRIMUS_TURBO_WITH_GPU \
 //     -Icsrc/include scripts/mx_cluster_occupancy.cu -o /tmp/mx_occ && /tmp/mx_occ
 #include <cstdio>
@@ -44,7 +45,5 @@ int main() {
   std::printf("a (no cluster): %d blocks/SM x %d SMs = %d resident blocks\n", per_sm, sms,
               per_sm * sms);
   report<2, 4>("f", per_sm * sms);
-  report<2, 2>("h", per_sm * sms);
-  report<1, 4>("i", per_sm * sms);
   return 0;
 }

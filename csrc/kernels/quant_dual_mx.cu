@@ -38,14 +38,13 @@
 // st.async with complete_tx on the owner's mbarrier (block r owns 128 / CN s rows and 128 / CM
 // st rows of the cluster), the owner waits on its own barrier only, then stores 16 bytes per s
 // row and 8 per st row: 96 sectors per tile instead of 256. Shapes whose tiles do not fill whole
-// clusters (M % 256, N % 512) run a. Opt-in, unmeasured (session 9 round 4), f's kernel in
-// smaller clusters (f's 8-block clusters fit 45 at once on the H200 = 360 resident blocks of
-// a's 396): 3 (h) = 2 x 2 tiles (4 blocks; M % 256 == 0 and N % 256 == 0, else a): 8 bytes per s
-// row and per st row, 128 sectors per tile; 4 (i) = 1 x 4 tiles along N (the GEMM's K of q;
-// M % 128 == 0 and N % 512 == 0, else a): 16 bytes per s row, 4 per st row (each block owns its
-// own 128 st rows), 160 sectors per tile (4 x 1 along M would also give 160 but needs M % 512).
-// Removed after call 9.3: g (f in 4 x 4 clusters of 16 blocks, the non-portable cluster size,
-// 64 sectors per tile: 0.815 / 0.816 vs f 0.830 / 0.831).
+// clusters (M % 256, N % 512) run a. f's 8-block clusters fit 45 at once on the H200 (360
+// resident blocks vs a's 396); smaller clusters regain blocks but lose scale-sector savings.
+// Removed after call 9.4 (x of copy, 4 shapes, two interleaved repeats; f 0.833 / 0.830): h (f
+// in 2 x 2 clusters, 8-byte s and st rows, 128 sectors per tile, 368 resident blocks: 0.827 /
+// 0.824) and i (1 x 4 along N, 16-byte s / 4-byte st rows, 160 sectors, 368 blocks: 0.817 /
+// 0.821). Removed after call 9.3: g (f in 4 x 4 clusters of 16 blocks, the non-portable
+// cluster size, 64 sectors per tile: 0.815 / 0.816 vs f 0.830 / 0.831).
 // Removed after call 9.2: e (f with st.shared::cluster and a release / acquire cluster barrier;
 // ptxas puts a MEMBAR.ALL.GPU before the arrive, so each block waited for its q / q^T stores:
 // 0.781 / 0.779 vs a 0.814 / 0.817).
@@ -95,20 +94,19 @@ __global__ void __launch_bounds__(Layout<R>::kThreads, MINB)
 #endif
 }
 
-// 32-bit words of CN (s) / CM (st) scale words per row, stored at once (4 / 8 / 16 bytes).
+// 32-bit words of CN (s) / CM (st) scale words per row, stored at once (16 / 8 bytes).
 template <int W>
 __device__ __forceinline__ void st_words(uint8_t* p, const uint32_t* w) {
+  static_assert(W == 4 || W == 2, "f's 2 x 4 clusters: 4 s words, 2 st words per row");
   if constexpr (W == 4) {
     *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-  } else if constexpr (W == 2) {
-    *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
   } else {
-    *reinterpret_cast<uint32_t*>(p) = w[0];
+    *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
   }
 }
 
-// Variants f / h / i: a cluster of CM x CN tiles (blocks); the whole grid is clusters (M % 128 CM ==
-// 0, N % 128 CN == 0: every tile is full). Block r of cluster c takes tile (CM (c / cn) + r / CN,
+// Variant f: a cluster of CM x CN tiles (blocks); the whole grid is clusters (M % 128 CM == 0,
+// N % 128 CN == 0: every tile is full). Block r of cluster c takes tile (CM (c / cn) + r / CN,
 // CN (c % cn) + r % CN), runs a's tile math, then the scale gather described at the top: each
 // word sent by st.async with complete_tx on the owner's mbarrier (1 KB expected per block), the
 // owner waits on its own barrier only (no fence, no second cluster barrier).
@@ -243,21 +241,13 @@ Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, in
   auto* ST = static_cast<uint8_t*>(st);
   const int tn = static_cast<int>(tiles_n);
   const int M = static_cast<int>(m), N = static_cast<int>(n);
-  // f (2 x 4) / h (2 x 2) / i (1 x 4 tiles): whole clusters only, sm_90+ (else a)
-  const int cm = variant == 4 ? 1 : 2, cn = variant == 3 ? 2 : 4;
-  if (variant >= 2 && m % (cm * kTile) == 0 && n % (cn * kTile) == 0) {
+  // f (2 x 4 tiles): whole clusters only, sm_90+ (else a)
+  if (variant == 2 && m % (2 * kTile) == 0 && n % (4 * kTile) == 0) {
     int dev = 0, major = 0;
     PT_RETURN_IF_ERROR(ptGetDevice(&dev));
     PT_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     if (major >= 9) {
-      cudaError_t e;
-      if (variant == 3) {
-        e = launch_clusters<E5M2, 2, 2>(X, Q, S, QT, ST, M, N, tiles, stream);
-      } else if (variant == 4) {
-        e = launch_clusters<E5M2, 1, 4>(X, Q, S, QT, ST, M, N, tiles, stream);
-      } else {
-        e = launch_clusters<E5M2, 2, 4>(X, Q, S, QT, ST, M, N, tiles, stream);
-      }
+      const cudaError_t e = launch_clusters<E5M2, 2, 4>(X, Q, S, QT, ST, M, N, tiles, stream);
       PT_RETURN_IF_ERROR(e);
       return kOk;
     }
@@ -273,7 +263,7 @@ bool quant_dual_mx_gpu_available() noexcept { return true; }
 
 Status quant_dual_mx_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                              int64_t n, bool e5m2, int variant, void* stream) noexcept {
-  if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || variant < 1 || variant > 4) {
+  if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || variant < 1 || variant > 2) {
     return kBadArgument;
   }
   if (m == 0 || n == 0) return kOk;

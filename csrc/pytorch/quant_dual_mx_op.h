@@ -12,7 +12,7 @@
 namespace primus_turbo::pytorch {
 
 // x: contiguous bf16 [M, N], M % 32 == 0, N % 32 == 0; dtype: fp8 e4m3fn or e5m2; variant 1
-// (a), 2 (f), 3 (h) or 4 (i).
+// (a) or 2 (f).
 // Returns (M, N).
 inline std::pair<int64_t, int64_t> check_quant_dual_mx(
     const at::Tensor& x, at::ScalarType dtype, int64_t variant,
@@ -23,8 +23,8 @@ inline std::pair<int64_t, int64_t> check_quant_dual_mx(
   TORCH_CHECK(x.is_contiguous(), op, ": argument 'x' expected contiguous");
   TORCH_CHECK(dtype == at::kFloat8_e4m3fn || dtype == at::kFloat8_e5m2, op,
               ": argument 'dtype' expected float8_e4m3fn or float8_e5m2, got ", dtype);
-  TORCH_CHECK(variant >= 1 && variant <= 4, op,
-              ": argument 'variant' expected 1, 2, 3 or 4, got ", variant);
+  TORCH_CHECK(variant == 1 || variant == 2, op, ": argument 'variant' expected 1 or 2, got ",
+              variant);
   const int64_t m = x.size(0), n = x.size(1);
   TORCH_CHECK(m % 32 == 0 && n % 32 == 0, op,
               ": argument 'x' expected both dims multiples of 32, got ", x.sizes());

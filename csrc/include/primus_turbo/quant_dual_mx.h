@@ -21,10 +21,10 @@ namespace primus_turbo {
 bool quant_dual_mx_gpu_available() noexcept;
 
 // `variant`: 1 (a) = one 128 x 128 tile per 256-thread block (3 blocks per SM); 2 (f, the
-// default) / 3 (h) / 4 (i) = a in thread block clusters of 2 x 4 / 2 x 2 / 1 x 4 tiles (M x N)
-// gathering the scales before storing them (sm_90+ and whole clusters: M % 256 == 0 and N % 512
-// == 0 for f, M % 256 == 0 and N % 256 == 0 for h, M % 128 == 0 and N % 512 == 0 for i, else a;
-// the same bits); any other value returns kBadArgument. `stream`: a cudaStream_t. Runs on the current device.
+// default) = a in thread block clusters of 2 x 4 tiles (M x N) gathering the scales before
+// storing them (sm_90+ and whole clusters: M % 256 == 0 and N % 512 == 0, else a; the same
+// bits); any other value returns kBadArgument. `stream`: a cudaStream_t. Runs on the current
+// device.
 Status quant_dual_mx_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                              int64_t n, bool e5m2, int variant, void* stream) noexcept;
 

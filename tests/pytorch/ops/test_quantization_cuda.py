@@ -6,7 +6,7 @@ unaligned qt rows, several tiles per persistent block), inf/-inf/NaN values, all
 all-zero rows and columns, e4m3 and e5m2, zero-size inputs; inputs it does not take fall back to
 Triton; the knob is validated; CPU tensors never take it; torch.compile traces (Triton).
 The CUDA MX dual kernel (csrc/kernels/quant_dual_mx.cu, PRIMUS_TURBO_QUANT_CUDA_MX=f, the
-default, and a / h / i) is held to the same: bitwise the Triton word kernel (second half of the
+default, and a) is held to the same: bitwise the Triton word kernel (second half of the
 file)."""
 
 from __future__ import annotations
@@ -291,11 +291,8 @@ _SKIP_GPU_MX = pytest.mark.skipif(
     reason="needs an NVIDIA GPU and a CUDA build of primus_turbo.pytorch._C with quant_dual_mx_fp8",
 )
 # a: one tile per block; f (the default): a in thread block clusters of 2 x 4 tiles gathering the
-# scales by st.async (sm_90+, M % 256 == 0 and N % 512 == 0; a elsewhere); h: f in 2 x 2 clusters
-# (M % 256 == 0 and N % 256 == 0, else a); i: f in 1 x 4 clusters (M % 128 == 0 and N % 512 ==
-# 0, else a)
-MX_VARIANTS = ["a", "f", "h", "i"]
-MX_CLUSTER_VARIANTS = ["f", "h", "i"]
+# scales by st.async (sm_90+, M % 256 == 0 and N % 512 == 0; a elsewhere)
+MX_VARIANTS = ["a", "f"]
 
 
 def _quant_mx(x, dtype):
@@ -331,10 +328,9 @@ def _compare_mx(monkeypatch, x, dtype, variant):
 # odd (byte-wise scale stores); N % 64 = 32 (half warp tiles); one 32 x 32 block; M = 96
 MX_SHAPES = [(8192, 4096), (6144, 4096), (4096, 2048), (4160, 2016), (320, 4064), (96, 160),
              (2048, 96), (32, 32), (64, 128)]  # fmt: skip
-# f / h / i also: whole clusters of other shapes (one f cluster 256 x 512, one h cluster 256 x
-# 256, one i cluster 128 x 512; N = 1536 (3 f / i clusters along N); M = 28672; N = 8192), shapes
-# that fall back to a for some of them (M % 256 = 128: f / h, i runs; N % 512 = 256: f / i, h
-# runs; 256 x 256: f / i; 128 x 512: f / h)
+# f also: whole clusters of other shapes (one cluster 256 x 512; N = 1536 (3 clusters along N);
+# M = 28672; N = 8192) and shapes that fall back to a (M % 256 = 128; N % 512 = 256; 256 x 256;
+# 128 x 512)
 MX_SHAPES_CLUSTER = [(256, 512), (256, 256), (128, 512), (512, 512), (768, 1536), (1536, 1536),
                      (8192, 8192), (28672, 4096), (4224, 4096), (2048, 2304),
                      (6400, 2048)]  # fmt: skip
@@ -353,16 +349,15 @@ def test_cuda_mx_dual_bitwise(monkeypatch, shape, dtype, variant):
 
 
 @_SKIP_GPU_MX
-@pytest.mark.parametrize("variant", MX_CLUSTER_VARIANTS)
 @pytest.mark.parametrize("shape", MX_SHAPES_CLUSTER, ids=lambda v: "x".join(map(str, v)))
-def test_cuda_mx_dual_cluster_bitwise(monkeypatch, shape, variant):
-    """The cluster variants on one / several / many clusters and on fallback shapes: bitwise
+def test_cuda_mx_dual_cluster_bitwise(monkeypatch, shape):
+    """The cluster variant f on one / several / many clusters and on fallback shapes: bitwise
     Triton and a (e4m3; e5m2 is in test_cuda_mx_dual_bitwise)."""
     m, n = shape
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", variant)
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "f")
     assert quant_cuda.cuda_mx_dual_on(_input_mx(m, n, False, "cuda"), E4M3)
     for special in (False, True) if m >= 64 else (False,):
-        _compare_mx(monkeypatch, _input_mx(m, n, special, "cuda"), E4M3, variant)
+        _compare_mx(monkeypatch, _input_mx(m, n, special, "cuda"), E4M3, "f")
 
 
 @_SKIP_GPU_MX
@@ -371,8 +366,7 @@ def test_cuda_mx_dual_values(monkeypatch, variant):
     """Every finite exponent and the specials, column- and row-wise (against Triton)."""
     bits = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16)
     x = bits.view(torch.bfloat16).reshape(256, 256).cuda()
-    # 256 x 256: one 2 x 2 cluster of h; 256 x 512: one 2 x 4 cluster of f (2 of h and of i);
-    # 512 x 512: 2 of f
+    # 256 x 256: f falls back to a; 256 x 512: one 2 x 4 cluster of f; 512 x 512: 2 of f
     xc = torch.cat((x, x.t()), 1)
     for xx in (x, x.t().contiguous(), x.flip(0).contiguous(), xc, torch.cat((xc, xc.flip(1)), 0)):
         for dtype in (E4M3, E5M2):
@@ -422,11 +416,11 @@ def test_cuda_mx_dual_compile(monkeypatch):
 def test_cuda_mx_knob(monkeypatch):
     """The knob is validated; CPU tensors never take the kernel."""
     x = _input_mx(64, 128, True, "cpu")
-    for bad in ("b", "c", "d", "e", "g", "1", "2"):  # measured losers, removed; numbers
+    for bad in ("b", "c", "d", "e", "g", "h", "i", "1", "2"):  # measured losers, removed; numbers
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", bad)
         with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_CUDA_MX"):
             quant_cuda.cuda_mx_dual_on(x, E4M3)
-    for ok in ("a", "A", "", "0", "h", " I ", " F "):
+    for ok in ("a", "A", "", "0", " F "):
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", ok)
         assert not quant_cuda.cuda_mx_dual_on(x, E4M3)
 
@@ -445,19 +439,20 @@ def test_cuda_mx_op_meta():
     q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E5M2, 1)
     assert qt.shape == (2016, 320) and qt.dtype == E5M2
     try:
-        torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 4)
+        torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 3)
     except RuntimeError:
-        pytest.skip("primus_turbo.pytorch._C without variant 4 (i): rebuild it")
-    for bad in (0, 5, 6):
+        pass
+    else:
+        pytest.skip("primus_turbo.pytorch._C still accepts variant 3 (h) / 4 (i): rebuild it")
+    for bad in (0, 3, 4, 5):
         with pytest.raises(RuntimeError, match="variant"):
             torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, bad)
-    for v in (2, 3, 4):  # f / h / i: the same layouts
-        q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, v)
-        assert qt.shape == (2016, 320) and s.shape == (320, 63) and st.shape == (2016, 10)
+    q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 2)  # f: the same layouts
+    assert qt.shape == (2016, 320) and s.shape == (320, 63) and st.shape == (2016, 10)
 
 
 def test_cuda_mx_variant_passed_to_op(monkeypatch):
-    """The knob's variant reaches the op (unset = f); f / h / i become a before sm_90."""
+    """The knob's variant reaches the op (unset = f); f becomes a on devices before sm_90."""
     calls = []
 
     class _Ops:
@@ -470,7 +465,7 @@ def test_cuda_mx_variant_passed_to_op(monkeypatch):
     x = torch.zeros(32, 32, dtype=torch.bfloat16)
     for capable in (True, False):
         monkeypatch.setattr(quant_cuda, "_cluster_capable", lambda index, c=capable: c)
-        for raw in ("a", "f", "h", "i", ""):
+        for raw in ("a", "f", ""):
             monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", raw)
             quant_cuda.quant_dual_mx_cuda(x, E4M3)
-    assert calls == [1, 2, 3, 4, 2, 1, 1, 1, 1, 1]
+    assert calls == [1, 2, 2, 1, 1, 1]

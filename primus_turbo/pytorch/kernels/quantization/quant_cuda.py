@@ -22,14 +22,12 @@ E8M0 scales in the owner block's shared memory (st.async on its mbarrier) and st
 per s / st row instead of 4 (a's 4-byte scale stores cost 2 M N / 128 extra L2 write sectors);
 sm_90+ with M % 256 == 0 and N % 512 == 0, ``a`` elsewhere (the same bits). ``a`` (one 128x128
 tile per 256-thread block, 3 blocks per SM; call 8.2: 0.816, Triton 0.787) stays selectable;
-opt-in, unmeasured: ``h`` = ``f`` in 2 x 2 clusters (4 blocks, M and N multiples of 256, else
-``a``: 8-byte s and st rows) and ``i`` = ``f`` in 1 x 4 clusters along N (M % 128 == 0, N % 512
-== 0, else ``a``: 16-byte s rows, 4-byte st rows), clusters small enough to keep a's 3 blocks
-per SM resident (f's 8-block clusters: 360 of 396); ``0`` = the Triton word kernel. Removed
-(refused like any other value): the persistent cp.async ``g`` of session 8 (0.806 vs 0.816), the
-bulk-async pipeline ``b`` / ``c`` / ``d`` (call 9.1: 0.701 / 0.698 / 0.614), the
-cluster-barrier ``e`` (call 9.2: 0.781 / 0.779), ``f`` in 4 x 4 clusters of 16 blocks ``g``
-(call 9.3: 0.815 / 0.816 vs ``f`` 0.830 / 0.831). It takes bf16, contiguous,
+``0`` = the Triton word kernel. Removed (refused like any other value): the persistent cp.async
+``g`` of session 8 (0.806 vs 0.816), the bulk-async pipeline ``b`` / ``c`` / ``d`` (call 9.1:
+0.701 / 0.698 / 0.614), the cluster-barrier ``e`` (call 9.2: 0.781 / 0.779), ``f`` in 4 x 4
+clusters of 16 blocks ``g`` (call 9.3: 0.815 / 0.816 vs ``f`` 0.830 / 0.831), ``f`` in 2 x 2 /
+1 x 4 clusters ``h`` / ``i`` (call 9.4: 0.827 / 0.824 and 0.817 / 0.821 vs ``f`` 0.833 / 0.830;
+368 resident blocks vs f's 360, but fewer scale sectors saved). It takes bf16, contiguous,
 16-byte aligned inputs with both dims multiples of 32 on NVIDIA sm_89+; everything else (and
 torch.compile tracing) runs Triton. The MX rows recipe (``dual=False``) always runs Triton (a
 CUDA rows kernel lost in call 8.2: 0.834 vs 0.875).
@@ -111,23 +109,23 @@ def quant_dual_cuda(x: torch.Tensor, dtype: torch.dtype, fmax: float):
     return tuple(native_ops().quant_dual_fp8(x, dtype, float(fmax)))  # p: any size, same bits
 
 
-_MX_VARIANTS = {"0": 0, "a": 1, "f": 2, "h": 3, "i": 4}
+_MX_VARIANTS = {"0": 0, "a": 1, "f": 2}
 
 
 def cuda_mx_variant() -> int:
-    """``PRIMUS_TURBO_QUANT_CUDA_MX``: 0 = off, 1 (``a``), 2 (``f``, the default) / 3 (``h``) /
-    4 (``i``): the cluster variants."""
+    """``PRIMUS_TURBO_QUANT_CUDA_MX``: 0 = off, 1 (``a``), 2 (``f``, the default: the cluster
+    variant)."""
     raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_MX", "").strip().lower() or "f"
     if raw not in _MX_VARIANTS:
         raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX expected 0, a, f, h or i, got {raw!r}"
+            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX expected 0, a or f, got {raw!r}"
         )
     return _MX_VARIANTS[raw]
 
 
 @functools.cache
 def _cluster_capable(index: int) -> bool:
-    """sm_90+: the thread block clusters of variants f / h / i."""
+    """sm_90+: the thread block clusters of variant f."""
     return torch.cuda.get_device_capability(index) >= (9, 0)
 
 
@@ -172,5 +170,5 @@ def quant_dual_mx_cuda(x: torch.Tensor, dtype: torch.dtype):
 
     variant = cuda_mx_variant()
     if variant >= 2 and not _cluster_capable(x.device.index or 0):
-        variant = 1  # f / h / i need sm_90+: a (the same bits)
+        variant = 1  # f needs sm_90+: a (the same bits)
     return tuple(native_ops().quant_dual_mx_fp8(x, dtype, variant))
