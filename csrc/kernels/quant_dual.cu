@@ -305,29 +305,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 // the row bytes collect in registers and leave as 8 bytes per row. Same keys, scale math and
 // conversions as the persistent kernel: bitwise identical outputs.
 
-// Per-thread maxima of d (8 rows x 4 words): rk[p] = (row 2p, row 2p + 1) keys as u16x2,
-// cm[i] = (column 2i, column 2i + 1) over the 8 rows.
-template <bool FINITE>
-__device__ __forceinline__ void lane_amax(const uint32_t (&d)[8][4], uint32_t (&rk)[4],
-                                          uint32_t (&cm)[4]) {
-  uint32_t r[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    uint32_t k[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      k[i] = abs_key2<FINITE>(d[j][i]);
-      cm[i] = j == 0 ? k[i] : __vmaxu2(cm[i], k[i]);
-    }
-    r[j] = __vmaxu2(__vmaxu2(k[0], k[1]), __vmaxu2(k[2], k[3]));
-  }
-#pragma unroll
-  for (int p = 0; p < 4; ++p) {
-    rk[p] = __vmaxu2(__byte_perm(r[2 * p], r[2 * p + 1], 0x5410),
-                     __byte_perm(r[2 * p], r[2 * p + 1], 0x7632));
-  }
-}
-
 __device__ __forceinline__ uint32_t pick4(const uint32_t (&a)[4], int i) {
   return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
 }
@@ -371,10 +348,10 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
 
   uint32_t rk[4], cm[4];
-  lane_amax<false>(d, rk, cm);
+  lane_amax<abs_key2<false>, 8>(d, rk, cm);
   {
     const uint32_t top = __vmaxu2(__vmaxu2(cm[0], cm[1]), __vmaxu2(cm[2], cm[3]));
-    if (max(top & 0xffffu, top >> 16) >= kInfKey) lane_amax<true>(d, rk, cm);
+    if (max(top & 0xffffu, top >> 16) >= kInfKey) lane_amax<abs_key2<true>, 8>(d, rk, cm);
   }
   // rows: the 8 lanes of one rq (cv); columns: the 4 lanes of one cv (rq)
 #pragma unroll

@@ -1,6 +1,7 @@
 // Device helpers shared by the NVIDIA fp8 cast kernels (quant_dual.cu, quant_dual_mx.cu):
-// bf16 halves of a 32-bit word to fp32, and two fp32 to two fp8 bytes with the conversion Triton
-// emits on sm_89+. Include inside the kernels' anonymous namespace of the CUDA (non-HIP) branch.
+// bf16 halves of a 32-bit word to fp32, two fp32 to two fp8 bytes with the conversion Triton
+// emits on sm_89+, and the per-lane row / column maxima of a register tile (lane_amax). Include
+// inside the kernels' anonymous namespace of the CUDA (non-HIP) branch.
 #pragma once
 
 // Two fp32 -> two fp8 bytes (lo in the low byte), round to nearest even, finite values and inf
@@ -22,3 +23,27 @@ __device__ __forceinline__ uint32_t cvt2(float lo, float hi) {
 // The low / high bf16 of a 32-bit word as fp32 (exact).
 __device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+// Per-lane maxima of a register tile d (R rows x 4 words, two bf16 per word) under the monotone
+// u16x2 key KEY (|x| bits for the 1x128 recipe, exponent fields for MX): rk[p] = rows 2p and
+// 2p + 1 as u16x2 halves, cm[i] = columns 2i and 2i + 1 over the R rows.
+template <uint32_t (*KEY)(uint32_t), int R>
+__device__ __forceinline__ void lane_amax(const uint32_t (&d)[R][4], uint32_t (&rk)[R / 2],
+                                          uint32_t (&cm)[4]) {
+  uint32_t r[R];
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    uint32_t k[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      k[i] = KEY(d[j][i]);
+      cm[i] = j == 0 ? k[i] : __vmaxu2(cm[i], k[i]);
+    }
+    r[j] = __vmaxu2(__vmaxu2(k[0], k[1]), __vmaxu2(k[2], k[3]));
+  }
+#pragma unroll
+  for (int p = 0; p < R / 2; ++p) {
+    rk[p] = __vmaxu2(__byte_perm(r[2 * p], r[2 * p + 1], 0x5410),
+                     __byte_perm(r[2 * p], r[2 * p + 1], 0x7632));
+  }
+}

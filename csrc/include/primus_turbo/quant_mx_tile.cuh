@@ -20,29 +20,6 @@ __device__ __forceinline__ uint32_t ekey2(uint32_t w) {
   return k & ~(f | (f - (f >> 15)));                   // 0xffff over each such half
 }
 
-// Per-thread maxima of d (R rows x 4 words): rk[p] = (row 2p, row 2p + 1) keys as u16x2 halves,
-// cm[i] = (column 2i, column 2i + 1) over the R rows.
-template <bool FINITE, int R>
-__device__ __forceinline__ void thread_amax(const uint32_t (&d)[R][4], uint32_t (&rk)[R / 2],
-                                            uint32_t (&cm)[4]) {
-  uint32_t r[R];
-#pragma unroll
-  for (int j = 0; j < R; ++j) {
-    uint32_t k[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      k[i] = ekey2<FINITE>(d[j][i]);
-      cm[i] = j == 0 ? k[i] : __vmaxu2(cm[i], k[i]);
-    }
-    r[j] = __vmaxu2(__vmaxu2(k[0], k[1]), __vmaxu2(k[2], k[3]));
-  }
-#pragma unroll
-  for (int p = 0; p < R / 2; ++p) {
-    rk[p] = __vmaxu2(__byte_perm(r[2 * p], r[2 * p + 1], 0x5410),
-                     __byte_perm(r[2 * p], r[2 * p + 1], 0x7632));
-  }
-}
-
 // Stored E8M0 bytes of two blocks with keys `key` (u16x2): max(e - EMAX, 0) in each half.
 template <int EMAX>
 __device__ __forceinline__ uint32_t eb2(uint32_t key) {
@@ -133,11 +110,11 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
   const bool ok = row0 < M && col < N;
 
   uint32_t rk[H], cm[4];
-  thread_amax<false, R>(d, rk, cm);
+  lane_amax<ekey2<false>, R>(d, rk, cm);
   {
     const uint32_t top = __vmaxu2(__vmaxu2(cm[0], cm[1]), __vmaxu2(cm[2], cm[3]));
     if ((top & 0x7f80u) == 0x7f80u || (top & 0x7f800000u) == 0x7f800000u) {
-      thread_amax<true, R>(d, rk, cm);
+      lane_amax<ekey2<true>, R>(d, rk, cm);
     }
   }
   // row blocks: the 4 lanes of a quad (cv % 4); column blocks: the 32 / R lanes of one cv (rq)
