@@ -23,8 +23,6 @@ Keys: ``LENS`` = ``PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS`` (default on; ``LENS=0`` 
 
 from __future__ import annotations
 
-import argparse
-import csv
 import os
 import statistics
 import sys
@@ -37,8 +35,9 @@ sys.path[:0] = [str(_HERE), str(_HERE.parents[1])]  # config.py, harness.py
 if str(_HERE.parents[2]) not in sys.path:
     sys.path.append(str(_HERE.parents[2]))
 
+from bench_grouped_gemm_fp8_plans import ab_parser, ab_run  # noqa: E402
 from config import ragged_grouped_gemm_cases  # noqa: E402
-from harness import set_timing, time_ms, use_bench_stream  # noqa: E402
+from harness import time_ms  # noqa: E402
 
 import primus_turbo.pytorch as turbo  # noqa: E402
 
@@ -167,32 +166,9 @@ def run(args) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--models", nargs="+", default=None, help="config.RAGGED_GROUPED_GEMM_SPECS")
-    p.add_argument("--layers", nargs="+", default=None, choices=("gate_up", "down"))
+    p = ab_parser(__doc__)
     p.add_argument("--settings", nargs="+", default=["default"])
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--timing", choices=("eager", "graph"), default="graph")
-    p.add_argument("--warmup-ms", type=float, default=None)
-    p.add_argument("--rep-ms", type=float, default=None)
-    p.add_argument("--profile", choices=("gpu", "cpu"), default=None)
-    p.add_argument("-o", "--output", default=None, help="CSV path")
-    args = p.parse_args(argv)
-    if args.profile is None:
-        args.profile = "gpu" if torch.cuda.is_available() else "cpu"
-    if args.models:
-        args.models = [x for item in args.models for x in item.split(",") if x]
-    set_timing(args.timing)
-    if args.profile == "gpu" and args.timing == "graph":
-        use_bench_stream()
-    rows = run(args)
-    if args.output and rows:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        with open(args.output, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        print(f"Results saved to {args.output}")
+    rows = ab_run(p.parse_args(argv), run)
     return 1 if any(r.get("failed") for r in rows) else 0
 
 

@@ -127,18 +127,23 @@ def run(args) -> list[dict]:
     return rows
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def ab_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of the interleaved FP8 grouped A/B benches (this one and
+    bench_grouped_gemm_fp8_knobs.py): cases, rounds, timing, profile, CSV."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--models", nargs="+", default=None, help="config.RAGGED_GROUPED_GEMM_SPECS")
     p.add_argument("--layers", nargs="+", default=None, choices=("gate_up", "down"))
-    p.add_argument("--plans", default=DEFAULT_PLANS, help="comma-separated variant:config")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--timing", choices=("eager", "graph"), default="graph")
     p.add_argument("--warmup-ms", type=float, default=None)
     p.add_argument("--rep-ms", type=float, default=None)
     p.add_argument("--profile", choices=("gpu", "cpu"), default=None)
     p.add_argument("-o", "--output", default=None, help="CSV path")
-    args = p.parse_args(argv)
+    return p
+
+
+def ab_run(args, run) -> list[dict]:
+    """Resolve the profile and models, set the timing mode, ``run(args)``, write the CSV."""
     if args.profile is None:
         args.profile = "gpu" if torch.cuda.is_available() else "cpu"
     if args.models:
@@ -154,6 +159,13 @@ def main(argv=None) -> int:
             w.writeheader()
             w.writerows(rows)
         print(f"Results saved to {args.output}")
+    return rows
+
+
+def main(argv=None) -> int:
+    p = ab_parser(__doc__)
+    p.add_argument("--plans", default=DEFAULT_PLANS, help="comma-separated variant:config")
+    rows = ab_run(p.parse_args(argv), run)
     return 0 if all(r["same as f8tma"] in ("", "True") for r in rows) else 1
 
 
