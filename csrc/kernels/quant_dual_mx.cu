@@ -78,8 +78,8 @@ namespace {
 #include "primus_turbo/quant_mx_tile.cuh"  // kTile, Layout, load_tile, tile_body
 
 // One 128 x 128 tile per block; R rows per lane (8: 256 threads), at least MINB blocks per SM
-// (the register cap).
-template <bool E5M2, int R, int MINB>
+// (the register cap); OUTER: the outer-dim-major scale layout (store_scales_outer), else row-major.
+template <bool E5M2, int R, int MINB, bool OUTER>
 __global__ void __launch_bounds__(Layout<R>::kThreads, MINB)
     quant_mx_tile_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
                          uint8_t* __restrict__ s, uint8_t* __restrict__ qt,
@@ -90,7 +90,11 @@ __global__ void __launch_bounds__(Layout<R>::kThreads, MINB)
   uint32_t d[R][4];
   load_tile<R>(d, x, M, N, tm, tn);
   tile_body<E5M2, R>(d, ssm, csm, q, qt, M, N, tm, tn);
-  store_scales(ssm, csm, s, st, M, N, tm, tn);
+  if constexpr (OUTER) {
+    store_scales_outer(ssm, csm, s, st, M, N, tm, tn);
+  } else {
+    store_scales(ssm, csm, s, st, M, N, tm, tn);
+  }
 #endif
 }
 
@@ -199,10 +203,10 @@ __global__ void __launch_bounds__(256, 3)
 #endif
 }
 
-template <bool E5M2, int R, int MINB>
+template <bool E5M2, int R, int MINB, bool OUTER>
 void launch_tiles(const uint16_t* X, uint8_t* Q, uint8_t* S, uint8_t* QT, uint8_t* ST, int M,
                   int N, int tn, int64_t tiles, cudaStream_t stream) {
-  quant_mx_tile_kernel<E5M2, R, MINB>
+  quant_mx_tile_kernel<E5M2, R, MINB, OUTER>
       <<<static_cast<unsigned>(tiles), Layout<R>::kThreads, 0, stream>>>(X, Q, S, QT, ST, M, N,
                                                                            tn);
 }
@@ -252,7 +256,11 @@ Status launch(const void* x, void* q, void* s, void* qt, void* st, int64_t m, in
       return kOk;
     }
   }
-  launch_tiles<E5M2, 8, 3>(X, Q, S, QT, ST, M, N, tn, tiles, stream);  // a
+  if (variant == 3) {
+    launch_tiles<E5M2, 8, 3, true>(X, Q, S, QT, ST, M, N, tn, tiles, stream);  // o
+  } else {
+    launch_tiles<E5M2, 8, 3, false>(X, Q, S, QT, ST, M, N, tn, tiles, stream);  // a
+  }
   PT_RETURN_LAUNCH_STATUS();
   return kOk;
 }
@@ -263,7 +271,7 @@ bool quant_dual_mx_gpu_available() noexcept { return true; }
 
 Status quant_dual_mx_fp8_gpu(const void* x, void* q, void* s, void* qt, void* st, int64_t m,
                              int64_t n, bool e5m2, int variant, void* stream) noexcept {
-  if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || variant < 1 || variant > 2) {
+  if (m < 0 || n < 0 || m % 32 != 0 || n % 32 != 0 || variant < 1 || variant > 3) {
     return kBadArgument;
   }
   if (m == 0 || n == 0) return kOk;

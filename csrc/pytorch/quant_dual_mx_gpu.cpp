@@ -19,7 +19,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_dual_mx_fp8_gpu
   TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
               "primus_turbo_cpp.quant_dual_mx_fp8: argument 'x' expected 16-byte alignment");
   const c10::cuda::CUDAGuard guard(x.device());
-  auto out = alloc_quant_dual_mx(x, dtype);
+  auto out = alloc_quant_dual_mx(x, dtype, variant);
   if (m == 0 || n == 0) return out;
   auto& [q, s, qt, st] = out;
   const Status status = quant_dual_mx_fp8_gpu(

@@ -11,7 +11,7 @@ namespace {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_dual_mx_fp8_meta(
     const at::Tensor& x, at::ScalarType dtype, int64_t variant) {
   check_quant_dual_mx(x, dtype, variant);
-  return alloc_quant_dual_mx(x, dtype);
+  return alloc_quant_dual_mx(x, dtype, variant);
 }
 
 }  // namespace

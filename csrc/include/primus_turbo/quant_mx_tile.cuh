@@ -242,3 +242,27 @@ __device__ __forceinline__ void store_scales(const uint32_t* ssm, const uint32_t
     }
   }
 }
+
+// The tile's scales in the outer-dim-major layout (after tile_body's barrier): s is stored as
+// [N / 32][M] (logical [M, N / 32] with strides (1, M)) and st as [M / 32][N], so a tile's 4
+// blocks of s are 4 runs of 128 consecutive bytes (likewise st): 32 full L2 sectors per tile
+// instead of 256 partial ones. Thread t < 128 packs 4 rows (4 (t % 32) .. + 3) of s block
+// t / 32, thread 128 + t the same for st; one 4-byte store each (M % 32 == N % 32 == 0: a
+// thread's 4 rows are all in or all out, and the store is aligned).
+__device__ __forceinline__ void store_scales_outer(const uint32_t* ssm, const uint32_t* csm,
+                                                   uint8_t* __restrict__ s,
+                                                   uint8_t* __restrict__ st, int M, int N,
+                                                   int tm, int tn) {
+  const int t = threadIdx.x, m0 = tm * kTile, n0 = tn * kTile;
+  const int b = (t >> 5) & 3, r0 = 4 * (t & 31);
+  const bool rows = t < kTile;  // s (x rows) or st (x columns)
+  const uint32_t* src = rows ? ssm : csm;
+  const int inner0 = rows ? m0 : n0, outer0 = rows ? n0 : m0;
+  const int inner = rows ? M : N, outer = rows ? N : M;
+  if (t >= 2 * kTile || outer0 + 32 * b >= outer || inner0 + r0 >= inner) return;
+  const int sh = 8 * b;
+  const uint32_t v = ((src[r0] >> sh) & 0xffu) | (((src[r0 + 1] >> sh) & 0xffu) << 8) |
+                     (((src[r0 + 2] >> sh) & 0xffu) << 16) | (((src[r0 + 3] >> sh) & 0xffu) << 24);
+  uint8_t* dst = (rows ? s : st) + int64_t{outer0 / 32 + b} * inner + inner0 + r0;
+  *reinterpret_cast<uint32_t*>(dst) = v;
+}

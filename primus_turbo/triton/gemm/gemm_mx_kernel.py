@@ -2,7 +2,8 @@
 
 ``A [M, K / PACK_A]`` and ``B [N, K / PACK_B]`` hold fp8 values (PACK 1) or E2M1 pairs packed in
 bytes (PACK 2, element ``2i`` in the low nibble); scales are E8M0 bytes, one per 32 values along K:
-``sa [M, K / 32]``, ``sb [N, K / 32]``. K must be a multiple of ``BLOCK_K`` (the launcher's
+``sa [M, K / 32]``, ``sb [N, K / 32]``, any strides (MXFP8 quantization stores them outer-dim-major,
+MXFP4 row-major). K must be a multiple of ``BLOCK_K`` (the launcher's
 caller checks K % 128 == 0). Native on gfx950; on sm_90 Triton emulates the scaled dot (upcast to
 bf16 + wgmma). Not available on gfx942 and not in the CPU interpreter (triton 3.6).
 """
@@ -39,7 +40,9 @@ def gemm_mx_kernel(
     stride_bn,
     stride_cm,
     stride_sam,
+    stride_sak,
     stride_sbn,
+    stride_sbk,
     num_programs,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -67,8 +70,8 @@ def gemm_mx_kernel(
         mask_n = rn < N
         a_ptrs = a_ptr + rm64[:, None] * stride_am + offs_ka[None, :]
         b_ptrs = b_ptr + rn64[None, :] * stride_bn + offs_kb[:, None]
-        sa_ptrs = sa_ptr + rm64[:, None] * stride_sam + offs_s[None, :]
-        sb_ptrs = sb_ptr + rn64[:, None] * stride_sbn + offs_s[None, :]
+        sa_ptrs = sa_ptr + rm64[:, None] * stride_sam + offs_s[None, :] * stride_sak
+        sb_ptrs = sb_ptr + rn64[:, None] * stride_sbn + offs_s[None, :] * stride_sbk
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for _ in range(0, tl.cdiv(K, BLOCK_K)):
             # rows past M / columns past N only reach output elements that are not stored
@@ -79,8 +82,8 @@ def gemm_mx_kernel(
             acc = tl.dot_scaled(a, sa, FMT_A, b, sb, FMT_B, acc)
             a_ptrs += BLOCK_K // PACK_A
             b_ptrs += BLOCK_K // PACK_B
-            sa_ptrs += BLOCK_K // 32
-            sb_ptrs += BLOCK_K // 32
+            sa_ptrs += (BLOCK_K // 32) * stride_sak
+            sb_ptrs += (BLOCK_K // 32) * stride_sbk
         c_ptrs = c_ptr + rm64[:, None] * stride_cm + rn64[None, :]
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
@@ -118,8 +121,8 @@ def gemm_mx_triton(a, b, sa, sb, out_dtype, k: int) -> torch.Tensor:
     programs = min(tiles, num_compute_units(a.device))
     fa, fb = MX_FORMAT[a.dtype], MX_FORMAT[b.dtype]
     gemm_mx_kernel[(programs,)](
-        a, b, c, sa, sb, m, n, k, a.stride(0), b.stride(0), c.stride(0), sa.stride(0),
-        sb.stride(0), programs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        a, b, c, sa, sb, m, n, k, a.stride(0), b.stride(0), c.stride(0), *sa.stride(),
+        *sb.stride(), programs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, FMT_A=fa, FMT_B=fb, PACK_A=2 if fa == "e2m1" else 1,
         PACK_B=2 if fb == "e2m1" else 1, **cfg.options,
     )  # fmt: skip
@@ -133,11 +136,14 @@ def aot_specs(target: str) -> list[AotSpec]:
         return []
     family = ArchFamily.CDNA4 if target == "gfx950" else ArchFamily.HOPPER
     specs = []
-    for fmt, ptr, pack in (("e4m3", "fp8e4nv", 1), ("e2m1", "u8", 2)):
+    # MXFP8 scales come outer-dim-major (row stride 1), MXFP4 scales row-major (K stride 1)
+    for fmt, ptr, pack, srow, sk in (("e4m3", "fp8e4nv", 1, "i32:1", "i32:16"),
+                                     ("e2m1", "u8", 2, "i32", "i32:1")):  # fmt: skip
         sig = {"a_ptr": f"*{ptr}", "b_ptr": f"*{ptr}", "c_ptr": "*bf16", "sa_ptr": "*u8",
                "sb_ptr": "*u8", "M": "i32:16", "N": "i32:16", "K": "i32:16",
                "stride_am": "i32:16", "stride_bn": "i32:16", "stride_cm": "i32:16",
-               "stride_sam": "i32:16", "stride_sbn": "i32:16", "num_programs": "i32"}  # fmt: skip
+               "stride_sam": srow, "stride_sak": sk, "stride_sbn": srow, "stride_sbk": sk,
+               "num_programs": "i32"}  # fmt: skip
         for cfg in _CONFIGS[family]:
             specs.append(
                 AotSpec(

@@ -290,9 +290,11 @@ _SKIP_GPU_MX = pytest.mark.skipif(
     not _KERNEL_MX,
     reason="needs an NVIDIA GPU and a CUDA build of primus_turbo.pytorch._C with quant_dual_mx_fp8",
 )
-# a: one tile per block; f (the default): a in thread block clusters of 2 x 4 tiles gathering the
-# scales by st.async (sm_90+, M % 256 == 0 and N % 512 == 0; a elsewhere)
-MX_VARIANTS = ["a", "f"]
+# o (the default, PRIMUS_TURBO_QUANT_MX_LAYOUT unset = outer): a storing the scales
+# outer-dim-major (op variant 3); with PRIMUS_TURBO_QUANT_MX_LAYOUT=row (contiguous scales): a,
+# one tile per block, and f, a in thread block clusters of 2 x 4 tiles gathering the scales by
+# st.async (sm_90+, M % 256 == 0 and N % 512 == 0; a elsewhere)
+MX_VARIANTS = ["o", "a", "f"]
 
 
 def _quant_mx(x, dtype):
@@ -309,19 +311,30 @@ def _input_mx(m, n, special, device):
     return x
 
 
+def _set_mx(monkeypatch, variant):
+    """o: the default layout (outer) and kernel; a / f / 0: row-major scales, that knob value."""
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_MX_LAYOUT", "outer" if variant == "o" else "row")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "f" if variant == "o" else variant)
+
+
 def _compare_mx(monkeypatch, x, dtype, variant):
+    _set_mx(monkeypatch, variant)
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "0")
-    ref = _quant_mx(x, dtype)  # Triton (the word kernel on NVIDIA)
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", variant)
+    ref = _quant_mx(x, dtype)  # Triton (the word kernel on NVIDIA), same scale layout
+    _set_mx(monkeypatch, variant)
     out = _quant_mx(x, dtype)
     assert len(out) == len(ref) == 4
     for name, a, b in zip(("q", "scale", "q_t", "scale_t"), out, ref, strict=True):
         assert same_bits(a, b), f"{tuple(x.shape)} {dtype} variant {variant}: {name} differs"
-    if variant != "a":  # and the default CUDA kernel
-        monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "a")
+    m, n = x.shape
+    if variant == "o":  # outer-dim-major scales: [M, N/32] with strides (1, M), likewise st
+        assert out[1].stride() == (1, m) and out[3].stride() == (1, n)
+    if variant != "a":  # and the row-major one-tile kernel a (values; layouts may differ)
+        _set_mx(monkeypatch, "a")
         base = _quant_mx(x, dtype)
         for name, a, b in zip(("q", "scale", "q_t", "scale_t"), out, base, strict=True):
-            assert same_bits(a, b), f"{tuple(x.shape)} {dtype} {variant}: {name} differs from a"
+            same = torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+            assert same, f"{tuple(x.shape)} {dtype} {variant}: {name} differs from a"
 
 
 # model shapes; M % 128 = 64 and N % 128 = 96 with N / 32
@@ -342,7 +355,7 @@ MX_SHAPES_CLUSTER = [(256, 512), (256, 256), (128, 512), (512, 512), (768, 1536)
 @pytest.mark.parametrize("shape", MX_SHAPES, ids=lambda v: "x".join(map(str, v)))
 def test_cuda_mx_dual_bitwise(monkeypatch, shape, dtype, variant):
     m, n = shape
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", variant)
+    _set_mx(monkeypatch, variant)
     assert quant_cuda.cuda_mx_dual_on(_input_mx(m, n, False, "cuda"), dtype)  # no fallback
     for special in (False, True) if m >= 64 else (False,):
         _compare_mx(monkeypatch, _input_mx(m, n, special, "cuda"), dtype, variant)
@@ -354,10 +367,11 @@ def test_cuda_mx_dual_cluster_bitwise(monkeypatch, shape):
     """The cluster variant f on one / several / many clusters and on fallback shapes: bitwise
     Triton and a (e4m3; e5m2 is in test_cuda_mx_dual_bitwise)."""
     m, n = shape
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "f")
+    _set_mx(monkeypatch, "f")
     assert quant_cuda.cuda_mx_dual_on(_input_mx(m, n, False, "cuda"), E4M3)
     for special in (False, True) if m >= 64 else (False,):
-        _compare_mx(monkeypatch, _input_mx(m, n, special, "cuda"), E4M3, "f")
+        for variant in ("f", "o"):
+            _compare_mx(monkeypatch, _input_mx(m, n, special, "cuda"), E4M3, variant)
 
 
 @_SKIP_GPU_MX
@@ -375,10 +389,13 @@ def test_cuda_mx_dual_values(monkeypatch, variant):
 
 @_SKIP_GPU_MX
 def test_cuda_mx_dual_fallback_and_default(monkeypatch):
-    """Unset: the CUDA kernel (variant f); 0: the Triton kernel; inputs it does not take run
-    Triton silently."""
+    """Unset: the CUDA kernel (knob f, outer layout: op variant o); 0: the Triton kernel; inputs
+    it does not take run Triton silently."""
     x = _input_mx(256, 256, False, "cuda")
     monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA_MX", raising=False)
+    monkeypatch.delenv("PRIMUS_TURBO_QUANT_MX_LAYOUT", raising=False)
+    q, s, qt, st = _quant_mx(x, E4M3)
+    assert s.stride() == (1, 256) and st.stride() == (1, 256)
     assert quant_cuda.cuda_mx_variant() == 2 and quant_cuda.cuda_mx_dual_on(x, E4M3)
     with unittest.mock.patch.object(quant_cuda, "quant_dual_mx_cuda", side_effect=RuntimeError):
         with pytest.raises(RuntimeError):
@@ -401,6 +418,7 @@ def test_cuda_mx_dual_fallback_and_default(monkeypatch):
 def test_cuda_mx_dual_compile(monkeypatch):
     """Under torch.compile tracing the gate says no (Triton, the same bits)."""
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "a")
+    monkeypatch.delenv("PRIMUS_TURBO_QUANT_MX_LAYOUT", raising=False)
     x = _input_mx(256, 384, True, "cuda")
     torch._dynamo.reset()
     try:
@@ -441,14 +459,17 @@ def test_cuda_mx_op_meta():
     try:
         torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 3)
     except RuntimeError:
-        pass
-    else:
-        pytest.skip("primus_turbo.pytorch._C still accepts variant 3 (h) / 4 (i): rebuild it")
-    for bad in (0, 3, 4, 5):
+        pytest.skip("primus_turbo.pytorch._C without variant 3 (o, outer scales): rebuild it")
+    for bad in (0, 4, 5):
         with pytest.raises(RuntimeError, match="variant"):
             torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, bad)
     q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 2)  # f: the same layouts
     assert qt.shape == (2016, 320) and s.shape == (320, 63) and st.shape == (2016, 10)
+    assert s.stride() == (63, 1) and st.stride() == (10, 1)
+    q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 3)  # o: outer scales
+    assert q.shape == (320, 2016) and qt.shape == (2016, 320)
+    assert s.shape == (320, 63) and s.stride() == (1, 320)
+    assert st.shape == (2016, 10) and st.stride() == (1, 2016)
 
 
 def test_cuda_mx_variant_passed_to_op(monkeypatch):
@@ -463,9 +484,20 @@ def test_cuda_mx_variant_passed_to_op(monkeypatch):
 
     monkeypatch.setattr("primus_turbo.build_info.native_ops", lambda: _Ops)
     x = torch.zeros(32, 32, dtype=torch.bfloat16)
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_MX_LAYOUT", "row")
     for capable in (True, False):
         monkeypatch.setattr(quant_cuda, "_cluster_capable", lambda index, c=capable: c)
         for raw in ("a", "f", ""):
             monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", raw)
             quant_cuda.quant_dual_mx_cuda(x, E4M3)
     assert calls == [1, 2, 2, 1, 1, 1]
+    calls.clear()
+    for layout in ("", "outer", " OUTER "):  # outer scales (the default): o whatever the knob
+        monkeypatch.setenv("PRIMUS_TURBO_QUANT_MX_LAYOUT", layout)
+        for raw in ("a", "f", ""):
+            monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", raw)
+            quant_cuda.quant_dual_mx_cuda(x, E4M3)
+    assert calls == [3] * 9
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_MX_LAYOUT", "col")
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_MX_LAYOUT"):
+        quant_cuda.quant_dual_mx_cuda(x, E4M3)

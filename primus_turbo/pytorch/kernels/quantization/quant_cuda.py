@@ -40,7 +40,7 @@ import os
 
 import torch
 
-from primus_turbo.triton.quantization.quant_launch import _env_flag, _hw_satfinite
+from primus_turbo.triton.quantization.quant_launch import _env_flag, _hw_satfinite, mx_scale_layout
 
 _DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -165,9 +165,12 @@ def cuda_mx_dual_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
 
 
 def quant_dual_mx_cuda(x: torch.Tensor, dtype: torch.dtype):
-    """``(q, s, qt, st)`` in the Triton launcher's layouts (see quant_dual_mx_op.h)."""
+    """``(q, s, qt, st)`` in the Triton launcher's layouts (see quant_dual_mx_op.h): scales
+    outer-dim-major (op variant 3, ``o``) unless ``PRIMUS_TURBO_QUANT_MX_LAYOUT=row``."""
     from primus_turbo.build_info import native_ops
 
+    if mx_scale_layout() == "outer":
+        return tuple(native_ops().quant_dual_mx_fp8(x, dtype, 3))  # o: a, 4 x 128-byte runs
     variant = cuda_mx_variant()
     if variant >= 2 and not _cluster_capable(x.device.index or 0):
         variant = 1  # f needs sm_90+: a (the same bits)
