@@ -236,13 +236,16 @@ def quant_tensorwise_delayed(x: torch.Tensor, dtype: torch.dtype, scale: torch.T
     dummy = _u8(q) if store else a32
     args = (xc, dummy, _u8(qt) if dual and store else dummy, scale, sinv if store else amax, a32,
             numel, m, n, xc.stride(0), p)  # fmt: skip
-    tw_delayed_kernel[(p,)](
-        *args, **_shape_kw(dual, block, bm, bn),
-        DUAL=dual, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype), SAT=_nvidia_sat(xc),
-        EVEN=even, FAST=True,
-        CS=cs, EVC="evict_first" if evc == "first" else "", STORE=store,
-        RED=dual, num_warps=warps, **extra,
-    )  # fmt: skip
+    from primus_turbo.pytorch.kernels.quantization.quant_twd_cuda import quant_twd_cuda
+
+    if not quant_twd_cuda(xc, dtype, q, qt, scale, sinv, amax, dual, store):  # CUDA, same bits
+        tw_delayed_kernel[(p,)](
+            *args, **_shape_kw(dual, block, bm, bn),
+            DUAL=dual, FMAX=_fmax(dtype), FMT=_interp_fmt(dtype), SAT=_nvidia_sat(xc),
+            EVEN=even, FAST=True,
+            CS=cs, EVC="evict_first" if evc == "first" else "", STORE=store,
+            RED=dual, num_warps=warps, **extra,
+        )  # fmt: skip
     if not store:
         return None
     if guard is not None:
