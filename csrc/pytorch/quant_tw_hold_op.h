@@ -1,0 +1,51 @@
+// Torch glue shared by the GPU and Meta registrations of primus_turbo_cpp::quant_tw_hold_fp8 (the
+// CUDA one-launch tensorwise quantization of primus_turbo/quant_tw_hold.h): argument checks and
+// the outputs, in the layouts of the Triton launcher (quant_tw_launch.quant_tensorwise_tw).
+#pragma once
+
+#include <tuple>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+#include "primus_turbo/quant_tw_hold.h"
+
+namespace primus_turbo::pytorch {
+
+inline void check_quant_tw_hold_variant(int64_t variant) {
+  TORCH_CHECK(variant >= 0 && variant < kQuantTwHoldVariants,
+              "primus_turbo_cpp.quant_tw_hold_fp8: argument 'variant' expected 0..",
+              kQuantTwHoldVariants - 1, ", got ", variant);
+}
+
+inline void check_quant_tw_hold_dtype(at::ScalarType dtype) {
+  TORCH_CHECK(dtype == at::kFloat8_e4m3fn || dtype == at::kFloat8_e5m2,
+              "primus_turbo_cpp.quant_tw_hold_fp8: argument 'dtype' expected float8_e4m3fn or "
+              "float8_e5m2, got ", dtype);
+}
+
+// x: contiguous bf16 (any shape); dtype: fp8 e4m3fn or e5m2; variant: 0..kQuantTwHoldVariants-1;
+// flags: 0..3 (kQuantTwHoldEvict | kQuantTwHoldStreamStores).
+inline void check_quant_tw_hold(const at::Tensor& x, at::ScalarType dtype, int64_t variant,
+                                int64_t flags) {
+  check_quant_tw_hold_variant(variant);
+  TORCH_CHECK(flags >= 0 && flags <= 3,
+              "primus_turbo_cpp.quant_tw_hold_fp8: argument 'flags' expected 0..3, got ", flags);
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16,
+              "primus_turbo_cpp.quant_tw_hold_fp8: argument 'x' expected dtype bfloat16, got ",
+              x.scalar_type());
+  TORCH_CHECK(x.is_contiguous(),
+              "primus_turbo_cpp.quant_tw_hold_fp8: argument 'x' expected contiguous");
+  check_quant_tw_hold_dtype(dtype);
+}
+
+// (q: x's shape in `dtype`, s: a 0-d fp32 scale_inv).
+inline std::tuple<at::Tensor, at::Tensor> alloc_quant_tw_hold(const at::Tensor& x,
+                                                              at::ScalarType dtype) {
+  at::Tensor q = at::empty(x.sizes(), x.options().dtype(dtype));
+  at::Tensor s = at::empty({}, x.options().dtype(at::kFloat));
+  return {q, s};
+}
+
+}  // namespace primus_turbo::pytorch
