@@ -44,6 +44,7 @@ TW_VARIANTS = {
     "holdw": (0, 1),
 }
 MIN_NUMEL = 1 << 20
+_MAX_VEC_PER_BLOCK = 2**31 - 4096  # the kernel's 32-bit per-block vector counts (the op refuses)
 
 
 def cuda_tw_variant() -> tuple[int, int] | None:
@@ -101,7 +102,10 @@ def cuda_tw_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
     ):
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    return tw_kernel_available(index) and resident_blocks(index, v[0], dtype) > 0
+    if not tw_kernel_available(index):
+        return False
+    blocks = resident_blocks(index, v[0], dtype)
+    return blocks > 0 and x.numel() // 8 // blocks < _MAX_VEC_PER_BLOCK
 
 
 def quant_tw_cuda(x: torch.Tensor, dtype: torch.dtype):
