@@ -4,6 +4,7 @@
 #pragma once
 
 #include <tuple>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -17,6 +18,13 @@ inline void check_quant_tw_hold_variant(int64_t variant) {
   TORCH_CHECK(variant >= 0 && variant < kQuantTwHoldVariants,
               "primus_turbo_cpp.quant_tw_hold_fp8: argument 'variant' expected 0..",
               kQuantTwHoldVariants - 1, ", got ", variant);
+}
+
+// quant_tw_hold_blocks: the plain variants or kQuantTwHoldDualVariant.
+inline void check_quant_tw_hold_blocks_variant(int64_t variant) {
+  TORCH_CHECK(variant >= 0 && variant <= kQuantTwHoldDualVariant,
+              "primus_turbo_cpp.quant_tw_hold_blocks: argument 'variant' expected 0..",
+              kQuantTwHoldDualVariant, ", got ", variant);
 }
 
 inline void check_quant_tw_hold_dtype(at::ScalarType dtype) {
@@ -46,6 +54,30 @@ inline std::tuple<at::Tensor, at::Tensor> alloc_quant_tw_hold(const at::Tensor& 
   at::Tensor q = at::empty(x.sizes(), x.options().dtype(dtype));
   at::Tensor s = at::empty({}, x.options().dtype(at::kFloat));
   return {q, s};
+}
+
+// Dual: x contiguous bf16 [M, N], M and N multiples of 64; returns (M, N).
+inline std::pair<int64_t, int64_t> check_quant_tw_hold_dual(const at::Tensor& x,
+                                                            at::ScalarType dtype, int64_t flags) {
+  check_quant_tw_hold(x, dtype, 0, flags);
+  TORCH_CHECK(x.dim() == 2,
+              "primus_turbo_cpp.quant_tw_hold_dual_fp8: argument 'x' expected a 2-D tensor, got ",
+              x.sizes());
+  const int64_t m = x.size(0), n = x.size(1);
+  TORCH_CHECK(m % 64 == 0 && n % 64 == 0,
+              "primus_turbo_cpp.quant_tw_hold_dual_fp8: argument 'x' expected both dims multiples "
+              "of 64, got ", x.sizes());
+  return {m, n};
+}
+
+// (q [M, N], s 0-d fp32, qt [N, M]).
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> alloc_quant_tw_hold_dual(
+    const at::Tensor& x, at::ScalarType dtype) {
+  const int64_t m = x.size(0), n = x.size(1);
+  at::Tensor q = at::empty({m, n}, x.options().dtype(dtype));
+  at::Tensor s = at::empty({}, x.options().dtype(at::kFloat));
+  at::Tensor qt = at::empty({n, m}, x.options().dtype(dtype));
+  return {q, s, qt};
 }
 
 }  // namespace primus_turbo::pytorch

@@ -1,7 +1,9 @@
-"""The CUDA one-launch "hold" kernel for dynamic tensorwise FP8 (csrc/kernels/quant_tw_hold.cu,
-through primus_turbo/pytorch/kernels/quantization/quant_tw_cuda.py; opt-in by
-PRIMUS_TURBO_QUANT_CUDA_TW=hold|hold1k|hold1k7|holdn|holdw) gives the same bits (q and the fp32
-scale_inv) as the Triton kernels (PRIMUS_TURBO_QUANT_CUDA_TW=0): shapes below / around / above
+"""The CUDA one-launch "hold" kernels for dynamic tensorwise FP8 (csrc/kernels/quant_tw_hold.cu and,
+for the dual recipe, quant_tw_hold_dual.cu, through
+primus_turbo/pytorch/kernels/quantization/quant_tw_cuda.py; opt-in by
+PRIMUS_TURBO_QUANT_CUDA_TW=hold|hold1k|hold1k7|holdn|holdw and
+PRIMUS_TURBO_QUANT_CUDA_TW_DUAL=hold|holdn|holdw) give the same bits (q, q^T and the fp32
+scale_inv) as the Triton kernels (knobs 0): shapes below / around / above
 the on-chip capacity (~45 MB on an H200: shared memory, registers, streamed remainder), odd sizes
 (a < 8-element tail), tiny and one-row inputs, zeros, all-equal, inf / NaN in every region,
 all 65536 bf16 patterns, e4m3 and e5m2; CUDA graph capture and replay, repeated calls (the grid
@@ -27,7 +29,9 @@ pytestmark = pytest.mark.quantization
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 KNOB, MIN = "PRIMUS_TURBO_QUANT_CUDA_TW", "PRIMUS_TURBO_QUANT_CUDA_TW_MIN"
+DKNOB = "PRIMUS_TURBO_QUANT_CUDA_TW_DUAL"
 VARIANTS = list(twc.TW_VARIANTS)
+DUAL_VARIANTS = list(twc.TW_DUAL_VARIANTS)
 
 _NVIDIA = HAS_GPU and torch.version.hip is None
 _KERNEL = _NVIDIA and twc.tw_kernel_available(torch.cuda.current_device() if _NVIDIA else 0)
@@ -252,6 +256,116 @@ def test_hold_compile(monkeypatch):
         assert same_bits(a, b)
 
 
+# ---- dual (q and q^T, one scale): M and N multiples of 64
+
+
+def _compare_dual(monkeypatch, x, dtype, variant, expect_on=True):
+    monkeypatch.setenv(MIN, "1")
+    monkeypatch.setenv(DKNOB, variant)
+    assert twc.cuda_tw_dual_on(x, dtype) == expect_on  # not a silent fallback
+    monkeypatch.setenv(DKNOB, "0")
+    ref = quant_launch.quant_tensorwise(x, dtype, True)
+    monkeypatch.setenv(DKNOB, variant)
+    out = quant_launch.quant_tensorwise(x, dtype, True)
+    assert len(out) == len(ref) == 4
+    for name, a, b in zip(("q", "scale_inv", "q_t", "scale_inv_t"), out, ref, strict=True):
+        assert same_bits(a, b), f"{tuple(x.shape)} {dtype} dual {variant}: {name} differs"
+    return out
+
+
+# 4096x4096 fits on chip (42 tiles of 64x64 per block), 8192x4096 streams ~1/3 of its tiles; one
+# tile, one tile row / column, fewer tiles than blocks, wide and tall
+DUAL_SHAPES = [(4096, 4096), (6144, 4096), (8192, 4096), (64, 64), (128, 192), (192, 8320),
+               (1024, 64), (640, 1344), (4160, 2112)]  # fmt: skip
+
+
+@_SKIP_GPU
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("variant", DUAL_VARIANTS)
+@pytest.mark.parametrize("shape", DUAL_SHAPES, ids=lambda v: "x".join(map(str, v)))
+def test_hold_dual_bitwise(monkeypatch, shape, variant, dtype):
+    _compare_dual(monkeypatch, _x(*shape), dtype, variant)
+
+
+@_SKIP_GPU
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_hold_dual_bitwise_big(monkeypatch, dtype):
+    _compare_dual(monkeypatch, _x(28672, 4096), dtype, "hold")
+
+
+@_SKIP_GPU
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("shape", [(8192, 4096), (640, 1344)], ids=lambda v: "x".join(map(str, v)))
+def test_hold_dual_specials(monkeypatch, shape, dtype):
+    m, n = shape
+    for value in (0.0, 2.5, float("inf"), float("-inf"), float("nan")):
+        x = torch.full((m, n), value, device="cuda", dtype=torch.bfloat16)
+        _compare_dual(monkeypatch, x, dtype, "hold")
+    # the amax / an inf / a NaN in the first block's shared-memory, register and streamed tiles,
+    # the middle and the last tile
+    tiles_n = n // 64
+    for ti in sorted({0, 25, 26, 41, 42, (m // 64) * tiles_n // 2, (m // 64) * tiles_n - 1}):
+        tm, tn = divmod(min(ti, (m // 64) * tiles_n - 1), tiles_n)
+        for value in (1000.0, -3e38, float("inf"), float("nan")):
+            x = _x(m, n, 0.1)
+            x[tm * 64 + 37, tn * 64 + 11] = value
+            _compare_dual(monkeypatch, x, dtype, "hold")
+
+
+@_SKIP_GPU
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_hold_dual_all_bf16_patterns(monkeypatch, dtype):
+    bits = torch.arange(65536, device="cuda", dtype=torch.int32).to(torch.int16)
+    x = bits.view(torch.bfloat16).repeat(64).view(64, 65536)
+    _compare_dual(monkeypatch, x, dtype, "hold")
+    _compare_dual(monkeypatch, x.view(4096, 1024).t().contiguous(), dtype, "hold")
+
+
+@_SKIP_GPU
+def test_hold_dual_graph_capture_replay(monkeypatch):
+    monkeypatch.setenv(MIN, "1")
+    monkeypatch.setenv(DKNOB, "hold")
+    x = _x(8192, 4096)
+    assert twc.cuda_tw_dual_on(x, E4M3)
+    for _ in range(2):
+        quant_launch.quant_tensorwise(x, E4M3, True)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = quant_launch.quant_tensorwise(x, E4M3, True)
+    for scale in (1.0, 1.0, 7.0, 0.01):
+        x.copy_(_x(8192, 4096, scale))
+        g.replay()
+        torch.cuda.synchronize()
+        monkeypatch.setenv(DKNOB, "0")
+        ref = quant_launch.quant_tensorwise(x, E4M3, True)
+        monkeypatch.setenv(DKNOB, "hold")
+        for a, b in zip(out, ref, strict=True):
+            assert same_bits(a.clone(), b)
+
+
+@_SKIP_GPU
+def test_hold_dual_repeated_and_fallbacks(monkeypatch):
+    x = _x(6144, 4096)
+    first = _compare_dual(monkeypatch, x, E4M3, "hold")
+    for _ in range(10):
+        o = quant_launch.quant_tensorwise(x, E4M3, True)
+        assert all(same_bits(a, b) for a, b in zip(o, first, strict=True))
+    for bad in (_x(100, 128), _x(128, 96), _x(512, 1024).t(), _x(512, 1024).half()):
+        _compare_dual(monkeypatch, bad, E4M3, "hold", expect_on=False)
+    monkeypatch.setenv(DKNOB, "hold")
+    with unittest.mock.patch.object(twc, "resident_blocks", return_value=0):
+        assert not twc.cuda_tw_dual_on(x, E4M3)
+    with unittest.mock.patch.object(twc, "quant_tw_dual_cuda", side_effect=AssertionError):
+        quant_launch.quant_tensorwise(x, E4M3, False)  # the plain recipe never takes it
+    ops = torch.ops.primus_turbo_cpp
+    with pytest.raises(RuntimeError, match="multiples of 64"):
+        ops.quant_tw_hold_dual_fp8(_x(100, 128), E4M3, 448.0)
+    assert ops.quant_tw_hold_blocks(x, E4M3, twc.DUAL_BLOCKS_ID) >= (
+        torch.cuda.get_device_properties(0).multi_processor_count
+    )
+
+
 def _require_native_op(name: str) -> None:
     from primus_turbo.build_info import native_status
 
@@ -270,6 +384,31 @@ def test_hold_op_meta():
         torch.ops.primus_turbo_cpp.quant_tw_hold_fp8(x.half(), E4M3, 448.0)
     with pytest.raises(RuntimeError, match="float8"):
         torch.ops.primus_turbo_cpp.quant_tw_hold_fp8(x, torch.float16, 448.0)
+
+
+def test_hold_dual_op_meta():
+    _require_native_op("quant_tw_hold_dual_fp8")
+    x = torch.empty(320, 1024, dtype=torch.bfloat16, device="meta")
+    q, s, qt = torch.ops.primus_turbo_cpp.quant_tw_hold_dual_fp8(x, E4M3, 448.0)
+    assert q.shape == (320, 1024) and qt.shape == (1024, 320) and qt.is_contiguous()
+    assert q.dtype == qt.dtype == E4M3 and s.shape == () and s.dtype == torch.float32
+    with pytest.raises(RuntimeError, match="multiples of 64"):
+        y = torch.empty(300, 1024, dtype=torch.bfloat16, device="meta")
+        torch.ops.primus_turbo_cpp.quant_tw_hold_dual_fp8(y, E4M3, 448.0)
+
+
+def test_hold_dual_knob(monkeypatch):
+    monkeypatch.delenv(DKNOB, raising=False)
+    assert twc.cuda_tw_dual_flags() is None
+    for name, flags in twc.TW_DUAL_VARIANTS.items():
+        monkeypatch.setenv(DKNOB, name.upper())
+        assert twc.cuda_tw_dual_flags() == flags
+    monkeypatch.setenv(DKNOB, "hold1k")  # plain-only variant
+    with pytest.raises(ValueError, match=DKNOB):
+        twc.cuda_tw_dual_flags()
+    monkeypatch.setenv(DKNOB, "hold")
+    monkeypatch.setenv(MIN, "1")
+    assert not twc.cuda_tw_dual_on(torch.zeros(64, 64, dtype=torch.bfloat16), E4M3)
 
 
 def test_hold_knob(monkeypatch):

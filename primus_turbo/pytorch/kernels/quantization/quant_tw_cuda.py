@@ -17,7 +17,11 @@ L2 hints and ``.cs`` stores (flags 3); ``hold1k`` = 1024 threads x 8 vectors, 1 
 ``hold1k7`` = 1024 x 7, 2 in flight; ``holdn`` = ``hold`` without the L2 evict hints (flags 2);
 ``holdw`` = ``hold`` with plain (not ``.cs``) stores (flags 1). All give the same bits.
 ``PRIMUS_TURBO_QUANT_CUDA_TW_MIN`` (default 1048576): smaller inputs keep Triton.
-The dual recipe (``quantize_fp8_with_trans``) always runs Triton. Everything else runs Triton
+The dual recipe (``quantize_fp8_with_trans``: q and q^T with one scale) has its own knob,
+``PRIMUS_TURBO_QUANT_CUDA_TW_DUAL`` (default ``0`` = Triton; ``hold`` / ``holdn`` / ``holdw`` =
+flags 3 / 2 / 1 as above): csrc/kernels/quant_tw_hold_dual.cu, 64 x 64 tiles (26 held in shared
+memory, 16 in registers per 512-thread block, the rest streamed), the transposed copy through
+XOR-swizzled shared memory; M and N multiples of 64 (else Triton). Everything else runs Triton
 silently too: AMD, GPUs before sm_90, fp16/fp32, non-contiguous or not 16-byte aligned inputs, fp8
 types other than e4m3fn / e5m2, an extension built without the kernel, a device where the grid
 cannot be co-resident (the occupancy query says 0), and torch.compile tracing (the same bits).
@@ -43,6 +47,8 @@ TW_VARIANTS = {
     "holdn": (0, 2),
     "holdw": (0, 1),
 }
+TW_DUAL_VARIANTS = {"hold": 3, "holdn": 2, "holdw": 1}  # name -> flags (the dual kernel)
+DUAL_BLOCKS_ID = 3  # quant_tw_hold_blocks's id of the dual kernel (kQuantTwHoldDualVariant)
 MIN_NUMEL = 1 << 20
 _MAX_VEC_PER_BLOCK = 2**31 - 4096  # the kernel's 32-bit per-block vector counts (the op refuses)
 
@@ -58,6 +64,19 @@ def cuda_tw_variant() -> tuple[int, int] | None:
             f"{tuple(TW_VARIANTS)}, got {raw!r}"
         )
     return TW_VARIANTS[raw]
+
+
+def cuda_tw_dual_flags() -> int | None:
+    """``PRIMUS_TURBO_QUANT_CUDA_TW_DUAL``: None (unset / ``0``: Triton) or the kernel flags."""
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_TW_DUAL", "").strip().lower() or "0"
+    if raw == "0":
+        return None
+    if raw not in TW_DUAL_VARIANTS:
+        raise ValueError(
+            "primus_turbo: PRIMUS_TURBO_QUANT_CUDA_TW_DUAL expected 0 or one of "
+            f"{tuple(TW_DUAL_VARIANTS)}, got {raw!r}"
+        )
+    return TW_DUAL_VARIANTS[raw]
 
 
 @functools.cache
@@ -106,6 +125,44 @@ def cuda_tw_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
         return False
     blocks = resident_blocks(index, v[0], dtype)
     return blocks > 0 and x.numel() // 8 // blocks < _MAX_VEC_PER_BLOCK
+
+
+def cuda_tw_dual_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether the dual tensorwise recipe of ``x`` (2-D) takes the dual hold kernel."""
+    if torch.compiler.is_compiling():
+        return False
+    if cuda_tw_dual_flags() is None:
+        return False
+    if not (
+        x.device.type == "cuda"
+        and torch.version.hip is None
+        and x.dtype == torch.bfloat16
+        and dtype in _DTYPES
+        and x.dim() == 2
+        and x.is_contiguous()
+        and x.shape[0] % 64 == 0
+        and x.shape[1] % 64 == 0
+        and x.data_ptr() % 16 == 0
+        and x.numel() >= _env_int("PRIMUS_TURBO_QUANT_CUDA_TW_MIN", MIN_NUMEL)
+    ):
+        return False
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    if not tw_kernel_available(index) or not hasattr(_ops(), "quant_tw_hold_dual_fp8"):
+        return False
+    blocks = resident_blocks(index, DUAL_BLOCKS_ID, dtype)
+    return blocks > 0 and x.numel() // 4096 // blocks < _MAX_VEC_PER_BLOCK
+
+
+def quant_tw_dual_cuda(x: torch.Tensor, dtype: torch.dtype):
+    """``(q, s, qt, s)`` as the Triton launcher (qt = x.T quantized, contiguous [N, M])."""
+    q, s, qt = _ops().quant_tw_hold_dual_fp8(x, dtype, _fmax(dtype), cuda_tw_dual_flags())
+    return q, s, qt, s
+
+
+def _ops():
+    from primus_turbo.build_info import native_ops
+
+    return native_ops()
 
 
 def quant_tw_cuda(x: torch.Tensor, dtype: torch.dtype):
