@@ -7,8 +7,8 @@
 // co-resident grid (one 512-thread block per SM) owns a contiguous range of tile indices. Thread
 // t owns the 16-byte vector (row t / 8, columns 8 (t % 8) .. +7) of every tile. Held: 26 tiles in
 // shared memory (cp.async, L2 evict_first, XOR-swizzled slots: vector c of row r at r * 8 +
-// (c ^ ((r / 8) % 8)), so the column reads below are bank-conflict free), 16 tiles in registers
-// (one uint4 per thread per tile); further tiles are streamed for the amax (L2 evict_last, read
+// (c ^ ((r / 8) % 8)), so the column reads below are bank-conflict free), 16 (variant 1: 12)
+// tiles in registers (one uint4 per thread per tile); further tiles are streamed for the amax (L2 evict_last, read
 // last). Phase 1 / barrier / scale as quant_tw_hold.cu. Phase 2, per tile: the q row bytes from
 // the thread's own vector (8 bytes; a warp writes 4 rows x 64 contiguous bytes), and the qt bytes
 // through shared memory: thread t reads column j = 4 (t / 32) + (t % 32) / 8 of rows 8 g .. 8 g +
@@ -31,11 +31,11 @@ namespace primus_turbo {
 #if PT_HIP
 
 Status quant_tw_hold_dual_fp8_gpu(const void*, void*, void*, void*, void*, int64_t, int64_t, bool,
-                                  float, int, int, void*) noexcept {
+                                  float, int, int, int, void*) noexcept {
   return kBadArgument;
 }
 
-Status quant_tw_hold_dual_blocks(bool, int* blocks) noexcept {
+Status quant_tw_hold_dual_blocks(int, bool, int* blocks) noexcept {
   *blocks = 0;
   return kBadArgument;
 }
@@ -56,9 +56,6 @@ constexpr int kDualSmemBytes = (kSmemTiles + kStageTiles) * kTileVec * 16;  // 2
 #include "primus_turbo/quant_tw_hold.cuh"  // policies, loads, keys, cast8, block_max
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-
-constexpr int kRegTiles = 16;  // tiles held in registers
-constexpr int kStream = 4;     // streamed tiles in flight per loop step
 
 // Shared-memory slot of vector c of tile row r (XOR swizzle by the row's 8-row group).
 __device__ __forceinline__ int swz(int r, int c) { return r * 8 + (c ^ ((r >> 3) & 7)); }
@@ -97,7 +94,9 @@ __device__ __forceinline__ void cast_tile(const uint4* tile, uint4 own, int64_t 
 
 #endif  // __CUDA_ARCH__ >= 900
 
-template <bool E5M2>
+// kRegTiles: tiles held in registers (one uint4 per thread each); kStream: streamed tiles in
+// flight per loop step.
+template <bool E5M2, int kRegTiles, int kStream>
 __global__ void __launch_bounds__(kThreads, 1)
     quant_tw_hold_dual_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
                               uint8_t* __restrict__ qt, float* __restrict__ s,
@@ -214,12 +213,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // __CUDA_ARCH__ >= 900
 }
 
-Status dual_resident_blocks(bool e5m2, int* blocks) {
+// Dual variants (quant_tw_hold.h): 0 = 16 register tiles, 4 streamed tiles in flight; 1 = 12, 8.
+const void* dual_kernel(int variant, bool e5m2) {
+  if (variant == 1) {
+    return e5m2 ? reinterpret_cast<const void*>(&quant_tw_hold_dual_kernel<true, 12, 8>)
+                : reinterpret_cast<const void*>(&quant_tw_hold_dual_kernel<false, 12, 8>);
+  }
+  return e5m2 ? reinterpret_cast<const void*>(&quant_tw_hold_dual_kernel<true, 16, 4>)
+              : reinterpret_cast<const void*>(&quant_tw_hold_dual_kernel<false, 16, 4>);
+}
+
+Status dual_resident_blocks(int variant, bool e5m2, int* blocks) {
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices][2];  // blocks + 1, 0 = not queried yet
+  static std::atomic<int> cache[kMaxDevices][kQuantTwHoldDualVariants][2];  // blocks + 1, 0 = unset
   int dev = 0;
   PT_RETURN_IF_ERROR(ptGetDevice(&dev));
-  std::atomic<int>* slot = dev >= 0 && dev < kMaxDevices ? &cache[dev][e5m2 ? 1 : 0] : nullptr;
+  std::atomic<int>* slot =
+      dev >= 0 && dev < kMaxDevices ? &cache[dev][variant][e5m2 ? 1 : 0] : nullptr;
   if (slot != nullptr) {
     const int v = slot->load(std::memory_order_relaxed);
     if (v > 0) {
@@ -233,8 +243,7 @@ Status dual_resident_blocks(bool e5m2, int* blocks) {
   PT_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   int n = 0;
   if (major >= 9 && coop != 0) {
-    const void* fn = e5m2 ? reinterpret_cast<const void*>(&quant_tw_hold_dual_kernel<true>)
-                          : reinterpret_cast<const void*>(&quant_tw_hold_dual_kernel<false>);
+    const void* fn = dual_kernel(variant, e5m2);
     PT_RETURN_IF_ERROR(
         cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kDualSmemBytes));
     PT_RETURN_IF_ERROR(
@@ -248,14 +257,16 @@ Status dual_resident_blocks(bool e5m2, int* blocks) {
 
 }  // namespace
 
-Status quant_tw_hold_dual_blocks(bool e5m2, int* blocks) noexcept {
+Status quant_tw_hold_dual_blocks(int variant, bool e5m2, int* blocks) noexcept {
   *blocks = 0;
-  return dual_resident_blocks(e5m2, blocks);
+  if (variant < 0 || variant >= kQuantTwHoldDualVariants) return kBadArgument;
+  return dual_resident_blocks(variant, e5m2, blocks);
 }
 
 Status quant_tw_hold_dual_fp8_gpu(const void* x, void* q, void* qt, void* s, void* parts,
-                                  int64_t m, int64_t n, bool e5m2, float fmax, int flags,
-                                  int blocks, void* stream) noexcept {
+                                  int64_t m, int64_t n, bool e5m2, float fmax, int variant,
+                                  int flags, int blocks, void* stream) noexcept {
+  if (variant < 0 || variant >= kQuantTwHoldDualVariants) return kBadArgument;
   if (m < kTile || n < kTile || m % kTile != 0 || n % kTile != 0 || blocks < 1) {
     return kBadArgument;
   }
@@ -267,7 +278,7 @@ Status quant_tw_hold_dual_fp8_gpu(const void* x, void* q, void* qt, void* s, voi
   int tiles_n = static_cast<int>(n / kTile);
   if (n / kTile > 0x7fffffff || ntiles / blocks >= 0x7fffffff) return kBadArgument;
   int resident = 0;
-  const Status st = dual_resident_blocks(e5m2, &resident);
+  const Status st = dual_resident_blocks(variant, e5m2, &resident);
   if (st != kOk) return st;
   if (blocks > resident) return kBadArgument;  // the cooperative grid must be co-resident
   cudaLaunchConfig_t cfg = {};
@@ -287,9 +298,7 @@ Status quant_tw_hold_dual_fp8_gpu(const void* x, void* q, void* qt, void* s, voi
   uint32_t* pw = static_cast<uint32_t*>(parts);
   int64_t mm = m, nn = n;
   void* args[] = {&xv, &qv, &qtv, &sf, &pw, &mm, &nn, &ntiles, &tiles_n, &fmax, &flags};
-  const void* fn = e5m2 ? reinterpret_cast<const void*>(&quant_tw_hold_dual_kernel<true>)
-                        : reinterpret_cast<const void*>(&quant_tw_hold_dual_kernel<false>);
-  PT_RETURN_IF_ERROR(cudaLaunchKernelExC(&cfg, fn, args));
+  PT_RETURN_IF_ERROR(cudaLaunchKernelExC(&cfg, dual_kernel(variant, e5m2), args));
   return kOk;
 }
 

@@ -18,9 +18,10 @@ namespace {
 int blocks_of(at::ScalarType dtype, int64_t variant) {
   int blocks = 0;
   const bool e5m2 = dtype == at::kFloat8_e5m2;
-  const Status status = variant == kQuantTwHoldDualVariant
-                            ? quant_tw_hold_dual_blocks(e5m2, &blocks)
-                            : quant_tw_hold_blocks(static_cast<int>(variant), e5m2, &blocks);
+  const int v = static_cast<int>(variant);
+  const Status status = v >= kQuantTwHoldDualVariant
+                            ? quant_tw_hold_dual_blocks(v - kQuantTwHoldDualVariant, e5m2, &blocks)
+                            : quant_tw_hold_blocks(v, e5m2, &blocks);
   TORCH_CHECK(status == kOk, "primus_turbo_cpp.quant_tw_hold_blocks: ", status_string(status),
               " (status ", status, ")");
   return blocks;
@@ -66,8 +67,8 @@ std::tuple<at::Tensor, at::Tensor> quant_tw_hold_fp8_gpu_impl(const at::Tensor& 
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_tw_hold_dual_fp8_gpu_impl(
-    const at::Tensor& x, at::ScalarType dtype, double fmax, int64_t flags) {
-  auto [m, n] = check_quant_tw_hold_dual(x, dtype, flags);
+    const at::Tensor& x, at::ScalarType dtype, double fmax, int64_t variant, int64_t flags) {
+  auto [m, n] = check_quant_tw_hold_dual(x, dtype, variant, flags);
   TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
               "primus_turbo_cpp.quant_tw_hold_dual_fp8: argument 'x' expected 16-byte alignment");
   const c10::cuda::CUDAGuard guard(x.device());
@@ -77,7 +78,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_tw_hold_dual_fp8_gpu_impl(
     s.fill_(1.0 / (fmax / 1e-12));
     return out;
   }
-  const int blocks = blocks_of(dtype, kQuantTwHoldDualVariant);
+  const int blocks = blocks_of(dtype, kQuantTwHoldDualVariant + variant);
   TORCH_CHECK(blocks > 0,
               "primus_turbo_cpp.quant_tw_hold_dual_fp8: the kernel cannot be made co-resident on "
               "this device (needs sm_90+ with cooperative launch)");
@@ -87,8 +88,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_tw_hold_dual_fp8_gpu_impl(
   at::Tensor parts = at::empty({blocks}, x.options().dtype(at::kInt));
   const Status status = quant_tw_hold_dual_fp8_gpu(
       x.data_ptr(), q.data_ptr(), qt.data_ptr(), s.data_ptr(), parts.data_ptr(), m, n,
-      dtype == at::kFloat8_e5m2, static_cast<float>(fmax), static_cast<int>(flags), blocks,
-      c10::cuda::getCurrentCUDAStream().stream());
+      dtype == at::kFloat8_e5m2, static_cast<float>(fmax), static_cast<int>(variant),
+      static_cast<int>(flags), blocks, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(status == kOk, "primus_turbo_cpp.quant_tw_hold_dual_fp8: GPU launch failed: ",
               status_string(status), " (status ", status, ")");
   return out;

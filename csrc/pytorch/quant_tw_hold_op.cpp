@@ -16,8 +16,8 @@ std::tuple<at::Tensor, at::Tensor> quant_tw_hold_fp8_meta(const at::Tensor& x,
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_tw_hold_dual_fp8_meta(
-    const at::Tensor& x, at::ScalarType dtype, double fmax, int64_t flags) {
-  check_quant_tw_hold_dual(x, dtype, flags);
+    const at::Tensor& x, at::ScalarType dtype, double fmax, int64_t variant, int64_t flags) {
+  check_quant_tw_hold_dual(x, dtype, variant, flags);
   return alloc_quant_tw_hold_dual(x, dtype);
 }
 
@@ -35,7 +35,8 @@ TORCH_LIBRARY_FRAGMENT(primus_turbo_cpp, m) {
       "quant_tw_hold_fp8(Tensor x, ScalarType dtype, float fmax, int variant=0, int flags=3) -> "
       "(Tensor, Tensor)");
   m.def(
-      "quant_tw_hold_dual_fp8(Tensor x, ScalarType dtype, float fmax, int flags=3) -> "
+      "quant_tw_hold_dual_fp8(Tensor x, ScalarType dtype, float fmax, int variant=0, int flags=3) "
+      "-> "
       "(Tensor, Tensor, Tensor)");
   m.def("quant_tw_hold_blocks(Tensor x, ScalarType dtype, int variant=0) -> int");
 }

@@ -20,11 +20,11 @@ inline void check_quant_tw_hold_variant(int64_t variant) {
               kQuantTwHoldVariants - 1, ", got ", variant);
 }
 
-// quant_tw_hold_blocks: the plain variants or kQuantTwHoldDualVariant.
+// quant_tw_hold_blocks: the plain variants, then kQuantTwHoldDualVariant + the dual variants.
 inline void check_quant_tw_hold_blocks_variant(int64_t variant) {
-  TORCH_CHECK(variant >= 0 && variant <= kQuantTwHoldDualVariant,
+  TORCH_CHECK(variant >= 0 && variant < kQuantTwHoldDualVariant + kQuantTwHoldDualVariants,
               "primus_turbo_cpp.quant_tw_hold_blocks: argument 'variant' expected 0..",
-              kQuantTwHoldDualVariant, ", got ", variant);
+              kQuantTwHoldDualVariant + kQuantTwHoldDualVariants - 1, ", got ", variant);
 }
 
 inline void check_quant_tw_hold_dtype(at::ScalarType dtype) {
@@ -56,9 +56,14 @@ inline std::tuple<at::Tensor, at::Tensor> alloc_quant_tw_hold(const at::Tensor& 
   return {q, s};
 }
 
-// Dual: x contiguous bf16 [M, N], M and N multiples of 64; returns (M, N).
+// Dual: x contiguous bf16 [M, N], M and N multiples of 64; variant: 0..kQuantTwHoldDualVariants-1;
+// returns (M, N).
 inline std::pair<int64_t, int64_t> check_quant_tw_hold_dual(const at::Tensor& x,
-                                                            at::ScalarType dtype, int64_t flags) {
+                                                            at::ScalarType dtype, int64_t variant,
+                                                            int64_t flags) {
+  TORCH_CHECK(variant >= 0 && variant < kQuantTwHoldDualVariants,
+              "primus_turbo_cpp.quant_tw_hold_dual_fp8: argument 'variant' expected 0..",
+              kQuantTwHoldDualVariants - 1, ", got ", variant);
   check_quant_tw_hold(x, dtype, 0, flags);
   TORCH_CHECK(x.dim() == 2,
               "primus_turbo_cpp.quant_tw_hold_dual_fp8: argument 'x' expected a 2-D tensor, got ",

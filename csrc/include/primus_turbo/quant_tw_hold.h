@@ -21,7 +21,8 @@ namespace primus_turbo {
 // and 2 = 1024 x 7 x 2 (64 registers); all with 224 KB of shared memory per block, one block per
 // SM (sm_90: 224 + 112-128 KB of x held per SM).
 constexpr int kQuantTwHoldVariants = 3;
-// The dual kernel's id in the torch op quant_tw_hold_blocks (quant_tw_hold_dual_blocks below).
+// The dual kernels' first id in the torch op quant_tw_hold_blocks (id - kQuantTwHoldDualVariant is
+// quant_tw_hold_dual_blocks's variant).
 constexpr int kQuantTwHoldDualVariant = kQuantTwHoldVariants;
 
 // Flags (`flags`, bits): 1 = L2 evict_last on the streamed remainder's amax loads and
@@ -42,11 +43,13 @@ Status quant_tw_hold_fp8_gpu(const void* x, void* q, void* s, void* parts, int64
                              void* stream) noexcept;
 
 // Dual: q [M, N] and qt [N, M] (= x.T quantized) with the one scale s; x contiguous bf16 [M, N],
-// M and N multiples of 64 (>= 64), 16-byte aligned; 512 threads per block, 64 x 64 tiles (26 in
-// shared memory, 16 in registers per block). `blocks`: 1 .. quant_tw_hold_dual_blocks's count.
-Status quant_tw_hold_dual_blocks(bool e5m2, int* blocks) noexcept;
+// M and N multiples of 64 (>= 64), 16-byte aligned; 512 threads per block, 64 x 64 tiles, 26 in
+// shared memory per block and (`variant`) 0: 16 in registers, 4 streamed tiles in flight; 1: 12
+// and 8. `blocks`: 1 .. quant_tw_hold_dual_blocks's count.
+constexpr int kQuantTwHoldDualVariants = 2;
+Status quant_tw_hold_dual_blocks(int variant, bool e5m2, int* blocks) noexcept;
 Status quant_tw_hold_dual_fp8_gpu(const void* x, void* q, void* qt, void* s, void* parts,
-                                  int64_t m, int64_t n, bool e5m2, float fmax, int flags,
-                                  int blocks, void* stream) noexcept;
+                                  int64_t m, int64_t n, bool e5m2, float fmax, int variant,
+                                  int flags, int blocks, void* stream) noexcept;
 
 }  // namespace primus_turbo

@@ -227,7 +227,7 @@ def test_hold_op_direct_and_zero_size(monkeypatch):
         ops.quant_tw_hold_fp8(x.half(), E4M3, 448.0, 0, 3)
     with pytest.raises(RuntimeError, match="contiguous"):
         ops.quant_tw_hold_fp8(x.t(), E4M3, 448.0, 0, 3)
-    for v in range(len({v for v, _ in twc.TW_VARIANTS.values()})):
+    for v in range(len({v for v, _ in twc.TW_VARIANTS.values()})):  # the plain kernels
         assert (
             ops.quant_tw_hold_blocks(x, E4M3, v)
             >= torch.cuda.get_device_properties(0).multi_processor_count
@@ -289,18 +289,20 @@ def test_hold_dual_bitwise(monkeypatch, shape, variant, dtype):
 
 @_SKIP_GPU
 @pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
-def test_hold_dual_bitwise_big(monkeypatch, dtype):
-    _compare_dual(monkeypatch, _x(28672, 4096), dtype, "hold")
+@pytest.mark.parametrize("variant", ["hold", "hold12"])
+def test_hold_dual_bitwise_big(monkeypatch, variant, dtype):
+    _compare_dual(monkeypatch, _x(28672, 4096), dtype, variant)
 
 
 @_SKIP_GPU
 @pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("variant", ["hold", "hold12"])
 @pytest.mark.parametrize("shape", [(8192, 4096), (640, 1344)], ids=lambda v: "x".join(map(str, v)))
-def test_hold_dual_specials(monkeypatch, shape, dtype):
+def test_hold_dual_specials(monkeypatch, shape, variant, dtype):
     m, n = shape
     for value in (0.0, 2.5, float("inf"), float("-inf"), float("nan")):
         x = torch.full((m, n), value, device="cuda", dtype=torch.bfloat16)
-        _compare_dual(monkeypatch, x, dtype, "hold")
+        _compare_dual(monkeypatch, x, dtype, variant)
     # the amax / an inf / a NaN in the first block's shared-memory, register and streamed tiles,
     # the middle and the last tile
     tiles_n = n // 64
@@ -309,7 +311,7 @@ def test_hold_dual_specials(monkeypatch, shape, dtype):
         for value in (1000.0, -3e38, float("inf"), float("nan")):
             x = _x(m, n, 0.1)
             x[tm * 64 + 37, tn * 64 + 11] = value
-            _compare_dual(monkeypatch, x, dtype, "hold")
+            _compare_dual(monkeypatch, x, dtype, variant)
 
 
 @_SKIP_GPU
@@ -361,9 +363,12 @@ def test_hold_dual_repeated_and_fallbacks(monkeypatch):
     ops = torch.ops.primus_turbo_cpp
     with pytest.raises(RuntimeError, match="multiples of 64"):
         ops.quant_tw_hold_dual_fp8(_x(100, 128), E4M3, 448.0)
-    assert ops.quant_tw_hold_blocks(x, E4M3, twc.DUAL_BLOCKS_ID) >= (
-        torch.cuda.get_device_properties(0).multi_processor_count
-    )
+    for v in (0, 1):
+        assert ops.quant_tw_hold_blocks(x, E4M3, twc.DUAL_BLOCKS_ID + v) >= (
+            torch.cuda.get_device_properties(0).multi_processor_count
+        )
+    with pytest.raises(RuntimeError, match="variant"):
+        ops.quant_tw_hold_dual_fp8(x, E4M3, 448.0, 2, 3)
 
 
 def _require_native_op(name: str) -> None:
@@ -399,13 +404,13 @@ def test_hold_dual_op_meta():
 
 def test_hold_dual_knob(monkeypatch):
     monkeypatch.delenv(DKNOB, raising=False)
-    assert twc.cuda_tw_dual_flags() is None
-    for name, flags in twc.TW_DUAL_VARIANTS.items():
+    assert twc.cuda_tw_dual_variant() is None
+    for name, value in twc.TW_DUAL_VARIANTS.items():
         monkeypatch.setenv(DKNOB, name.upper())
-        assert twc.cuda_tw_dual_flags() == flags
+        assert twc.cuda_tw_dual_variant() == value
     monkeypatch.setenv(DKNOB, "hold1k")  # plain-only variant
     with pytest.raises(ValueError, match=DKNOB):
-        twc.cuda_tw_dual_flags()
+        twc.cuda_tw_dual_variant()
     monkeypatch.setenv(DKNOB, "hold")
     monkeypatch.setenv(MIN, "1")
     assert not twc.cuda_tw_dual_on(torch.zeros(64, 64, dtype=torch.bfloat16), E4M3)

@@ -19,8 +19,9 @@ L2 hints and ``.cs`` stores (flags 3); ``hold1k`` = 1024 threads x 8 vectors, 1 
 ``PRIMUS_TURBO_QUANT_CUDA_TW_MIN`` (default 1048576): smaller inputs keep Triton.
 The dual recipe (``quantize_fp8_with_trans``: q and q^T with one scale) has its own knob,
 ``PRIMUS_TURBO_QUANT_CUDA_TW_DUAL`` (default ``0`` = Triton; ``hold`` / ``holdn`` / ``holdw`` =
-flags 3 / 2 / 1 as above): csrc/kernels/quant_tw_hold_dual.cu, 64 x 64 tiles (26 held in shared
-memory, 16 in registers per 512-thread block, the rest streamed), the transposed copy through
+flags 3 / 2 / 1 as above, ``hold12`` = 12 register tiles and 8 streamed tiles in flight instead of
+16 and 4): csrc/kernels/quant_tw_hold_dual.cu, 64 x 64 tiles (26 held in shared memory, 16 in
+registers per 512-thread block, the rest streamed), the transposed copy through
 XOR-swizzled shared memory; M and N multiples of 64 (else Triton). Everything else runs Triton
 silently too: AMD, GPUs before sm_90, fp16/fp32, non-contiguous or not 16-byte aligned inputs, fp8
 types other than e4m3fn / e5m2, an extension built without the kernel, a device where the grid
@@ -47,8 +48,10 @@ TW_VARIANTS = {
     "holdn": (0, 2),
     "holdw": (0, 1),
 }
-TW_DUAL_VARIANTS = {"hold": 3, "holdn": 2, "holdw": 1}  # name -> flags (the dual kernel)
-DUAL_BLOCKS_ID = 3  # quant_tw_hold_blocks's id of the dual kernel (kQuantTwHoldDualVariant)
+# dual: name -> (dual kernel variant: 0 = 16 register tiles and 4 streamed tiles in flight, 1 = 12
+# and 8; flags as above)
+TW_DUAL_VARIANTS = {"hold": (0, 3), "hold12": (1, 3), "holdn": (0, 2), "holdw": (0, 1)}
+DUAL_BLOCKS_ID = 3  # quant_tw_hold_blocks's id of dual variant 0 (kQuantTwHoldDualVariant)
 MIN_NUMEL = 1 << 20
 _MAX_VEC_PER_BLOCK = 2**31 - 4096  # the kernel's 32-bit per-block vector counts (the op refuses)
 
@@ -66,8 +69,8 @@ def cuda_tw_variant() -> tuple[int, int] | None:
     return TW_VARIANTS[raw]
 
 
-def cuda_tw_dual_flags() -> int | None:
-    """``PRIMUS_TURBO_QUANT_CUDA_TW_DUAL``: None (unset / ``0``: Triton) or the kernel flags."""
+def cuda_tw_dual_variant() -> tuple[int, int] | None:
+    """``PRIMUS_TURBO_QUANT_CUDA_TW_DUAL``: None (unset / ``0``: Triton) or ``(variant, flags)``."""
     raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_TW_DUAL", "").strip().lower() or "0"
     if raw == "0":
         return None
@@ -131,7 +134,8 @@ def cuda_tw_dual_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
     """Whether the dual tensorwise recipe of ``x`` (2-D) takes the dual hold kernel."""
     if torch.compiler.is_compiling():
         return False
-    if cuda_tw_dual_flags() is None:
+    v = cuda_tw_dual_variant()
+    if v is None:
         return False
     if not (
         x.device.type == "cuda"
@@ -149,13 +153,14 @@ def cuda_tw_dual_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     if not tw_kernel_available(index) or not hasattr(_ops(), "quant_tw_hold_dual_fp8"):
         return False
-    blocks = resident_blocks(index, DUAL_BLOCKS_ID, dtype)
+    blocks = resident_blocks(index, DUAL_BLOCKS_ID + v[0], dtype)
     return blocks > 0 and x.numel() // 4096 // blocks < _MAX_VEC_PER_BLOCK
 
 
 def quant_tw_dual_cuda(x: torch.Tensor, dtype: torch.dtype):
     """``(q, s, qt, s)`` as the Triton launcher (qt = x.T quantized, contiguous [N, M])."""
-    q, s, qt = _ops().quant_tw_hold_dual_fp8(x, dtype, _fmax(dtype), cuda_tw_dual_flags())
+    variant, flags = cuda_tw_dual_variant()
+    q, s, qt = _ops().quant_tw_hold_dual_fp8(x, dtype, _fmax(dtype), variant, flags)
     return q, s, qt, s
 
 
