@@ -14,18 +14,17 @@ namespace primus_turbo::pytorch {
 namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_dual_mx_fp8_gpu_impl(
-    const at::Tensor& x, at::ScalarType dtype, int64_t variant) {
-  auto [m, n] = check_quant_dual_mx(x, dtype, variant);
+    const at::Tensor& x, at::ScalarType dtype) {
+  auto [m, n] = check_quant_dual_mx(x, dtype);
   TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
               "primus_turbo_cpp.quant_dual_mx_fp8: argument 'x' expected 16-byte alignment");
   const c10::cuda::CUDAGuard guard(x.device());
-  auto out = alloc_quant_dual_mx(x, dtype, variant);
+  auto out = alloc_quant_dual_mx(x, dtype);
   if (m == 0 || n == 0) return out;
   auto& [q, s, qt, st] = out;
   const Status status = quant_dual_mx_fp8_gpu(
       x.data_ptr(), q.data_ptr(), s.data_ptr(), qt.data_ptr(), st.data_ptr(), m, n,
-      dtype == at::kFloat8_e5m2, static_cast<int>(variant),
-      c10::cuda::getCurrentCUDAStream().stream());
+      dtype == at::kFloat8_e5m2, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(status == kOk, "primus_turbo_cpp.quant_dual_mx_fp8: GPU launch failed: ",
               status_string(status), " (status ", status, ")");
   return out;

@@ -9,9 +9,9 @@ namespace primus_turbo::pytorch {
 namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_dual_mx_fp8_meta(
-    const at::Tensor& x, at::ScalarType dtype, int64_t variant) {
-  check_quant_dual_mx(x, dtype, variant);
-  return alloc_quant_dual_mx(x, dtype, variant);
+    const at::Tensor& x, at::ScalarType dtype) {
+  check_quant_dual_mx(x, dtype);
+  return alloc_quant_dual_mx(x, dtype);
 }
 
 }  // namespace
@@ -19,7 +19,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_dual_mx_fp8_met
 
 TORCH_LIBRARY_FRAGMENT(primus_turbo_cpp, m) {
   m.def(
-      "quant_dual_mx_fp8(Tensor x, ScalarType dtype, int variant) -> "
+      "quant_dual_mx_fp8(Tensor x, ScalarType dtype) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
 }
 

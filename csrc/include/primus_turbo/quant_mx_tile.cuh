@@ -1,9 +1,8 @@
 // The MX dual tile math of the NVIDIA cast-transpose kernels (quant_dual_mx.cu): the 128 x 128
 // tile layout (8 warp tiles of 32 rows x 64 columns, a lane holding 8 rows x 8 columns),
 // warp-local E8M0 amaxes, both copies stored from registers, the scales through 1 KB of shared
-// memory (tile_body), and their stores to s / st (store_scales; the cluster variants gather them
-// first). Include inside the kernels' anonymous namespace of the CUDA (non-HIP) branch, after
-// primus_turbo/device.h.
+// memory (tile_body), and their stores to s / st (store_scales, outer-dim-major). Include inside
+// the kernels' anonymous namespace of the CUDA (non-HIP) branch, after primus_turbo/device.h.
 #pragma once
 
 constexpr int kTile = 128;  // rows and columns of a block tile
@@ -95,7 +94,7 @@ __device__ __forceinline__ void load_tile(uint32_t (&d)[R][4], const uint16_t* _
 
 // Everything after the loads of tile (tm, tn) up to the scales: q and qt stored, this tile's
 // 128 x 4 scale bytes of s rows / st rows in ssm / csm (shared memory), ending with the block's
-// barrier (store_scales or a cluster gather follows).
+// barrier (store_scales follows).
 template <bool E5M2, int R>
 __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* ssm, uint32_t* csm,
                                           uint8_t* __restrict__ q, uint8_t* __restrict__ qt, int M,
@@ -203,56 +202,15 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
   __syncthreads();
 }
 
-// The tile's scales (after tile_body's barrier): threads 0..127 one s row each (4 blocks of 32
-// columns), 128..255 one st row each (4 blocks of 32 rows); 4-byte stores where the row's 4 bytes
-// are in and aligned.
-__device__ __forceinline__ void store_scales(const uint32_t* ssm, const uint32_t* csm,
-                                             uint8_t* __restrict__ s, uint8_t* __restrict__ st,
-                                             int M, int N, int tm, int tn) {
-  const int t = threadIdx.x, m0 = tm * kTile, n0 = tn * kTile;
-  const int nbs = N / 32, mbs = M / 32;
-  if (t < kTile) {
-    const int row = m0 + t;
-    if (row < M) {
-      const uint32_t v = ssm[t];
-      uint8_t* dst = s + int64_t{row} * nbs + n0 / 32;
-      if (nbs % 4 == 0) {
-        *reinterpret_cast<uint32_t*>(dst) = v;
-      } else {
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          if (n0 + 32 * b < N) dst[b] = static_cast<uint8_t>(v >> (8 * b));
-        }
-      }
-    }
-  } else if (t < 2 * kTile) {
-    const int c = t - kTile;
-    const int n = n0 + c;
-    if (n < N) {
-      const uint32_t v = csm[c];
-      uint8_t* dst = st + int64_t{n} * mbs + m0 / 32;
-      if (mbs % 4 == 0) {
-        *reinterpret_cast<uint32_t*>(dst) = v;
-      } else {
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          if (m0 + 32 * b < M) dst[b] = static_cast<uint8_t>(v >> (8 * b));
-        }
-      }
-    }
-  }
-}
-
-// The tile's scales in the outer-dim-major layout (after tile_body's barrier): s is stored as
+// The tile's scales, outer-dim-major (after tile_body's barrier): s is stored as
 // [N / 32][M] (logical [M, N / 32] with strides (1, M)) and st as [M / 32][N], so a tile's 4
 // blocks of s are 4 runs of 128 consecutive bytes (likewise st): 32 full L2 sectors per tile
 // instead of 256 partial ones. Thread t < 128 packs 4 rows (4 (t % 32) .. + 3) of s block
 // t / 32, thread 128 + t the same for st; one 4-byte store each (M % 32 == N % 32 == 0: a
 // thread's 4 rows are all in or all out, and the store is aligned).
-__device__ __forceinline__ void store_scales_outer(const uint32_t* ssm, const uint32_t* csm,
-                                                   uint8_t* __restrict__ s,
-                                                   uint8_t* __restrict__ st, int M, int N,
-                                                   int tm, int tn) {
+__device__ __forceinline__ void store_scales(const uint32_t* ssm, const uint32_t* csm,
+                                             uint8_t* __restrict__ s, uint8_t* __restrict__ st,
+                                             int M, int N, int tm, int tn) {
   const int t = threadIdx.x, m0 = tm * kTile, n0 = tn * kTile;
   const int b = (t >> 5) & 3, r0 = 4 * (t & 31);
   const bool rows = t < kTile;  // s (x rows) or st (x columns)

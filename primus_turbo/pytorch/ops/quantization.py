@@ -9,8 +9,8 @@ Conventions (see reference/quantization.py for the math and the special-value ru
   (axis=-1/1: ``[M, ceil(N/b)]``, stored outer-dim-major; axis=0: ``[ceil(M/b), N]``).
   MX_BLOCKWISE: blocks of 32 along ``axis`` (default -1; axis=0 quantizes ``x.T``
   and returns its data and scales), needs that dim to be a multiple of 32; the GPU kernels store
-  the E8M0 scales ``[M, N/32]`` outer-dim-major too (stride ``(1, M)``; the TORCH reference and
-  ``PRIMUS_TURBO_QUANT_MX_LAYOUT=row``: contiguous). Consumers index them through their strides.
+  the E8M0 scales ``[M, N/32]`` outer-dim-major too (stride ``(1, M)``; the TORCH reference:
+  contiguous). Consumers index them through their strides.
 * Shapes not a multiple of the block are handled (edge blocks use their valid part); MX and
   FP4 need the blocked dim to be a multiple of 32 and raise otherwise.
 * ``*_with_trans`` returns ``(q, s, q_t, s_t)``: ``x`` and ``x.T`` quantized in one pass,

@@ -5,9 +5,8 @@ of bf16 inputs on NVIDIA, gives the same bits and scales as the Triton kernel
 unaligned qt rows, several tiles per persistent block), inf/-inf/NaN values, all-NaN / all-inf /
 all-zero rows and columns, e4m3 and e5m2, zero-size inputs; inputs it does not take fall back to
 Triton; the knob is validated; CPU tensors never take it; torch.compile traces (Triton).
-The CUDA MX dual kernel (csrc/kernels/quant_dual_mx.cu, PRIMUS_TURBO_QUANT_CUDA_MX=f, the
-default, and a) is held to the same: bitwise the Triton word kernel (second half of the
-file)."""
+The CUDA MX dual kernel (csrc/kernels/quant_dual_mx.cu, the default) is held to the same:
+bitwise the Triton word kernel, outer-dim-major scales (second half of the file)."""
 
 from __future__ import annotations
 
@@ -282,19 +281,14 @@ def test_cuda_b128_op_meta():
 
 
 # ---- MX dual: the CUDA MXFP8 cast-transpose (csrc/kernels/quant_dual_mx.cu), the default on
-# NVIDIA (PRIMUS_TURBO_QUANT_CUDA_MX unset = f), bitwise the Triton word kernel
-# (PRIMUS_TURBO_QUANT_CUDA_MX=0)
+# NVIDIA (PRIMUS_TURBO_QUANT_CUDA_MX unset / 1), bitwise the Triton word kernel
+# (PRIMUS_TURBO_QUANT_CUDA_MX=0), both storing the E8M0 scales outer-dim-major
 
 _KERNEL_MX = _NVIDIA and quant_cuda.cuda_mx_kernel_available()
 _SKIP_GPU_MX = pytest.mark.skipif(
     not _KERNEL_MX,
     reason="needs an NVIDIA GPU and a CUDA build of primus_turbo.pytorch._C with quant_dual_mx_fp8",
 )
-# o (the default, PRIMUS_TURBO_QUANT_MX_LAYOUT unset = outer): a storing the scales
-# outer-dim-major (op variant 3); with PRIMUS_TURBO_QUANT_MX_LAYOUT=row (contiguous scales): a,
-# one tile per block, and f, a in thread block clusters of 2 x 4 tiles gathering the scales by
-# st.async (sm_90+, M % 256 == 0 and N % 512 == 0; a elsewhere)
-MX_VARIANTS = ["o", "a", "f"]
 
 
 def _quant_mx(x, dtype):
@@ -311,92 +305,69 @@ def _input_mx(m, n, special, device):
     return x
 
 
-def _set_mx(monkeypatch, variant):
-    """o: the default layout (outer) and kernel; a / f / 0: row-major scales, that knob value."""
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_MX_LAYOUT", "outer" if variant == "o" else "row")
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "f" if variant == "o" else variant)
-
-
-def _compare_mx(monkeypatch, x, dtype, variant):
-    _set_mx(monkeypatch, variant)
+def _compare_mx(monkeypatch, x, dtype):
+    """The CUDA kernel (knob unset) against Triton (knob 0): same bits, same (outer) layouts."""
     monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "0")
-    ref = _quant_mx(x, dtype)  # Triton (the word kernel on NVIDIA), same scale layout
-    _set_mx(monkeypatch, variant)
+    ref = _quant_mx(x, dtype)  # Triton (the word kernel on NVIDIA)
+    monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA_MX")
     out = _quant_mx(x, dtype)
     assert len(out) == len(ref) == 4
     for name, a, b in zip(("q", "scale", "q_t", "scale_t"), out, ref, strict=True):
-        assert same_bits(a, b), f"{tuple(x.shape)} {dtype} variant {variant}: {name} differs"
+        assert same_bits(a, b), f"{tuple(x.shape)} {dtype}: {name} differs"
     m, n = x.shape
-    if variant == "o":  # outer-dim-major scales: [M, N/32] with strides (1, M), likewise st
-        assert out[1].stride() == (1, m) and out[3].stride() == (1, n)
-    if variant != "a":  # and the row-major one-tile kernel a (values; layouts may differ)
-        _set_mx(monkeypatch, "a")
-        base = _quant_mx(x, dtype)
-        for name, a, b in zip(("q", "scale", "q_t", "scale_t"), out, base, strict=True):
-            same = torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-            assert same, f"{tuple(x.shape)} {dtype} {variant}: {name} differs from a"
+    assert out[1].stride() == (1, m) and out[3].stride() == (1, n)  # outer-dim-major scales
 
 
-# model shapes; M % 128 = 64 and N % 128 = 96 with N / 32
-# odd (byte-wise scale stores); N % 64 = 32 (half warp tiles); one 32 x 32 block; M = 96
+# model shapes; M % 128 = 64 and N % 128 = 96 with N / 32 odd; N % 64 = 32 (half warp tiles); one
+# 32 x 32 block; M = 96; shapes that were whole / partial 2x4 clusters of session 9's kernel
 MX_SHAPES = [(8192, 4096), (6144, 4096), (4096, 2048), (4160, 2016), (320, 4064), (96, 160),
-             (2048, 96), (32, 32), (64, 128)]  # fmt: skip
-# f also: whole clusters of other shapes (one cluster 256 x 512; N = 1536 (3 clusters along N);
-# M = 28672; N = 8192) and shapes that fall back to a (M % 256 = 128; N % 512 = 256; 256 x 256;
-# 128 x 512)
-MX_SHAPES_CLUSTER = [(256, 512), (256, 256), (128, 512), (512, 512), (768, 1536), (1536, 1536),
-                     (8192, 8192), (28672, 4096), (4224, 4096), (2048, 2304),
-                     (6400, 2048)]  # fmt: skip
+             (2048, 96), (32, 32), (64, 128), (256, 512), (128, 512), (1536, 1536),
+             (28672, 4096), (4224, 4096), (2048, 2304)]  # fmt: skip
 
 
 @_SKIP_GPU_MX
-@pytest.mark.parametrize("variant", MX_VARIANTS)
 @pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("shape", MX_SHAPES, ids=lambda v: "x".join(map(str, v)))
-def test_cuda_mx_dual_bitwise(monkeypatch, shape, dtype, variant):
+def test_cuda_mx_dual_bitwise(monkeypatch, shape, dtype):
     m, n = shape
-    _set_mx(monkeypatch, variant)
+    monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA_MX", raising=False)
     assert quant_cuda.cuda_mx_dual_on(_input_mx(m, n, False, "cuda"), dtype)  # no fallback
     for special in (False, True) if m >= 64 else (False,):
-        _compare_mx(monkeypatch, _input_mx(m, n, special, "cuda"), dtype, variant)
+        _compare_mx(monkeypatch, _input_mx(m, n, special, "cuda"), dtype)
 
 
 @_SKIP_GPU_MX
-@pytest.mark.parametrize("shape", MX_SHAPES_CLUSTER, ids=lambda v: "x".join(map(str, v)))
-def test_cuda_mx_dual_cluster_bitwise(monkeypatch, shape):
-    """The cluster variant f on one / several / many clusters and on fallback shapes: bitwise
-    Triton and a (e4m3; e5m2 is in test_cuda_mx_dual_bitwise)."""
-    m, n = shape
-    _set_mx(monkeypatch, "f")
-    assert quant_cuda.cuda_mx_dual_on(_input_mx(m, n, False, "cuda"), E4M3)
-    for special in (False, True) if m >= 64 else (False,):
-        for variant in ("f", "o"):
-            _compare_mx(monkeypatch, _input_mx(m, n, special, "cuda"), E4M3, variant)
-
-
-@_SKIP_GPU_MX
-@pytest.mark.parametrize("variant", MX_VARIANTS)
-def test_cuda_mx_dual_values(monkeypatch, variant):
+def test_cuda_mx_dual_values(monkeypatch):
     """Every finite exponent and the specials, column- and row-wise (against Triton)."""
     bits = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16)
     x = bits.view(torch.bfloat16).reshape(256, 256).cuda()
-    # 256 x 256: f falls back to a; 256 x 512: one 2 x 4 cluster of f; 512 x 512: 2 of f
     xc = torch.cat((x, x.t()), 1)
     for xx in (x, x.t().contiguous(), x.flip(0).contiguous(), xc, torch.cat((xc, xc.flip(1)), 0)):
         for dtype in (E4M3, E5M2):
-            _compare_mx(monkeypatch, xx, dtype, variant)
+            _compare_mx(monkeypatch, xx, dtype)
+
+
+@_SKIP_GPU_MX
+def test_cuda_mx_dual_matches_reference(monkeypatch):
+    """The default path's values equal the TORCH reference's (contiguous scales there)."""
+    from primus_turbo.pytorch.reference import quantization as ref
+
+    monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA_MX", raising=False)
+    x = _input_mx(256, 384, True, "cuda")
+    q, s, qt, st = _quant_mx(x, E4M3)
+    q_ref, s_ref = ref.quantize_mx_ref(x, E4M3)
+    qt_ref, st_ref = ref.quantize_mx_ref(x.t().contiguous(), E4M3)
+    for a, b in ((q, q_ref), (s, s_ref), (qt, qt_ref), (st, st_ref)):
+        assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 @_SKIP_GPU_MX
 def test_cuda_mx_dual_fallback_and_default(monkeypatch):
-    """Unset: the CUDA kernel (knob f, outer layout: op variant o); 0: the Triton kernel; inputs
-    it does not take run Triton silently."""
+    """Unset: the CUDA kernel; 0: the Triton kernel; inputs it does not take run Triton
+    silently."""
     x = _input_mx(256, 256, False, "cuda")
     monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA_MX", raising=False)
-    monkeypatch.delenv("PRIMUS_TURBO_QUANT_MX_LAYOUT", raising=False)
-    q, s, qt, st = _quant_mx(x, E4M3)
-    assert s.stride() == (1, 256) and st.stride() == (1, 256)
-    assert quant_cuda.cuda_mx_variant() == 2 and quant_cuda.cuda_mx_dual_on(x, E4M3)
+    assert quant_cuda.cuda_mx_on() and quant_cuda.cuda_mx_dual_on(x, E4M3)
     with unittest.mock.patch.object(quant_cuda, "quant_dual_mx_cuda", side_effect=RuntimeError):
         with pytest.raises(RuntimeError):
             _quant_mx(x, E4M3)
@@ -404,7 +375,7 @@ def test_cuda_mx_dual_fallback_and_default(monkeypatch):
     assert not quant_cuda.cuda_mx_dual_on(x, E4M3)
     with unittest.mock.patch.object(quant_cuda, "quant_dual_mx_cuda", side_effect=AssertionError):
         _quant_mx(x, E4M3)
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "a")
+    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "1")
     assert not quant_cuda.cuda_mx_dual_on(x.to(torch.float16), E4M3)
     assert not quant_cuda.cuda_mx_dual_on(x[:, :100], E4M3)
     assert not quant_cuda.cuda_mx_dual_on(x.t(), E4M3)
@@ -416,9 +387,8 @@ def test_cuda_mx_dual_fallback_and_default(monkeypatch):
 
 @_SKIP_GPU_MX
 def test_cuda_mx_dual_compile(monkeypatch):
-    """Under torch.compile tracing the gate says no (Triton, the same bits)."""
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", "a")
-    monkeypatch.delenv("PRIMUS_TURBO_QUANT_MX_LAYOUT", raising=False)
+    """Under torch.compile tracing the gate says no (Triton, the same bits and layouts)."""
+    monkeypatch.delenv("PRIMUS_TURBO_QUANT_CUDA_MX", raising=False)
     x = _input_mx(256, 384, True, "cuda")
     torch._dynamo.reset()
     try:
@@ -432,72 +402,43 @@ def test_cuda_mx_dual_compile(monkeypatch):
 
 
 def test_cuda_mx_knob(monkeypatch):
-    """The knob is validated; CPU tensors never take the kernel."""
+    """The knob is validated (the removed session-9 variants are refused); CPU tensors never
+    take the kernel."""
     x = _input_mx(64, 128, True, "cpu")
-    for bad in ("b", "c", "d", "e", "g", "h", "i", "1", "2"):  # measured losers, removed; numbers
+    for bad in ("a", "f", "g", "o", "2", "3"):
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", bad)
         with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_CUDA_MX"):
             quant_cuda.cuda_mx_dual_on(x, E4M3)
-    for ok in ("a", "A", "", "0", " F "):
+    for ok in ("1", "", "0", " 1 "):
         monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", ok)
         assert not quant_cuda.cuda_mx_dual_on(x, E4M3)
 
 
+def test_mx_scales_outer_dim_major():
+    """The Triton launcher (CPU interpreter here) stores MX scales outer-dim-major."""
+    from primus_turbo.triton.quantization.quant_launch import quant_mx
+
+    x = _input_mx(64, 96, True, "cpu")
+    q, s, qt, st = quant_mx(x, E4M3, dual=True)
+    assert s.shape == (64, 3) and s.stride() == (1, 64)
+    assert st.shape == (96, 2) and st.stride() == (1, 96)
+    q, s = quant_mx(x, E4M3)
+    assert s.shape == (64, 3) and s.stride() == (1, 64)
+
+
 def test_cuda_mx_op_meta():
-    """The MX op's Meta implementation: the Triton layouts."""
+    """The MX op's Meta implementation: the Triton layouts (outer-dim-major scales)."""
     _require_native_op("quant_dual_mx_fp8")
+    schema = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8.default._schema
+    if "variant" in [a.name for a in schema.arguments]:
+        pytest.skip("primus_turbo.pytorch._C still has the session-9 variant argument: rebuild it")
     x = torch.empty(320, 2016, dtype=torch.bfloat16, device="meta")
-    q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 1)
+    q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3)
     assert q.shape == (320, 2016) and qt.shape == (2016, 320) and q.dtype == E4M3
-    assert s.shape == (320, 63) and s.stride() == (63, 1) and s.dtype == torch.uint8
-    assert st.shape == (2016, 10) and st.stride() == (10, 1)
+    assert s.shape == (320, 63) and s.stride() == (1, 320) and s.dtype == torch.uint8
+    assert st.shape == (2016, 10) and st.stride() == (1, 2016)
     with pytest.raises(RuntimeError, match="multiples of 32"):
         y = torch.empty(32, 48, dtype=torch.bfloat16, device="meta")
-        torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(y, E4M3, 1)
-    q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E5M2, 1)
+        torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(y, E4M3)
+    q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E5M2)
     assert qt.shape == (2016, 320) and qt.dtype == E5M2
-    try:
-        torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 3)
-    except RuntimeError:
-        pytest.skip("primus_turbo.pytorch._C without variant 3 (o, outer scales): rebuild it")
-    for bad in (0, 4, 5):
-        with pytest.raises(RuntimeError, match="variant"):
-            torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, bad)
-    q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 2)  # f: the same layouts
-    assert qt.shape == (2016, 320) and s.shape == (320, 63) and st.shape == (2016, 10)
-    assert s.stride() == (63, 1) and st.stride() == (10, 1)
-    q, s, qt, st = torch.ops.primus_turbo_cpp.quant_dual_mx_fp8(x, E4M3, 3)  # o: outer scales
-    assert q.shape == (320, 2016) and qt.shape == (2016, 320)
-    assert s.shape == (320, 63) and s.stride() == (1, 320)
-    assert st.shape == (2016, 10) and st.stride() == (1, 2016)
-
-
-def test_cuda_mx_variant_passed_to_op(monkeypatch):
-    """The knob's variant reaches the op (unset = f); f becomes a on devices before sm_90."""
-    calls = []
-
-    class _Ops:
-        @staticmethod
-        def quant_dual_mx_fp8(x, dtype, variant):
-            calls.append(variant)
-            return (x, x, x, x)
-
-    monkeypatch.setattr("primus_turbo.build_info.native_ops", lambda: _Ops)
-    x = torch.zeros(32, 32, dtype=torch.bfloat16)
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_MX_LAYOUT", "row")
-    for capable in (True, False):
-        monkeypatch.setattr(quant_cuda, "_cluster_capable", lambda index, c=capable: c)
-        for raw in ("a", "f", ""):
-            monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", raw)
-            quant_cuda.quant_dual_mx_cuda(x, E4M3)
-    assert calls == [1, 2, 2, 1, 1, 1]
-    calls.clear()
-    for layout in ("", "outer", " OUTER "):  # outer scales (the default): o whatever the knob
-        monkeypatch.setenv("PRIMUS_TURBO_QUANT_MX_LAYOUT", layout)
-        for raw in ("a", "f", ""):
-            monkeypatch.setenv("PRIMUS_TURBO_QUANT_CUDA_MX", raw)
-            quant_cuda.quant_dual_mx_cuda(x, E4M3)
-    assert calls == [3] * 9
-    monkeypatch.setenv("PRIMUS_TURBO_QUANT_MX_LAYOUT", "col")
-    with pytest.raises(ValueError, match="PRIMUS_TURBO_QUANT_MX_LAYOUT"):
-        quant_cuda.quant_dual_mx_cuda(x, E4M3)

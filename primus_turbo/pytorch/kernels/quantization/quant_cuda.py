@@ -16,21 +16,15 @@ extension built without the kernel, and torch.compile tracing (Triton, same bits
 
 The MX dual recipe (``quant_mx(x, dtype, dual=True)``) has a CUDA cast-transpose too
 (``torch.ops.primus_turbo_cpp.quant_dual_mx_fp8``, csrc/kernels/quant_dual_mx.cu), the default
-on NVIDIA. ``PRIMUS_TURBO_QUANT_CUDA_MX`` = ``f`` (unset; H200 call 9.2: 0.831 / 0.831 of copy,
-4 shapes, vs ``a`` 0.814 / 0.817): ``a`` in thread block clusters of 2 x 4 tiles that gather the
-E8M0 scales in the owner block's shared memory (st.async on its mbarrier) and store 16 / 8 bytes
-per s / st row instead of 4 (a's 4-byte scale stores cost 2 M N / 128 extra L2 write sectors);
-sm_90+ with M % 256 == 0 and N % 512 == 0, ``a`` elsewhere (the same bits). ``a`` (one 128x128
-tile per 256-thread block, 3 blocks per SM; call 8.2: 0.816, Triton 0.787) stays selectable;
-``0`` = the Triton word kernel. Removed (refused like any other value): the persistent cp.async
-``g`` of session 8 (0.806 vs 0.816), the bulk-async pipeline ``b`` / ``c`` / ``d`` (call 9.1:
-0.701 / 0.698 / 0.614), the cluster-barrier ``e`` (call 9.2: 0.781 / 0.779), ``f`` in 4 x 4
-clusters of 16 blocks ``g`` (call 9.3: 0.815 / 0.816 vs ``f`` 0.830 / 0.831), ``f`` in 2 x 2 /
-1 x 4 clusters ``h`` / ``i`` (call 9.4: 0.827 / 0.824 and 0.817 / 0.821 vs ``f`` 0.833 / 0.830;
-368 resident blocks vs f's 360, but fewer scale sectors saved). It takes bf16, contiguous,
-16-byte aligned inputs with both dims multiples of 32 on NVIDIA sm_89+; everything else (and
-torch.compile tracing) runs Triton. The MX rows recipe (``dual=False``) always runs Triton (a
-CUDA rows kernel lost in call 8.2: 0.834 vs 0.875).
+on NVIDIA (``PRIMUS_TURBO_QUANT_CUDA_MX`` unset or ``1``; ``0`` = the Triton word kernel): one
+128x128 tile per 256-thread block, 3 blocks per SM, its E8M0 scales stored outer-dim-major (the
+Triton launcher's layout). H200 call 10.1: 0.903 of copy (4 shapes, each 0.895-0.910) vs 0.831-
+0.833 for session 9's default (the same tile in 2x4 thread block clusters gathering row-major
+scales) and 0.815-0.818 for the one-tile kernel with row-major scales: row-major E8M0 scales
+cost 2 M N / 128 partial L2 write sectors. It takes bf16, contiguous, 16-byte aligned inputs with
+both dims multiples of 32 on NVIDIA sm_89+; everything else (and torch.compile tracing) runs
+Triton. The MX rows recipe (``dual=False``) always runs Triton (a CUDA rows kernel lost in call
+8.2: 0.834 vs 0.875).
 """
 
 from __future__ import annotations
@@ -40,7 +34,7 @@ import os
 
 import torch
 
-from primus_turbo.triton.quantization.quant_launch import _env_flag, _hw_satfinite, mx_scale_layout
+from primus_turbo.triton.quantization.quant_launch import _env_flag, _hw_satfinite
 
 _DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -109,24 +103,13 @@ def quant_dual_cuda(x: torch.Tensor, dtype: torch.dtype, fmax: float):
     return tuple(native_ops().quant_dual_fp8(x, dtype, float(fmax)))  # p: any size, same bits
 
 
-_MX_VARIANTS = {"0": 0, "a": 1, "f": 2}
-
-
-def cuda_mx_variant() -> int:
-    """``PRIMUS_TURBO_QUANT_CUDA_MX``: 0 = off, 1 (``a``), 2 (``f``, the default: the cluster
-    variant)."""
-    raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_MX", "").strip().lower() or "f"
-    if raw not in _MX_VARIANTS:
-        raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX expected 0, a or f, got {raw!r}"
-        )
-    return _MX_VARIANTS[raw]
-
-
-@functools.cache
-def _cluster_capable(index: int) -> bool:
-    """sm_90+: the thread block clusters of variant f."""
-    return torch.cuda.get_device_capability(index) >= (9, 0)
+def cuda_mx_on() -> bool:
+    """``PRIMUS_TURBO_QUANT_CUDA_MX``: unset / ``1`` = the CUDA MX dual kernel, ``0`` = Triton.
+    The session-9 variants ``a`` / ``f`` (row-major scales) were removed and are refused."""
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_MX", "").strip().lower() or "1"
+    if raw not in ("0", "1"):
+        raise ValueError(f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_MX expected 0 or 1, got {raw!r}")
+    return raw == "1"
 
 
 @functools.cache
@@ -147,7 +130,7 @@ def cuda_mx_kernel_available(index: int = 0) -> bool:
 
 def cuda_mx_dual_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
     """Whether the MX dual recipe of ``x`` (2-D) takes the CUDA kernel."""
-    if torch.compiler.is_compiling() or cuda_mx_variant() == 0:
+    if torch.compiler.is_compiling() or not cuda_mx_on():
         return False
     m, n = x.shape
     return (
@@ -165,13 +148,7 @@ def cuda_mx_dual_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
 
 
 def quant_dual_mx_cuda(x: torch.Tensor, dtype: torch.dtype):
-    """``(q, s, qt, st)`` in the Triton launcher's layouts (see quant_dual_mx_op.h): scales
-    outer-dim-major (op variant 3, ``o``) unless ``PRIMUS_TURBO_QUANT_MX_LAYOUT=row``."""
+    """``(q, s, qt, st)`` in the Triton launcher's layouts (see quant_dual_mx_op.h)."""
     from primus_turbo.build_info import native_ops
 
-    if mx_scale_layout() == "outer":
-        return tuple(native_ops().quant_dual_mx_fp8(x, dtype, 3))  # o: a, 4 x 128-byte runs
-    variant = cuda_mx_variant()
-    if variant >= 2 and not _cluster_capable(x.device.index or 0):
-        variant = 1  # f needs sm_90+: a (the same bits)
-    return tuple(native_ops().quant_dual_mx_fp8(x, dtype, variant))
+    return tuple(native_ops().quant_dual_mx_fp8(x, dtype))
