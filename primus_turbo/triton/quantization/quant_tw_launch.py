@@ -153,14 +153,6 @@ def _evict_amax(x: torch.Tensor, ntiles: int, p: int, tile_bytes: int) -> tuple[
 
 def quant_tensorwise_tw(x: torch.Tensor, dtype: torch.dtype, dual: bool):
     """``(q, s)`` or ``(q, s, qt, s)`` through ``tw_quant_kernel``; ``x`` 2-D, non-empty."""
-    knob = "PRIMUS_TURBO_QUANT_CUDA_TW" + ("_DUAL" if dual else "")
-    if os.environ.get(knob, "0").strip() not in ("", "0"):  # the CUDA hold kernels (same bits)
-        from primus_turbo.pytorch.kernels.quantization import quant_tw_cuda as twc
-
-        if dual and twc.cuda_tw_dual_on(x, dtype):
-            return twc.quant_tw_dual_cuda(x, dtype)
-        if not dual and twc.cuda_tw_on(x, dtype):
-            return twc.quant_tw_cuda(x, dtype)
     m, n = x.shape
     xc = x if x.is_contiguous() else x.contiguous()
     q = torch.empty(x.shape, dtype=dtype, device=x.device)
