@@ -23,6 +23,10 @@
 // Triton kernel's NVIDIA path (SAT); 1 / scale with div.rn (Triton's tl.div_rn), written by
 // block 0. Needs sm_89+ (fp8 conversions; older archs compile empty kernels and the Python gate
 // never calls them). ROCm builds compile a stub. Nothing here throws.
+// Measured (H200 call 10.1, graph timing, x of copy, geomean 8192/6144/4096/28672 x 4096, two
+// interleaved repeats): plain 0.913 vs Triton 0.865 (28672: 0.979 vs 0.872), dual 0.910 vs
+// 0.861, so it is the default (PRIMUS_TURBO_QUANT_CUDA_TWD unset). Streaming st.global.cs stores
+// (Triton's CS; removed) tied on plain (0.915) and lost on dual (0.886).
 #include "primus_turbo/device.h"
 #include "primus_turbo/quant_tw_delayed.h"
 
@@ -93,13 +97,8 @@ __device__ __forceinline__ uint32_t cvt4(uint32_t w0, uint32_t w1, float sc) {
          (cvt2<E5M2>(bf_lo(w1) * sc, bf_hi(w1) * sc) << 16);
 }
 
-template <bool CS>
 __device__ __forceinline__ void store8(uint8_t* p, uint32_t lo, uint32_t hi) {
-  if (CS) {
-    __stcs(reinterpret_cast<uint2*>(p), make_uint2(lo, hi));
-  } else {
-    *reinterpret_cast<uint2*>(p) = make_uint2(lo, hi);
-  }
+  *reinterpret_cast<uint2*>(p) = make_uint2(lo, hi);
 }
 
 // p, hidden from the optimizer (keeps it from precomputing a loop's 64-bit addresses at once).
@@ -120,7 +119,7 @@ __device__ __forceinline__ void transpose4(uint32_t a0, uint32_t a1, uint32_t a2
   t[3] = __byte_perm(b1, c1, 0x7632);
 }
 
-template <bool E5M2, bool STORE, bool CS>
+template <bool E5M2, bool STORE>
 __global__ void __launch_bounds__(kThreads, 4)
     twd_dual_kernel(const uint16_t* __restrict__ x, uint8_t* __restrict__ q,
                     uint8_t* __restrict__ qt, const float* __restrict__ scale,
@@ -164,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     uint8_t* qp = q + int64_t{row0} * N + col;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      if (col_ok && row0 + j < M) store8<CS>(qp, rb[j][0], rb[j][1]);
+      if (col_ok && row0 + j < M) store8(qp, rb[j][0], rb[j][1]);
       qp = opaque(qp + N);
     }
     const bool full_m = (M % 8) == 0 && row0 + 8 <= M;
@@ -178,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, 4)
       for (int c = 0; c < 4; ++c) {
         if (col_ok) {
           if (full_m) {
-            store8<CS>(tp, lo[c], hi[c]);
+            store8(tp, lo[c], hi[c]);
           } else {
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
@@ -195,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 4)
 #endif
 }
 
-template <bool E5M2, bool STORE, bool CS>
+template <bool E5M2, bool STORE>
 __global__ void __launch_bounds__(kThreads)
     twd_flat_kernel(const uint4* __restrict__ x, uint8_t* __restrict__ q,
                     const float* __restrict__ scale, float* __restrict__ sinv,
@@ -222,7 +221,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < kFlatVecs; ++k) {
       const int64_t v = v0 + k * kThreads;
       if (v < nvec) {
-        store8<CS>(q + 8 * v, cvt4<E5M2>(d[k][0], d[k][1], sc), cvt4<E5M2>(d[k][2], d[k][3], sc));
+        store8(q + 8 * v, cvt4<E5M2>(d[k][0], d[k][1], sc), cvt4<E5M2>(d[k][2], d[k][3], sc));
       }
     }
   }
@@ -230,7 +229,7 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-template <bool E5M2, bool STORE, bool CS>
+template <bool E5M2, bool STORE>
 Status launch(const void* x, void* q, void* qt, const float* scale, float* sinv, float* amax,
               int64_t m, int64_t n, bool dual, cudaStream_t stream) {
   if (dual) {
@@ -238,7 +237,7 @@ Status launch(const void* x, void* q, void* qt, const float* scale, float* sinv,
     const int64_t tiles_n = (n + kTile - 1) / kTile;
     const int64_t tiles = ((m + kTile - 1) / kTile) * tiles_n;
     if (tiles > 0x7fffffff) return kBadArgument;
-    twd_dual_kernel<E5M2, STORE, CS><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
+    twd_dual_kernel<E5M2, STORE><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
         static_cast<const uint16_t*>(x), static_cast<uint8_t*>(q), static_cast<uint8_t*>(qt),
         scale, sinv, amax, static_cast<int>(m), static_cast<int>(n), static_cast<int>(tiles_n));
   } else {
@@ -246,7 +245,7 @@ Status launch(const void* x, void* q, void* qt, const float* scale, float* sinv,
     const int64_t per_block = int64_t{kFlatVecs} * kThreads;
     const int64_t blocks = (nvec + per_block - 1) / per_block;
     if (blocks > 0x7fffffff) return kBadArgument;
-    twd_flat_kernel<E5M2, STORE, CS><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+    twd_flat_kernel<E5M2, STORE><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
         static_cast<const uint4*>(x), static_cast<uint8_t*>(q), scale, sinv, amax, nvec);
   }
   PT_RETURN_LAUNCH_STATUS();
@@ -258,19 +257,15 @@ Status launch(const void* x, void* q, void* qt, const float* scale, float* sinv,
 Status quant_tw_delayed_fp8_gpu(const void* x, void* q, void* qt, const float* scale, float* sinv,
                                 float* amax, int64_t m, int64_t n, bool dual, bool store,
                                 bool e5m2, int variant, void* stream) noexcept {
-  if (m < 0 || n < 0 || variant < 1 || variant > 2) return kBadArgument;
+  if (m < 0 || n < 0 || variant != 1) return kBadArgument;
   if (dual ? n % 8 != 0 : (m * n) % 8 != 0) return kBadArgument;
   if (m == 0 || n == 0) return kOk;
   auto* cs = static_cast<cudaStream_t>(stream);
   if (!store) {  // amax only: no stores, the conversion type does not matter
-    return launch<false, false, false>(x, q, qt, scale, sinv, amax, m, n, dual, cs);
+    return launch<false, false>(x, q, qt, scale, sinv, amax, m, n, dual, cs);
   }
-  if (variant == 2) {
-    return e5m2 ? launch<true, true, true>(x, q, qt, scale, sinv, amax, m, n, dual, cs)
-                : launch<false, true, true>(x, q, qt, scale, sinv, amax, m, n, dual, cs);
-  }
-  return e5m2 ? launch<true, true, false>(x, q, qt, scale, sinv, amax, m, n, dual, cs)
-              : launch<false, true, false>(x, q, qt, scale, sinv, amax, m, n, dual, cs);
+  return e5m2 ? launch<true, true>(x, q, qt, scale, sinv, amax, m, n, dual, cs)
+              : launch<false, true>(x, q, qt, scale, sinv, amax, m, n, dual, cs);
 }
 
 #endif  // PT_HIP

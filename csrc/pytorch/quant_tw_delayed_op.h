@@ -36,12 +36,12 @@ inline void check_twd_out(const at::Tensor& t, const at::Tensor& x, int64_t rows
 
 // x: contiguous bf16 [M, N]; dual: N % 8 == 0, else M * N % 8 == 0; q (store: defined) fp8
 // e4m3fn / e5m2 [M, N]; qt (dual and store) [N, M] of q's dtype; sinv (store) fp32 1 element;
-// variant 1 or 2. Returns (M, N, store).
+// variant 1 (the only one). Returns (M, N, store).
 inline std::pair<std::pair<int64_t, int64_t>, bool> check_quant_tw_delayed(
     const at::Tensor& x, const at::Tensor& scale, const at::Tensor& amax,
     const c10::optional<at::Tensor>& q, const c10::optional<at::Tensor>& qt,
     const c10::optional<at::Tensor>& sinv, bool dual, int64_t variant) {
-  PT_TWD_CHECK(variant == 1 || variant == 2, "argument 'variant' expected 1 or 2, got ", variant);
+  PT_TWD_CHECK(variant == 1, "argument 'variant' expected 1, got ", variant);
   PT_TWD_CHECK(x.dim() == 2, "argument 'x' expected a 2-D tensor, got ", x.sizes());
   PT_TWD_CHECK(x.scalar_type() == at::kBFloat16, "argument 'x' expected dtype bfloat16, got ",
                x.scalar_type());

@@ -17,9 +17,9 @@
 
 namespace primus_turbo {
 
-// `stream`: a cudaStream_t; runs on the current device. `variant`: 1 = plain fp8 stores, 2 =
-// streaming (st.global.cs) fp8 stores; the same bits. Dual: M, N <= 0x7fffff00 (32-bit rows and
-// columns), else kBadArgument; any other bad argument returns kBadArgument too.
+// `stream`: a cudaStream_t; runs on the current device. `variant`: 1 (the only one; plain fp8
+// stores, streaming .cs stores were measured and removed). Dual: M, N <= 0x7fffff00 (32-bit rows
+// and columns), else kBadArgument; any other bad argument returns kBadArgument too.
 Status quant_tw_delayed_fp8_gpu(const void* x, void* q, void* qt, const float* scale, float* sinv,
                                 float* amax, int64_t m, int64_t n, bool dual, bool store,
                                 bool e5m2, int variant, void* stream) noexcept;

@@ -1,11 +1,12 @@
 """The CUDA delayed tensorwise cast (csrc/kernels/quant_tw_delayed.cu, through
-primus_turbo/pytorch/kernels/quantization/quant_twd_cuda.py; PRIMUS_TURBO_QUANT_CUDA_TWD=1 / 2)
-gives the bits of the Triton tw_delayed_kernel (PRIMUS_TURBO_QUANT_CUDA_TWD=0): q, q^T, 1 /
-scale and the amax folded into the slot, on model shapes, odd shapes, tiny and zero-size
-inputs, inf / NaN / all 65536 bf16 patterns, e4m3 and e5m2, several scales and prior slot
-values, store=False, the saturation guard (Triton's guard kernel after the CUDA cast), repeated
-calls, CUDA graph replay; inputs it does not take fall back to Triton; the knob is validated;
-the Meta op checks its arguments."""
+primus_turbo/pytorch/kernels/quantization/quant_twd_cuda.py), the default path
+(PRIMUS_TURBO_QUANT_CUDA_TWD unset), gives the bits of the Triton tw_delayed_kernel
+(PRIMUS_TURBO_QUANT_CUDA_TWD=0): q, q^T, 1 / scale and the amax folded into the slot, on
+model shapes, odd shapes, tiny and zero-size inputs, inf / NaN / all 65536 bf16 patterns, e4m3
+and e5m2, several scales and prior slot values, store=False, the saturation guard (Triton's
+guard kernel after the CUDA cast), repeated calls, CUDA graph replay, Fp8DelayedScaler; inputs
+it does not take, torch.compile tracing and the interpreter stay on Triton; the knob is
+validated; the op checks its arguments (CUDA and Meta)."""
 
 from __future__ import annotations
 
@@ -36,18 +37,26 @@ def _bits(t):
     return None if t is None else t.detach().reshape(-1).view(torch.uint8).cpu()
 
 
+def _knob(monkeypatch, variant):
+    """None: the knob unset (the default path, the CUDA kernel); else its value."""
+    if variant is None:
+        monkeypatch.delenv(KNOB, raising=False)
+    else:
+        monkeypatch.setenv(KNOB, str(variant))
+
+
 def _run(monkeypatch, variant, x, dtype, scale, amax0, dual, store=True, guard=None):
-    monkeypatch.setenv(KNOB, str(variant))
+    _knob(monkeypatch, variant)
     amax = amax0.clone()
     out = quant_tensorwise_delayed(x, dtype, scale.clone(), amax, dual, store, guard)
     return out, amax
 
 
-def _compare(monkeypatch, x, dtype, scale, amax0, dual, store=True, guard=None, variants=(1, 2)):
+def _compare(monkeypatch, x, dtype, scale, amax0, dual, store=True, guard=None, variants=(None,)):
     ref, ref_amax = _run(monkeypatch, 0, x, dtype, scale, amax0, dual, store, guard)
     for v in variants:
         out, amax = _run(monkeypatch, v, x, dtype, scale, amax0, dual, store, guard)
-        tag = f"{tuple(x.shape)} {dtype} dual={dual} store={store} guard={guard} variant {v}"
+        tag = f"{tuple(x.shape)} {dtype} dual={dual} store={store} guard={guard} knob {v}"
         assert torch.equal(_bits(amax), _bits(ref_amax)), f"{tag}: amax {amax} vs {ref_amax}"
         if not store:
             assert out is None and ref is None
@@ -81,7 +90,7 @@ SHAPES = [(8192, 4096), (4096, 28672 // 4), (4160, 2016), (4168, 2008), (300, 10
 def test_twd_cuda_bitwise(monkeypatch, shape, dtype, dual):
     m, n = shape
     x = _input(m, n, False)
-    monkeypatch.setenv(KNOB, "1")
+    _knob(monkeypatch, None)
     assert twd.cuda_twd_on(x, dtype, _f32(1.0), _f32(0.0), dual) == 1  # no silent fallback
     fmax = torch.finfo(dtype).max
     for special in (False, True):
@@ -151,8 +160,8 @@ def test_twd_cuda_accumulates(monkeypatch, dual):
     """Repeated calls on one slot: max over every call (growing and shrinking inputs)."""
     xs = [_input(512, 1024, False) * f for f in (1.0, 4.0, 0.25, 8.0)]
     amaxes = {}
-    for v in (0, 1, 2):
-        monkeypatch.setenv(KNOB, str(v))
+    for v in (0, None):
+        _knob(monkeypatch, v)
         amax = _f32(0.0)
         seen = []
         for x in xs:
@@ -161,14 +170,13 @@ def test_twd_cuda_accumulates(monkeypatch, dual):
         amaxes[v] = torch.cat(seen)
     expect = torch.cummax(torch.stack([x.float().abs().max() for x in xs]), 0).values
     assert torch.equal(amaxes[0], expect.to(amaxes[0].device))
-    assert torch.equal(_bits(amaxes[1]), _bits(amaxes[0]))
-    assert torch.equal(_bits(amaxes[2]), _bits(amaxes[0]))
+    assert torch.equal(_bits(amaxes[None]), _bits(amaxes[0]))
 
 
 @_SKIP_GPU
 @pytest.mark.parametrize("dual", [False, True], ids=["plain", "dual"])
 def test_twd_cuda_graph_replay(monkeypatch, dual):
-    monkeypatch.setenv(KNOB, "1")
+    _knob(monkeypatch, None)
     x = _input(1024, 2048, False)
     scale, amax = _f32(2.0), _f32(0.0)
     quant_tensorwise_delayed(x, E4M3, scale, amax, dual)  # warm-up (compiles, caches)
@@ -191,28 +199,37 @@ def test_twd_cuda_graph_replay(monkeypatch, dual):
 
 @_SKIP_GPU
 def test_twd_cuda_through_scaler(monkeypatch):
-    """Fp8DelayedScaler.quantize (first call: store=False, then the cast) takes the kernel."""
+    """Fp8DelayedScaler.quantize (first call: store=False, then the cast) takes the kernel by
+    default (knob unset), Triton at 0; the same bits."""
     from primus_turbo.pytorch.ops.fp8_delayed import Fp8DelayedScaler
 
     x = _input(2048, 1024, False)
     outs = {}
-    for v in (0, 1):
-        monkeypatch.setenv(KNOB, str(v))
+    taken = []  # what quant_twd_cuda returned (True: the CUDA kernel ran)
+    real = twd.quant_twd_cuda
+
+    def spy(*args, **kwargs):
+        taken.append(real(*args, **kwargs))
+        return taken[-1]
+
+    for v in (0, None):
+        _knob(monkeypatch, v)
         sc = Fp8DelayedScaler(amax_history_len=4)
-        with unittest.mock.patch.object(twd, "quant_twd_cuda", wraps=twd.quant_twd_cuda) as spy:
+        taken.clear()
+        with unittest.mock.patch.object(twd, "quant_twd_cuda", spy):
             a = sc.quantize(x, E4M3, dual=True)
             sc.update()
             b = sc.quantize(x * 2, E4M3, dual=True)
-        assert spy.call_count == 3
+        assert taken == [v is None] * 3
         outs[v] = [*a, *b, sc.amax_history.clone(), sc.scale.clone()]
-    for a, b in zip(outs[0], outs[1], strict=True):
+    for a, b in zip(outs[0], outs[None], strict=True):
         assert torch.equal(_bits(a), _bits(b))
 
 
 @_SKIP_GPU
 def test_twd_cuda_fallbacks(monkeypatch):
     """Inputs the kernel does not take run Triton (same results as the knob at 0)."""
-    monkeypatch.setenv(KNOB, "1")
+    _knob(monkeypatch, None)
     base = _input(130, 1024, False)
     flat = base.reshape(-1)
     odd = flat[1 : 1 + 128 * 1024].view(128, 1024)  # contiguous, 2 bytes off a 16-byte boundary
@@ -224,8 +241,12 @@ def test_twd_cuda_fallbacks(monkeypatch):
     assert not twd.cuda_twd_on(_input(3, 5, False), E4M3, s, a, False)  # 15 values
     assert not twd.cuda_twd_on(base, E4M3, s.double(), a, False)
     assert not twd.cuda_twd_on(base, E4M3, s, torch.zeros(2, device="cuda"), False)
+    assert twd.cuda_twd_on(base, E4M3, s, a, False) == 1
     with unittest.mock.patch.object(torch.compiler, "is_compiling", return_value=True):
-        assert not twd.cuda_twd_on(base, E4M3, s, a, False)
+        assert not twd.cuda_twd_on(base, E4M3, s, a, False)  # tracing keeps Triton
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not twd.cuda_twd_on(base, E4M3, s, a, False)  # the interpreter runs Triton
+    monkeypatch.delenv("TRITON_INTERPRET")
     for x, dual in ((odd, False), (odd, True), (_input(64, 36, False), True),
                     (_input(3, 5, False), False)):  # fmt: skip
         _compare(monkeypatch, x, E4M3, _f32(1.0), _f32(0.0), dual)
@@ -249,8 +270,9 @@ def test_twd_cuda_op_checks():
         op(x, s, a, None, None, None, True, 1)  # store=False
         with pytest.raises(RuntimeError, match="argument 'qt'"):
             op(x, s, a, q, q, si, True, 1)
-        with pytest.raises(RuntimeError, match="argument 'variant'"):
-            op(x, s, a, q, qt, si, True, 3)
+        for bad in (0, 2):  # 1 is the only variant (2, streaming stores, was removed)
+            with pytest.raises(RuntimeError, match="argument 'variant'"):
+                op(x, s, a, q, qt, si, True, bad)
         with pytest.raises(RuntimeError, match="argument 'x'"):
             op(x.float(), s, a, q, qt, si, True, 1)
         with pytest.raises(RuntimeError, match="argument 'amax'"):
@@ -259,14 +281,15 @@ def test_twd_cuda_op_checks():
 
 def test_twd_cuda_knob(monkeypatch):
     monkeypatch.delenv(KNOB, raising=False)
-    assert twd.cuda_twd_variant() == 0
-    for raw, v in (("0", 0), ("1", 1), (" 2 ", 2)):
+    assert twd.cuda_twd_variant() == 1  # the default: the CUDA kernel
+    for raw, v in (("0", 0), ("1", 1), (" 1 ", 1), ("", 1)):
         monkeypatch.setenv(KNOB, raw)
         assert twd.cuda_twd_variant() == v
-    monkeypatch.setenv(KNOB, "t")
-    with pytest.raises(ValueError, match=KNOB):
-        twd.cuda_twd_variant()
-    monkeypatch.setenv(KNOB, "1")  # CPU tensors never take the kernel
+    for raw in ("2", "t"):  # 2 (streaming stores) was removed: refused like any unknown value
+        monkeypatch.setenv(KNOB, raw)
+        with pytest.raises(ValueError, match=KNOB):
+            twd.cuda_twd_variant()
+    monkeypatch.delenv(KNOB)  # CPU tensors never take the kernel
     x = torch.randn(16, 16).to(torch.bfloat16)
     s = torch.ones(1)
     assert twd.cuda_twd_on(x, E4M3, s, s, True) == 0

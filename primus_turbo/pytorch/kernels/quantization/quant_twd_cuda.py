@@ -6,17 +6,19 @@ the tile structure of the 1x128 cast-transpose's variant t (one 128x128 tile per
 block, 4 blocks per SM, each value converted once and byte-transposed in registers); plain: a
 flat kernel (16-byte loads, 8-byte stores, 16384 values per block). One atomicMax per block.
 
-``PRIMUS_TURBO_QUANT_CUDA_TWD``: unset / ``0`` = the Triton kernel (the default until measured);
-``1`` = this kernel with plain fp8 stores; ``2`` = with streaming (``st.global.cs``) stores, as
-the Triton kernel's ``CS`` (same bits). The hook in ``quant_tw_launch.quant_tensorwise_delayed``
-replaces only the cast launch: ``store=False`` (amax only) takes it too, zero-size inputs stay
-on the launcher's early return, and the saturation ``guard`` kernel (Triton) still follows it on
-the same tensors (it re-reads the recorded amax and re-casts everything when it fires, so the
-bits equal the all-Triton path). Everything else runs Triton silently: the knob at 0, AMD,
-GPUs before sm_89, non-bf16 inputs, fp8 types other than e4m3fn / e5m2, a scale or amax that is
-not a 1-element fp32 tensor on x's device, x not 16-byte aligned, dual with N % 8 != 0 or a dim
->= 2**31 - 256 (32-bit rows and columns), plain with M * N % 8 != 0, an extension built without
-the op, and torch.compile tracing.
+``PRIMUS_TURBO_QUANT_CUDA_TWD``: unset / ``1`` = this kernel (the default: H200 call 10.1, graph
+timing, geomean of 8192/6144/4096/28672 x 4096, plain 0.913 of copy vs Triton 0.865, dual 0.910
+vs 0.861; streaming ``.cs`` stores tied / lost, removed); ``0`` = the Triton kernel (off switch).
+The hook in ``quant_tw_launch.quant_tensorwise_delayed`` replaces only the cast launch:
+``store=False`` (amax only) takes it too, zero-size inputs stay on the launcher's early return,
+and the saturation ``guard`` kernel (Triton) still follows it on the same tensors (it re-reads
+the recorded amax and re-casts everything when it fires, so the bits equal the all-Triton path).
+Everything else runs Triton silently: the knob at 0, AMD, GPUs before sm_89, CPU tensors,
+non-bf16 inputs, fp8 types other than e4m3fn / e5m2, a scale or amax that is not a 1-element
+fp32 tensor on x's device, x not 16-byte aligned, dual with N % 8 != 0 or a dim >= 2**31 - 256
+(32-bit rows and columns), plain with M * N % 8 != 0, an extension built without the op,
+``TRITON_INTERPRET=1`` (the interpreter runs the Triton kernel) and torch.compile tracing
+(compiled graphs keep the Triton kernel).
 """
 
 from __future__ import annotations
@@ -26,18 +28,18 @@ import os
 
 import torch
 
+from primus_turbo.pytorch.core.platform import triton_interpret
+
 _DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-_VARIANTS = {"0": 0, "1": 1, "2": 2}
+_VARIANTS = {"0": 0, "1": 1}
 _INDEX_LIMIT = 2**31 - 256  # dual: 32-bit rows / columns (the launch refuses above)
 
 
 def cuda_twd_variant() -> int:
-    """``PRIMUS_TURBO_QUANT_CUDA_TWD``: 0 (unset: Triton), 1 or 2."""
-    raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_TWD", "").strip().lower() or "0"
+    """``PRIMUS_TURBO_QUANT_CUDA_TWD``: 1 (unset: the CUDA kernel) or 0 (Triton)."""
+    raw = os.environ.get("PRIMUS_TURBO_QUANT_CUDA_TWD", "").strip().lower() or "1"
     if raw not in _VARIANTS:
-        raise ValueError(
-            f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_TWD expected 0, 1 or 2, got {raw!r}"
-        )
+        raise ValueError(f"primus_turbo: PRIMUS_TURBO_QUANT_CUDA_TWD expected 0 or 1, got {raw!r}")
     return _VARIANTS[raw]
 
 
@@ -63,11 +65,11 @@ def _scalar_ok(t: torch.Tensor, x: torch.Tensor) -> bool:
 
 def cuda_twd_on(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor, amax: torch.Tensor,
                 dual: bool) -> int:  # fmt: skip
-    """The variant (1 / 2) that casts ``x`` (2-D, contiguous, non-empty), or 0 (Triton)."""
+    """The variant (1) that casts ``x`` (2-D, contiguous, non-empty), or 0 (Triton)."""
     if torch.compiler.is_compiling():
         return 0
     variant = cuda_twd_variant()
-    if variant == 0:
+    if variant == 0 or triton_interpret():
         return 0
     m, n = x.shape
     fits = (n % 8 == 0 and max(m, n) < _INDEX_LIMIT) if dual else (m * n) % 8 == 0
