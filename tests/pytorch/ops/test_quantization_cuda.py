@@ -415,10 +415,10 @@ def test_cuda_mx_knob(monkeypatch):
 
 
 def test_mx_scales_outer_dim_major():
-    """The Triton launcher (CPU interpreter here) stores MX scales outer-dim-major."""
+    """The Triton launcher (the GPU, else the CPU interpreter) stores MX scales outer-dim-major."""
     from primus_turbo.triton.quantization.quant_launch import quant_mx
 
-    x = _input_mx(64, 96, True, "cpu")
+    x = _input_mx(64, 96, True, "cuda" if HAS_GPU else "cpu")
     q, s, qt, st = quant_mx(x, E4M3, dual=True)
     assert s.shape == (64, 3) and s.stride() == (1, 64)
     assert st.shape == (96, 2) and st.stride() == (1, 96)
