@@ -333,19 +333,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   const bool col_ok = col < N;  // N % 8 == 0: a vector is wholly in or out
 
   uint32_t d[8][4];
-  {
-    const uint4* src = reinterpret_cast<const uint4*>(x + (col_ok ? int64_t{row0} * N + col : 0));
-    const int step = N / 8;  // one row in uint4
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      uint4 u = make_uint4(0u, 0u, 0u, 0u);
-      if (col_ok && row0 + j < M) u = src[j * step];
-      d[j][0] = u.x;
-      d[j][1] = u.y;
-      d[j][2] = u.z;
-      d[j][3] = u.w;
-    }
-  }
+  load_lane_rows8(d, x, M, N, row0, col);
 
   uint32_t rk[4], cm[4];
   lane_amax<abs_key2<false>, 8>(d, rk, cm);

@@ -136,19 +136,7 @@ __global__ void __launch_bounds__(kThreads, 4)
   const float sc = STORE ? __ldg(scale) : 0.f;
 
   uint32_t d[8][4];
-  {
-    const uint4* src = reinterpret_cast<const uint4*>(x + (col_ok ? int64_t{row0} * N + col : 0));
-    const int step = N / 8;  // one row in uint4
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      uint4 u = make_uint4(0u, 0u, 0u, 0u);
-      if (col_ok && row0 + j < M) u = src[j * step];
-      d[j][0] = u.x;
-      d[j][1] = u.y;
-      d[j][2] = u.z;
-      d[j][3] = u.w;
-    }
-  }
+  load_lane_rows8(d, x, M, N, row0, col);
   const uint32_t key = thread_key(d);
 
   if (STORE) {

@@ -1,6 +1,7 @@
-// Device helpers shared by the NVIDIA fp8 cast kernels (quant_dual.cu, quant_dual_mx.cu):
-// bf16 halves of a 32-bit word to fp32, two fp32 to two fp8 bytes with the conversion Triton
-// emits on sm_89+, and the per-lane row / column maxima of a register tile (lane_amax). Include
+// Device helpers shared by the NVIDIA fp8 cast kernels (quant_dual.cu, quant_dual_mx.cu,
+// quant_tw_delayed.cu): bf16 halves of a 32-bit word to fp32, two fp32 to two fp8 bytes with the
+// conversion Triton emits on sm_89+, the per-lane row / column maxima of a register tile
+// (lane_amax) and the 8-rows-per-lane tile load (load_lane_rows8). Include
 // inside the kernels' anonymous namespace of the CUDA (non-HIP) branch.
 #pragma once
 
@@ -45,5 +46,24 @@ __device__ __forceinline__ void lane_amax(const uint32_t (&d)[R][4], uint32_t (&
   for (int p = 0; p < R / 2; ++p) {
     rk[p] = __vmaxu2(__byte_perm(r[2 * p], r[2 * p + 1], 0x5410),
                      __byte_perm(r[2 * p], r[2 * p + 1], 0x7632));
+  }
+}
+
+// The 8 x 16-byte vectors of a lane in the 8-rows-per-lane tile layouts (quant_dual.cu's t,
+// quant_tw_delayed.cu's dual kernel): rows row0 .. row0 + 7 of bf16 columns col .. col + 7 of a
+// row-major [M, N] x (N % 8 == 0: a vector is wholly in or out), zero outside x.
+__device__ __forceinline__ void load_lane_rows8(uint32_t (&d)[8][4], const uint16_t* __restrict__ x,
+                                                int M, int N, int row0, int col) {
+  const bool col_ok = col < N;
+  const uint4* src = reinterpret_cast<const uint4*>(x + (col_ok ? int64_t{row0} * N + col : 0));
+  const int step = N / 8;  // one row in uint4
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    uint4 u = make_uint4(0u, 0u, 0u, 0u);
+    if (col_ok && row0 + j < M) u = src[j * step];
+    d[j][0] = u.x;
+    d[j][1] = u.y;
+    d[j][2] = u.z;
+    d[j][3] = u.w;
   }
 }

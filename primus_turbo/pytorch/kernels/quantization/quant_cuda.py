@@ -40,19 +40,24 @@ _DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 @functools.cache
-def cuda_kernel_available(index: int = 0) -> bool:
-    """True when the loaded extension carries the CUDA cast-transpose (a CUDA build of _C) and
-    device ``index`` is NVIDIA sm_89+ (fp8 conversions)."""
+def native_fp8_op_available(op: str, index: int = 0) -> bool:
+    """True when the loaded extension registers ``primus_turbo_cpp::<op>`` for CUDA (a CUDA
+    build of _C) and device ``index`` is NVIDIA sm_89+ (the fp8 conversions every CUDA
+    quantization kernel uses)."""
     if torch.version.hip is not None or not torch.cuda.is_available():
         return False
     from primus_turbo.build_info import native_has_gpu, native_ops
 
-    if not native_has_gpu() or not hasattr(native_ops(), "quant_dual_fp8"):
+    if not native_has_gpu() or not hasattr(native_ops(), op):
         return False
-    name = "primus_turbo_cpp::quant_dual_fp8"
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CUDA"):
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"primus_turbo_cpp::{op}", "CUDA"):
         return False
-    return _hw_satfinite(index)  # sm_89+: the fp8 conversions
+    return _hw_satfinite(index)
+
+
+def cuda_kernel_available(index: int = 0) -> bool:
+    """The 1x128 CUDA cast-transpose (``quant_dual_fp8``) on device ``index``."""
+    return native_fp8_op_available("quant_dual_fp8", index)
 
 
 def cuda_dual_on(x: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -112,20 +117,9 @@ def cuda_mx_on() -> bool:
     return raw == "1"
 
 
-@functools.cache
 def cuda_mx_kernel_available(index: int = 0) -> bool:
-    """True when the loaded extension carries the CUDA MX cast-transpose and device ``index``
-    is NVIDIA sm_89+."""
-    if torch.version.hip is not None or not torch.cuda.is_available():
-        return False
-    from primus_turbo.build_info import native_has_gpu, native_ops
-
-    if not native_has_gpu() or not hasattr(native_ops(), "quant_dual_mx_fp8"):
-        return False
-    name = "primus_turbo_cpp::quant_dual_mx_fp8"
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CUDA"):
-        return False
-    return _hw_satfinite(index)
+    """The CUDA MX cast-transpose (``quant_dual_mx_fp8``) on device ``index``."""
+    return native_fp8_op_available("quant_dual_mx_fp8", index)
 
 
 def cuda_mx_dual_on(x: torch.Tensor, dtype: torch.dtype) -> bool:

@@ -23,7 +23,6 @@ fp32 tensor on x's device, x not 16-byte aligned, dual with N % 8 != 0 or a dim 
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -43,20 +42,12 @@ def cuda_twd_variant() -> int:
     return _VARIANTS[raw]
 
 
-@functools.cache
 def cuda_twd_available(index: int = 0) -> bool:
     """True when the loaded extension carries the CUDA delayed cast (a CUDA build of _C) and
     device ``index`` is NVIDIA sm_89+ (fp8 conversions)."""
-    if torch.version.hip is not None or not torch.cuda.is_available():
-        return False
-    from primus_turbo.build_info import native_has_gpu, native_ops
+    from primus_turbo.pytorch.kernels.quantization.quant_cuda import native_fp8_op_available
 
-    if not native_has_gpu() or not hasattr(native_ops(), "quant_tw_delayed_fp8"):
-        return False
-    name = "primus_turbo_cpp::quant_tw_delayed_fp8"
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CUDA"):
-        return False
-    return torch.cuda.get_device_capability(index) >= (8, 9)
+    return native_fp8_op_available("quant_tw_delayed_fp8", index)
 
 
 def _scalar_ok(t: torch.Tensor, x: torch.Tensor) -> bool:
