@@ -424,7 +424,7 @@ class AutoKernelDispatcher:
         ]
         if not candidates:
             return cls._no_tune(**kwargs)
-        timings = {b: cls.time_backend(b, device, **kwargs) for b in candidates}
+        timings = cls.time_candidates(candidates, device, **kwargs)
         best = min(timings, key=timings.get)  # type: ignore[arg-type]
         get_logger().info(
             "primus_turbo.%s autotune %s -> %s (%s)",
@@ -442,6 +442,14 @@ class AutoKernelDispatcher:
             f"primus_turbo.{cls.family}: autotune found no eligible backend for "
             f"({cls.describe(**kwargs)}): {cls._reasons(**kwargs)}"
         )
+
+    @classmethod
+    def time_candidates(
+        cls, candidates: list[BackendType], device: torch.device, **kwargs: Any
+    ) -> dict[BackendType, float]:
+        """``{backend: ms}`` for ``tune``: each candidate timed on its own (``time_backend``).
+        A dispatcher may time them together instead (interleaved rounds)."""
+        return {b: cls.time_backend(b, device, **kwargs) for b in candidates}
 
     @classmethod
     def time_backend(cls, backend: BackendType, device: torch.device, **kwargs: Any) -> float:

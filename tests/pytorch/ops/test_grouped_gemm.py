@@ -267,6 +267,29 @@ def test_default_dispatch_choice(mode, monkeypatch, device):
     assert got_t == BackendType.TRITON
 
 
+@pytest.mark.parametrize("mode", ["rounds", "once"])
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "step"])
+def test_backend_tune_timings(mode, grad, monkeypatch):
+    """The default dispatch's backend timings (PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE: rounds =
+    interleaved rounds, once = each backend alone): a finite time for every candidate, the
+    forward alone or forward + dgrad + wgrad when a gradient will be needed."""
+    if not HAS_GPU or torch.version.hip is not None:
+        pytest.skip("needs an NVIDIA GPU (torch._grouped_mm is a candidate there)")
+    impl = importlib.import_module("primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_impl")
+    monkeypatch.setattr(impl, "_backend_tune_mode", lambda: mode)
+    a, b, gl = _operands([64, 0, 96], 64, 32, True, torch.bfloat16, "cuda")
+    a.requires_grad_(grad)
+    b.requires_grad_(grad)
+    kw = dict(a=a, b=b, group_lens=gl, group_offs=None, trans_b=True, out_dtype=torch.bfloat16)
+    cands = [BackendType.TRITON, BackendType.HIPBLASLT]
+    assert all(GroupedGemmDispatcher.backend_class(c).can_handle(**kw) for c in cands)
+    with torch.enable_grad():
+        timings = GroupedGemmDispatcher.time_candidates(cands, a.device, **kw)
+    assert set(timings) == set(cands)
+    assert all(0 < t < float("inf") for t in timings.values()), timings
+    assert a.grad is None  # timed without autograd
+
+
 def test_config_heuristic_is_pure():
     from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import (
         select_grouped_config,
@@ -393,6 +416,8 @@ def test_grouped_gemm_tma_opt_in(lens, k, n, trans_b, monkeypatch, device):
          "tune_timing", "cuda_graph"),
         ("PRIMUS_TURBO_GROUPED_GEMM_DEFAULT", "pytorch.kernels.grouped_gemm.grouped_gemm_impl",
          "_default_mode", "hipblaslt"),
+        ("PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE",
+         "pytorch.kernels.grouped_gemm.grouped_gemm_impl", "_backend_tune_mode", "twice"),
         ("PRIMUS_TURBO_GROUPED_GEMM_VENDOR_FIXUP",
          "pytorch.kernels.grouped_gemm.grouped_gemm_impl", "_fixup_mode", "zero"),
         ("PRIMUS_TURBO_GROUPED_GEMM_FP8_DEFAULT",

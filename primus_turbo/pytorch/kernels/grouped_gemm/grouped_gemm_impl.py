@@ -12,7 +12,9 @@ backend's own offsets tensor, which ``execute`` and ``variable_k`` accept as ``g
 from __future__ import annotations
 
 import functools
+import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -83,29 +85,49 @@ class GroupedGemmDispatcher(AutoKernelDispatcher):
         return cls.tune(a=a, **kwargs)
 
     @classmethod
-    def time_backend(cls, backend: BackendType, device: torch.device, **kwargs) -> float:
-        """Forward time, or forward + dgrad + wgrad (what one training step runs on the
-        backend) when a gradient will be needed."""
+    def step_fn(cls, backend: BackendType, **kwargs) -> Callable[[], object]:
+        """What one call costs on ``backend``: the forward, or forward + dgrad + wgrad (what a
+        training step runs there) when a gradient will be needed; no autograd graph."""
         a, b, trans_b = kwargs["a"], kwargs["b"], kwargs["trans_b"]
         impl = cls._backends[backend]
         if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
-            return time_fn(lambda: impl.execute(**kwargs), device)
+            return lambda: impl.execute(**kwargs)
         lens, offs = kwargs["group_lens"], kwargs["group_offs"]
         a, b = a.detach(), b.detach()
         m, n, _, _ = grouped_dims(a, b, trans_b)
         grad = torch.randn((m, n), device=a.device, dtype=a.dtype)
 
         def step():
-            o = impl.prepare_offsets(lens, offs)
-            impl.execute(a=a, b=b, group_lens=lens, group_offs=o, trans_b=trans_b,
-                         out_dtype=kwargs["out_dtype"])  # fmt: skip
-            impl.execute(a=grad, b=b, group_lens=lens, group_offs=o, trans_b=not trans_b,
-                         out_dtype=a.dtype)  # fmt: skip
-            x, y = (grad, a) if trans_b else (a, grad)
-            impl.variable_k(x, y, lens, o, b.dtype)
+            with torch.no_grad():
+                o = impl.prepare_offsets(lens, offs)
+                impl.execute(a=a, b=b, group_lens=lens, group_offs=o, trans_b=trans_b,
+                             out_dtype=kwargs["out_dtype"])  # fmt: skip
+                impl.execute(a=grad, b=b, group_lens=lens, group_offs=o, trans_b=not trans_b,
+                             out_dtype=a.dtype)  # fmt: skip
+                x, y = (grad, a) if trans_b else (a, grad)
+                impl.variable_k(x, y, lens, o, b.dtype)
 
-        with torch.no_grad():
-            return time_fn(step, device)
+        return step
+
+    @classmethod
+    def time_candidates(cls, candidates, device, **kwargs) -> dict:
+        """The backends' step times in interleaved rounds (``grouped_gemm_tune.time_rounds``:
+        the best of 3 rounds, the order rotated each round), so clock drift is shared instead of
+        charged to whichever backend is timed first. ``PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE``
+        = ``rounds`` (default) | ``once`` (each backend timed on its own, the behaviour before
+        session 10, for A/B)."""
+        if device.type != "cuda" or _backend_tune_mode() == "once":
+            return super().time_candidates(candidates, device, **kwargs)
+        from primus_turbo.triton.grouped_gemm.grouped_gemm_tune import time_rounds
+
+        fns = {b: cls.step_fn(b, **kwargs) for b in candidates}
+        timings = time_rounds(list(fns), lambda b: fns[b]())
+        return {b: timings.get(b, math.inf) for b in candidates}
+
+    @classmethod
+    def time_backend(cls, backend: BackendType, device: torch.device, **kwargs) -> float:
+        """``step_fn``'s time on its own (median of ``time_fn``)."""
+        return time_fn(cls.step_fn(backend, **kwargs), device)
 
     @classmethod
     def make_key(cls, a, b, group_lens, group_offs, trans_b, out_dtype, **kwargs):
@@ -266,6 +288,17 @@ def _default_mode() -> str:
         raise ValueError(
             "primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_DEFAULT expected one of 'tune', 'vendor', "
             f"'triton', got {mode!r}"
+        )
+    return mode
+
+
+@functools.cache
+def _backend_tune_mode() -> str:
+    mode = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE", "rounds").strip().lower()
+    if mode not in ("rounds", "once"):
+        raise ValueError(
+            "primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE expected 'rounds' or 'once', "
+            f"got {mode!r}"
         )
     return mode
 
