@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import primus_turbo as turbo  # noqa: E402
+import primus_turbo.pytorch as turbo  # noqa: E402
 from benchmark.ops.training.config import ragged_grouped_gemm_cases  # noqa: E402
 
 
