@@ -404,13 +404,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       const float2 rp = make_float2(rs[2 * p], rs[2 * p + 1]);
       const uint32_t r0 = cvt2<E5M2>(a0 * rp.x, b0 * rp.x);
       const uint32_t r1 = cvt2<E5M2>(a1 * rp.y, b1 * rp.y);
-      if (i & 1) {
-        ra[2 * p][i >> 1] |= r0 << 16;
-        ra[2 * p + 1][i >> 1] |= r1 << 16;
-      } else {
-        ra[2 * p][i >> 1] = r0;
-        ra[2 * p + 1][i >> 1] = r1;
-      }
+      put_row_pair(ra, p, i, r0, r1);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

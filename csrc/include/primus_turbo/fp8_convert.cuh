@@ -1,7 +1,8 @@
 // Device helpers shared by the NVIDIA fp8 cast kernels (quant_dual.cu, quant_dual_mx.cu,
 // quant_tw_delayed.cu): bf16 halves of a 32-bit word to fp32, two fp32 to two fp8 bytes with the
 // conversion Triton emits on sm_89+, the per-lane row / column maxima of a register tile
-// (lane_amax) and the 8-rows-per-lane tile load (load_lane_rows8). Include
+// (lane_amax), the 8-rows-per-lane tile load (load_lane_rows8) and the row-byte packing of the
+// two-copy walks (put_row_pair). Include
 // inside the kernels' anonymous namespace of the CUDA (non-HIP) branch.
 #pragma once
 
@@ -67,3 +68,18 @@ __device__ __forceinline__ void load_lane_rows8(uint32_t (&d)[8][4], const uint1
     d[j][3] = u.w;
   }
 }
+
+// The row bytes of the two-copy walks (quant_dual.cu's t, quant_mx_tile.cuh): r0 / r1 hold rows
+// 2p / 2p + 1's two fp8 bytes of column pair i; ra[row][h] collects columns 4h .. 4h + 3.
+template <int R>
+__device__ __forceinline__ void put_row_pair(uint32_t (&ra)[R][2], int p, int i, uint32_t r0,
+                                             uint32_t r1) {
+  if (i & 1) {
+    ra[2 * p][i >> 1] |= r0 << 16;
+    ra[2 * p + 1][i >> 1] |= r1 << 16;
+  } else {
+    ra[2 * p][i >> 1] = r0;
+    ra[2 * p + 1][i >> 1] = r1;
+  }
+}
+

@@ -180,13 +180,7 @@ __device__ __forceinline__ void tile_body(const uint32_t (&d)[R][4], uint32_t* s
       const float rl = mul_lo(er[p]), rh = mul_hi(er[p]);  // rows 2p, 2p + 1
       const uint32_t r0 = cvt2<E5M2>(a0 * rl, b0 * rl);
       const uint32_t r1 = cvt2<E5M2>(a1 * rh, b1 * rh);
-      if (i & 1) {
-        ra[2 * p][i >> 1] |= r0 << 16;
-        ra[2 * p + 1][i >> 1] |= r1 << 16;
-      } else {
-        ra[2 * p][i >> 1] = r0;
-        ra[2 * p + 1][i >> 1] = r1;
-      }
+      put_row_pair(ra, p, i, r0, r1);
     }
     if (ok) st_pairs<R>(tp, tl);
     tp = opaque(tp + M);
