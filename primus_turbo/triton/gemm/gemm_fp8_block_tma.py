@@ -201,6 +201,9 @@ def launch_block_tma(a, b, c, sa, sb, sa_group, sb_group, sa_strides, sb_strides
     programs. ``cfg.extra`` may carry ``TMA`` (ignored here) and ``FLATTEN``."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    from primus_turbo.triton.host_tma import ensure_context
+
+    ensure_context(a.device)
     m, k = a.shape
     n = b.shape[0]
     a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])

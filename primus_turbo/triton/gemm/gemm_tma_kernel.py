@@ -98,6 +98,9 @@ def launch_tma(a, b, c, m, n, k, sa, sb, cfg: GemmConfig, programs: int, upcast:
     ``(m, k, sa)`` / ``(k, n, sb)`` of ``gemm_kernel._launch`` (``tma_ok`` must hold)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    from primus_turbo.triton.host_tma import ensure_context
+
+    ensure_context(a.device)
     bm, bn, bn2, bk = cfg.block_m, cfg.block_n, cfg.block_n2, cfg.block_k
     a_desc = TensorDescriptor(a, [m, k], [sa[0], 1], [bm, bk])
     trans_b = sb[0] == 1

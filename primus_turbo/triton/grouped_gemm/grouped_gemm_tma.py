@@ -315,6 +315,9 @@ def launch_flat_tma(
     ``TMA_VARIANTS``)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    from primus_turbo.triton.host_tma import ensure_context
+
+    ensure_context(a.device)
     knobs = dict(TMA_VARIANTS[variant])
     if knobs.get("TMA_STORE"):
         knobs["c_desc"] = TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2])
@@ -338,6 +341,9 @@ def launch_variable_k_tma(
     ``c`` fresh and contiguous with 16-byte rows, ``vk_tma_store_ok``)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    from primus_turbo.triton.host_tma import ensure_context
+
+    ensure_context(x.device)
     m, p = x.shape
     q = y.shape[1]
     x_desc = TensorDescriptor.from_tensor(x, [cfg.block_k, cfg.block_m])

@@ -154,6 +154,9 @@ def operand_descs(a, b, trans_b: bool, cfg):
     ``[G * K, N]``."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    from primus_turbo.triton.host_tma import ensure_context
+
+    ensure_context(a.device)
     m, k = a.shape
     g = b.shape[0]
     n = b.shape[1] if trans_b else b.shape[2]

@@ -110,3 +110,50 @@ def test_grouped_gemm_s5_candidates(monkeypatch):
     finally:
         monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", raising=False)
         gc.candidate_set.cache_clear()
+
+
+def test_ensure_context_off_cuda_is_a_noop():
+    from primus_turbo.triton.host_tma import ensure_context
+
+    ensure_context(torch.device("cpu"))  # nothing to bind, nothing raised
+
+
+@pytest.mark.gpu
+def test_tma_launch_from_a_fresh_thread(monkeypatch, device):
+    """A TMA-descriptor launch from a thread that has made no CUDA call yet works (PyTorch runs
+    backward passes on such threads): ``host_tma.ensure_context`` binds the context before the
+    descriptors are encoded (H200 call 10.6: "Failed to create tensor map descriptor: invalid
+    device context" on the first backward of a process)."""
+    import threading
+
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.reference import group_offsets
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
+    from tests.pytorch.ops.test_grouped_gemm import _operands
+
+    if device == "cpu":
+        pytest.skip("needs a CUDA device (host TMA descriptors)")
+    variant, name = gc.HOPPER_WINNERS_S4_FWD[0]
+    cfg = next(c for c in gc.tma_configs(ArchFamily.HOPPER) if c.name == name)
+    _force_plan(monkeypatch, device, variant, cfg)
+    a, b, gl = _operands([0, 300, 1, 700], 256, 256, True, torch.bfloat16, device)
+    offs = group_offsets(gl)
+    ref = turbo.ops.grouped_gemm(a.detach(), b.detach(), gl, offs, trans_b=True)  # main thread
+    torch.cuda.synchronize()
+    result, errors = {}, []
+
+    def work():
+        try:
+            result["out"] = turbo.ops.grouped_gemm(a.detach(), b.detach(), gl, offs, trans_b=True)
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert not errors, errors
+    torch.testing.assert_close(result["out"], ref, rtol=0, atol=0)
+    out = turbo.ops.grouped_gemm(a, b, gl, offs, trans_b=True)
+    ga, gb = torch.autograd.grad(out, (a, b), torch.ones_like(out))  # autograd's device thread
+    assert ga.shape == a.shape and gb.shape == b.shape
