@@ -111,17 +111,17 @@ class GroupedGemmDispatcher(AutoKernelDispatcher):
 
     @classmethod
     def time_candidates(cls, candidates, device, **kwargs) -> dict:
-        """``PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE`` = ``once`` (default: each backend's step
-        timed on its own, ``time_backend``) | ``rounds`` (opt-in: the backends timed together in
-        interleaved rounds, ``grouped_gemm_tune.time_rounds``, best of 3, order rotated).
-        H200 call 10.6 (scripts/grouped_tune_probe.py, 4 repeats per case): ``once`` reads
-        TRITON 2-50 % slower than the vendor where ``rounds`` reads it 5-16 % faster (Qwen3-30B-A3B
-        down forward: 1.44-1.52 vs 0.84-0.88 of the vendor's time; graph-timed, TRITON is 1.13x
-        faster there), so ``once`` often keeps the vendor kernel; with ``rounds`` the bf16
-        forward geomean vs torch._grouped_mm read 1.040 (7 of 8 cases) vs 1.007. Not the default
-        yet: in that run the DeepSeek-V3 gate_up case, now on TRITON, failed in the benchmark
-        with "Failed to create tensor map descriptor: invalid device context" (the TMA wgrad),
-        which a standalone repro (eager, autograd, CUDA graph) did not reproduce."""
+        """``PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE`` = ``rounds`` (default since session 10:
+        the backends' step times taken together in interleaved rounds,
+        ``grouped_gemm_tune.time_rounds``, best of 3, order rotated) | ``once`` (each backend
+        timed on its own, ``time_backend``; the timing before session 10, for A/B). H200 call
+        10.6 (scripts/grouped_tune_probe.py, 4 repeats per case): ``once`` read TRITON 2-50 %
+        slower than the vendor where ``rounds`` (and graph timing) read it 5-16 % faster (Qwen3
+        down forward: 1.44-1.52 vs 0.84-0.88 of the vendor's time), so it kept the vendor kernel
+        there; with ``rounds`` the bf16 forward geomean vs torch._grouped_mm read 1.040 (7 of 8
+        cases; 1.007 with ``once``), step 1.018. The eighth case (DeepSeek-V3 gate_up, then on
+        TRITON) hit a Triton launch-order bug in the autograd thread, fixed by
+        ``host_tma.ensure_context`` (call 10.10: the case passes, forward 1.02)."""
         if device.type != "cuda" or _backend_tune_mode() == "once":
             return super().time_candidates(candidates, device, **kwargs)
         from primus_turbo.triton.grouped_gemm.grouped_gemm_tune import time_rounds
@@ -300,7 +300,7 @@ def _default_mode() -> str:
 
 @functools.cache
 def _backend_tune_mode() -> str:
-    mode = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE", "once").strip().lower()
+    mode = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE", "rounds").strip().lower()
     if mode not in ("rounds", "once"):
         raise ValueError(
             "primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE expected 'rounds' or 'once', "
