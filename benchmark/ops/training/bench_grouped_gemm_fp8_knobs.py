@@ -35,9 +35,8 @@ sys.path[:0] = [str(_HERE), str(_HERE.parents[1])]  # config.py, harness.py
 if str(_HERE.parents[2]) not in sys.path:
     sys.path.append(str(_HERE.parents[2]))
 
-from bench_grouped_gemm_fp8_plans import ab_parser, ab_run  # noqa: E402
+from bench_grouped_gemm_fp8_plans import ab_parser, ab_run, interleaved_medians  # noqa: E402
 from config import ragged_grouped_gemm_cases  # noqa: E402
-from harness import time_ms  # noqa: E402
 
 import primus_turbo.pytorch as turbo  # noqa: E402
 
@@ -138,12 +137,7 @@ def run(args) -> list[dict]:
         flops = 2.0 * case.m * case.n * case.k
         for fn in cands.values():
             fn()
-        meds: dict[str, list[float]] = {k: [] for k in cands}
-        for r in range(args.rounds):
-            order = list(cands) if r % 2 == 0 else list(cands)[::-1]
-            for key in order:
-                meds[key].append(time_ms(cands[key], args.warmup_ms, args.rep_ms).median_ms)
-        ms = {k: statistics.median(v) for k, v in meds.items()}
+        ms = interleaved_medians(cands, args)
         bf16 = ms["bf16 op"]
         base = ms[f"op {settings[0][0]}"]
         print(f"{case.label} G={case.g} M={case.m} N={case.n} K={case.k}: bf16 op {bf16:.4f} ms, "

@@ -109,12 +109,7 @@ def run(args) -> list[dict]:
             except Exception as e:  # e.g. out of shared memory for this tile
                 print(f"  {case.label} {name}: unavailable: {type(e).__name__}: {str(e)[:160]}")
         cands["default"]()  # the tuner's first call, outside the timing
-        meds: dict[str, list[float]] = {k: [] for k in cands}
-        for r in range(args.rounds):
-            order = list(cands) if r % 2 == 0 else list(cands)[::-1]
-            for key in order:
-                meds[key].append(time_ms(cands[key], args.warmup_ms, args.rep_ms).median_ms)
-        ms = {k: statistics.median(v) for k, v in meds.items()}
+        ms = interleaved_medians(cands, args)
         ref_ms = ms[next(k for k in cands if k != "default")] if len(cands) > 1 else ms["default"]
         print(f"{case.label} G={case.g} M={case.m} N={case.n} K={case.k}")
         for key, t in sorted(ms.items(), key=lambda kv: kv[1]):
@@ -125,6 +120,17 @@ def run(args) -> list[dict]:
             print(f"  {key:28s} {t:8.4f} ms {tf:8.1f} TFLOPS  x{ref_ms / t:.3f}  "
                   f"bitwise={same[key] or '-'}")  # fmt: skip
     return rows
+
+
+def interleaved_medians(cands: dict, args) -> dict[str, float]:
+    """``{name: ms}``: each candidate's median over ``args.rounds`` rounds of ``time_ms``, the
+    order reversed every other round (drift shared by all candidates)."""
+    meds: dict[str, list[float]] = {k: [] for k in cands}
+    for r in range(args.rounds):
+        order = list(cands) if r % 2 == 0 else list(cands)[::-1]
+        for key in order:
+            meds[key].append(time_ms(cands[key], args.warmup_ms, args.rep_ms).median_ms)
+    return {k: statistics.median(v) for k, v in meds.items()}
 
 
 def ab_parser(doc: str) -> argparse.ArgumentParser:

@@ -44,6 +44,7 @@ from primus_turbo.triton.grouped_gemm.grouped_gemm_walk import (
     group_table,
     masked_store,
     operand_descs,
+    zero_rows_from,
     zero_tail,
 )
 
@@ -192,15 +193,8 @@ def _zero_tail_lens(c_ptr, lens_ptr, M, N, G, pid, num_programs, stride_cm, stri
     """``zero_tail`` with the tail's first row the sum of the group sizes (``LENS``)."""
     gi = tl.arange(0, G_PAD)
     total = tl.sum(tl.load(lens_ptr + gi, mask=gi < G, other=0), axis=0)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
     tail0 = tl.minimum(tl.maximum(total, 0), M).to(tl.int64)
-    tail_tiles = tl.cdiv((M - tail0).to(tl.int32), BLOCK_M) * num_pid_n
-    zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
-    for t in range(pid, tail_tiles, num_programs):
-        rows = tail0 + (t // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-        rn = (t % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-        c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
-        tl.store(c_ptrs, zero, mask=(rows[:, None] < M) & (rn[None, :] < N))
+    zero_rows_from(c_ptr, tail0, M, N, pid, num_programs, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
 # ---- configs, env knobs, launcher ------------------------------------------------------------

@@ -129,11 +129,11 @@ def store_rows(c_ptr, acc, rows, rn, mask_m, mask_n, stride_cm, stride_cn):
 
 
 @triton.jit
-def zero_tail(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """Rows past ``offs[G]`` (an over-allocated A): zeros, tiles dealt round-robin."""
+def zero_rows_from(c_ptr, tail0, M, N, pid, num_programs, stride_cm, stride_cn,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Rows ``tail0 .. M - 1`` of ``c`` (``tail0`` int64, clamped to ``[0, M]``): zeros, tiles
+    dealt round-robin."""
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    tail0 = tl.minimum(tl.maximum(tl.load(offs_ptr + G), 0), M).to(tl.int64)
     tail_tiles = tl.cdiv((M - tail0).to(tl.int32), BLOCK_M) * num_pid_n
     zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
     for t in range(pid, tail_tiles, num_programs):
@@ -141,6 +141,14 @@ def zero_tail(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn,
         rn = (t % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
         c_ptrs = c_ptr + rows[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
         tl.store(c_ptrs, zero, mask=(rows[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def zero_tail(c_ptr, offs_ptr, M, N, G, pid, num_programs, stride_cm, stride_cn,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Rows past ``offs[G]`` (an over-allocated A): zeros, tiles dealt round-robin."""
+    tail0 = tl.minimum(tl.maximum(tl.load(offs_ptr + G), 0), M).to(tl.int64)
+    zero_rows_from(c_ptr, tail0, M, N, pid, num_programs, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
 # AOT: the constexpr-None scale arguments of an unscaled (bf16) compile of a SCALED kernel
