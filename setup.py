@@ -149,7 +149,7 @@ BUILD_INFO_FILE = ROOT / PACKAGE / "_build_info.py"
 # PRIMUS_TURBO_CPU_ONLY=1 (skip the GPU toolchain), MAX_JOBS (parallel compile jobs, ninja).
 GPU_ARCHS_ENV = "GPU_ARCHS"
 CPU_ONLY_ENV = "PRIMUS_TURBO_CPU_ONLY"
-DEFAULT_CUDA_ARCH = "9.0"
+DEFAULT_CUDA_ARCH = "9.0a"  # sm_90a: Hopper wgmma / setmaxnreg (grouped_gemm_hopper.cu)
 # Sources whose stem ends with one of these compile only for that arch (and only when it is built).
 ARCH_SUFFIXES = {"_gfx942": "gfx942", "_gfx950": "gfx950", "_sm90": "9.0"}
 
@@ -214,8 +214,9 @@ def rocm_archs(torch) -> list[str]:
 
 
 def cuda_archs(torch) -> list[str]:
-    """``TORCH_CUDA_ARCH_LIST`` entries; when unset, the visible GPUs' capabilities, else 9.0.
-    The result is written back to the environment so torch's nvcc flags use the same list."""
+    """``TORCH_CUDA_ARCH_LIST`` entries; when unset, the visible GPUs' capabilities (9.0 as
+    9.0a), else 9.0a. The result is written back to the environment so torch's nvcc flags use
+    the same list."""
     raw = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
     if raw:
         return _split_archs(raw)
@@ -223,8 +224,11 @@ def cuda_archs(torch) -> list[str]:
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             major, minor = torch.cuda.get_device_capability(i)
-            if f"{major}.{minor}" not in archs:
-                archs.append(f"{major}.{minor}")
+            # 9.0 -> 9.0a: the arch-specific Hopper features (wgmma, setmaxnreg) of the
+            # grouped GEMM kernel; the cubin still runs every sm_90 kernel of the library.
+            arch = f"{major}.{minor}" + ("a" if (major, minor) == (9, 0) else "")
+            if arch not in archs:
+                archs.append(arch)
     archs = archs or [DEFAULT_CUDA_ARCH]
     os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
     return archs
@@ -243,7 +247,12 @@ def _arch_flags(framework: str, archs: list[str]) -> list[str]:
 
 
 def _arch_selected(arch: str, archs: list[str]) -> bool:
-    return any(a.replace("+PTX", "").removesuffix("a") == arch for a in archs)
+    return any(a.replace("+PTX", "").removesuffix("a") == arch.removesuffix("a") for a in archs)
+
+
+def _sm90a(framework: str, archs: list[str]) -> bool:
+    """Whether the CUDA arch list has 9.0a (the Hopper grouped GEMM is built then)."""
+    return framework == "cuda" and any(a.replace("+PTX", "") == "9.0a" for a in archs)
 
 
 def _sources(folder: Path, gpu: bool, archs: list[str]) -> list[str]:
@@ -380,6 +389,8 @@ def get_extensions(commit: str = "unknown") -> list:
     if framework == "cuda":
         nvcc += ["--expt-relaxed-constexpr", "-lineinfo"]
     defines = [("PRIMUS_TURBO_WITH_GPU", None)] if gpu else []
+    if _sm90a(framework, archs):
+        defines.append(("PRIMUS_TURBO_SM90A", None))
     link_arch = arch_flags if framework == "rocm" else []
     ext_cls = cpp_extension.CUDAExtension if gpu else cpp_extension.CppExtension
 

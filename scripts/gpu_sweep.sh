@@ -19,7 +19,7 @@
 set -uo pipefail
 OUT=${OUT:-build/gpu_out}
 mkdir -p "$OUT/csv"
-export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
 summary="$OUT/summary.txt"
 B=benchmark/ops/training
 
