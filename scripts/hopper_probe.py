@@ -83,6 +83,7 @@ def _candidates(a, b, offs, ends, starts) -> dict:
         "hopper_c1_g16": lambda: grouped_gemm_hopper(a, b, offs, 1, 4),
         "hopper_c2": lambda: grouped_gemm_hopper(a, b, offs, 2),
         "hopper_c2_w0": lambda: grouped_gemm_hopper(a, b, offs, 2, 2),
+        "hopper_c2_g16": lambda: grouped_gemm_hopper(a, b, offs, 2, 4),
         "triton": lambda: grouped_gemm_triton(a, b, offs, True),
         "grouped_mm": lambda: torch._grouped_mm(a, b.transpose(1, 2), offs=ends),
         "loop": lambda: torch.cat([a[starts[i] : starts[i + 1]] @ b[i].t() for i in range(g)]),

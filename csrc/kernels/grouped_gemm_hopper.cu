@@ -424,7 +424,7 @@ bool make_map(CUtensorMap* map, const void* ptr, int64_t rows, int64_t cols, int
 
 template <int C, int GM, bool W0>
 Status launch(const CUtensorMap& ma, const CUtensorMap& mb, pt_bf16* out, const int64_t* offs,
-              int g, int64_t m, int n, int k, int blocks, size_t smem, bool plain,
+              int g, int64_t m, int n, int k, int64_t units, size_t smem, bool plain,
               cudaStream_t stream) {
   auto kernel = grouped_gemm_nt_kernel<C, GM, W0>;
   static std::atomic<uint64_t> attr_set{0};  // per instantiation, one bit per device
@@ -436,6 +436,34 @@ Status launch(const CUtensorMap& ma, const CUtensorMap& mb, pt_bf16* out, const 
                                             kMaxSmem));
     attr_set.fetch_or(bit);
   }
+  // Persistent: every block must be resident at once. Clusters of 2 need two free SMs of one
+  // GPC, so fewer than #SMs / 2 of them may fit: ask the occupancy API (once per device).
+  static std::atomic<int> resident[64] = {};
+  int fit = resident[dev & 63].load();
+  if (fit == 0) {
+    int sms = 0;
+    PT_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    fit = sms;
+    if (C > 1) {
+      cudaLaunchConfig_t q{};
+      q.gridDim = dim3(sms / C * C);
+      q.blockDim = dim3(kThreads);
+      q.dynamicSmemBytes = kMaxSmem;
+      cudaLaunchAttribute qa[1];
+      qa[0].id = cudaLaunchAttributeClusterDimension;
+      qa[0].val.clusterDim.x = C;
+      qa[0].val.clusterDim.y = 1;
+      qa[0].val.clusterDim.z = 1;
+      q.attrs = qa;
+      q.numAttrs = 1;
+      int clusters = 0;
+      PT_RETURN_IF_ERROR(cudaOccupancyMaxActiveClusters(&clusters, kernel, &q));
+      if (clusters <= 0) return kBadArgument;
+      fit = clusters * C;
+    }
+    resident[dev & 63].store(fit);
+  }
+  const int blocks = static_cast<int>(std::min<int64_t>(fit / C, units) * C);
   if (C == 1 && plain) {
     kernel<<<blocks, kThreads, smem, stream>>>(ma, mb, out, offs, g, m, n, k);
     PT_RETURN_IF_ERROR(cudaGetLastError());
@@ -459,14 +487,14 @@ Status launch(const CUtensorMap& ma, const CUtensorMap& mb, pt_bf16* out, const 
 
 template <int C>
 Status launch_variant(int variant, const CUtensorMap& ma, const CUtensorMap& mb, pt_bf16* out,
-                      const int64_t* offs, int g, int64_t m, int n, int k, int blocks,
+                      const int64_t* offs, int g, int64_t m, int n, int k, int64_t units,
                       size_t smem, cudaStream_t stream) {
   const bool plain = variant & 1;
   switch (variant & 6) {
-    case 0: return launch<C, 8, false>(ma, mb, out, offs, g, m, n, k, blocks, smem, plain, stream);
-    case 2: return launch<C, 8, true>(ma, mb, out, offs, g, m, n, k, blocks, smem, plain, stream);
-    case 4: return launch<C, 16, false>(ma, mb, out, offs, g, m, n, k, blocks, smem, plain, stream);
-    default: return launch<C, 16, true>(ma, mb, out, offs, g, m, n, k, blocks, smem, plain, stream);
+    case 0: return launch<C, 8, false>(ma, mb, out, offs, g, m, n, k, units, smem, plain, stream);
+    case 2: return launch<C, 8, true>(ma, mb, out, offs, g, m, n, k, units, smem, plain, stream);
+    case 4: return launch<C, 16, false>(ma, mb, out, offs, g, m, n, k, units, smem, plain, stream);
+    default: return launch<C, 16, true>(ma, mb, out, offs, g, m, n, k, units, smem, plain, stream);
   }
 }
 
@@ -489,20 +517,15 @@ Status grouped_gemm_bf16_nt_hopper(const void* a, const void* b, void* out, cons
   if (!make_map(&ma, a, m, k, kBM) || !make_map(&mb, b, g * n, k, kBN / cluster)) {
     return kBadArgument;
   }
-  int dev = 0, sms = 0;
-  PT_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  PT_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   // Units are at most (row tiles of all groups / cluster + one per group) x column tiles.
   const int64_t n_tiles = (n + kBN - 1) / kBN;
   const int64_t units = ((m + kBM - 1) / kBM / cluster + g) * n_tiles;
-  const int64_t blocks = std::min<int64_t>(sms / cluster, units) * cluster;
   const size_t smem = 1024 + kRingBytes + 16 * kStages + (g + 1) * 12;
   auto* o = static_cast<pt_bf16*>(out);
   auto* s = static_cast<cudaStream_t>(stream);
   const int gi = static_cast<int>(g), ni = static_cast<int>(n), ki = static_cast<int>(k);
-  const int nb = static_cast<int>(blocks);
-  return cluster == 2 ? launch_variant<2>(variant, ma, mb, o, offs, gi, m, ni, ki, nb, smem, s)
-                      : launch_variant<1>(variant, ma, mb, o, offs, gi, m, ni, ki, nb, smem, s);
+  return cluster == 2 ? launch_variant<2>(variant, ma, mb, o, offs, gi, m, ni, ki, units, smem, s)
+                      : launch_variant<1>(variant, ma, mb, o, offs, gi, m, ni, ki, units, smem, s);
 }
 
 #endif  // PT_HIP || !PRIMUS_TURBO_SM90A
