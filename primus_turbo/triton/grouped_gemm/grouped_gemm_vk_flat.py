@@ -1,6 +1,7 @@
 """Grouped GEMM wgrad, plan ``vkf`` / ``vkfs`` (session 11, opt-in): ``C[g] = X_g^T @ Y_g``
 with ONE pipelined loop over every (output tile, full K step) pair of a program, so the
-next tile's first TMA loads are in flight during this tile's tail step and epilogue.
+next tile's first TMA loads are in flight during this tile's epilogue and that tile's tail
+rows.
 
 Why: ``variable_k_tma_kernel`` (plans ``tma`` / ``tmavs``) runs a separate K loop per output
 tile (the trip count is the group's row count, so ``tl.range(flatten=True)`` cannot fuse the
@@ -9,20 +10,26 @@ tile and K loops: ``FuseNestedLoops`` needs inner bounds invariant to the outer 
 the pipeline fill, the masked tail step (``m_g % BLOCK_K`` rows, global-latency bound) and
 the epilogue unhidden; the bf16 step is 0.97-0.99x torch._grouped_mm on these shapes.
 
-How (the loop the fusion pass would emit, written by hand, as the session-4 ``fused`` wgrad):
+How (the loop the fusion pass would emit, written by hand, as session 4's ``fused`` wgrad):
 the counter runs over this program's total full K steps (from the group table, in registers);
-a new tile starts when the previous tile's steps are done; the tile's last full step also
-runs the tail (masked pointer loads of the last ``m_g % BLOCK_K`` rows) and the store, and
-resets the accumulator (in an ``if``). Unlike session 4's ``fused`` plan (2x slower than
-``tma``, removed), no operand is masked in registers: every loop step is a whole
-``BLOCK_K``-row TMA step inside the group, so both MMA operands come from shared memory as in
-the ``tma`` kernel; only the tail, outside the pipelined path, is masked. A group with fewer
-than ``BLOCK_K`` rows (no full step) gets one step whose TMA box starts at row ``M`` (past the
-tensor: the hardware zero-fills it), so it adds zeros. Bookkeeping is branch-free and
-load-free (selects and one reduction over the ``[G_PAD]`` table) and every loop-carried value
-feeds the step's load coordinates: the software pipeliner keeps it in its first stage (sm_90
-TTGIR: 4 TMA copies peeled before the loop, async wgmma with one pending; with the load row
-not depending on the carried step count the loop compiled unpipelined).
+a new tile starts when the previous tile's steps are done. A tile's last step stores it (in an
+``if``) and starts the NEXT tile's accumulator with that tile's tail rows (the last
+``m_g % BLOCK_K``: masked pointer loads, one MMA into a fresh accumulator); iteration 0 does
+this for the program's first tile as the last step of a virtual tile that stores nothing. So:
+* every loop step is a whole ``BLOCK_K``-row TMA step inside its group and both MMA operands
+  come from shared memory (session 4's ``fused`` plan, 2x slower than ``tma`` and removed,
+  masked its A operand in registers);
+* the loop's MMA reads the carried accumulator directly and no non-MMA instruction writes it
+  (a reset select after the MMA, or the tail MMA read from it in the ``if``, made ptxas
+  serialise every wgmma: "C7515 ... wgmma.mma_async instructions are serialized", which also
+  hit session 4's kernel); the sm_90 TTGIR keeps one wgmma in flight (``pendings = 1``);
+* a group with fewer than ``BLOCK_K`` rows (no full step) gets one step whose TMA box starts
+  at row ``M`` (past the tensor: the hardware zero-fills it).
+Bookkeeping is branch-free and load-free (selects and one reduction over the ``[G_PAD]``
+table) and every loop-carried value feeds the step's load coordinates, so the software
+pipeliner keeps it in its first stage (4 TMA copies peeled before the loop; with the load row
+not depending on the carried step count the loop compiled unpipelined). Summation order:
+tail rows first, then the full steps (the ``tma`` plan: full steps, then the tail).
 ``TMA_STORE`` (``vkfs``): the tile leaves through ``c_desc`` (``[G, P, Q]``, two
 ``[1, BLOCK_M, BLOCK_N / 2]`` halves, clipped at ``P`` / ``Q``) as in ``tmavs``.
 CUDA sm_90+ (host TMA descriptors) or the CPU interpreter.
@@ -39,6 +46,40 @@ from primus_turbo.triton.gemm.gemm_kernel import _tile_coords
 @triton.jit
 def _add2(a0, a1, b0, b1):
     return a0 + b0, a1 + b1
+
+
+@triton.jit
+def _tail_tile(x_ptr, y_ptr, start, end, p0, q0, P, Q, stride_xm, stride_ym,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               UPCAST: tl.constexpr):  # fmt: skip
+    """A fresh fp32 tile: the last ``(end - start) % BLOCK_K`` rows of the group (masked
+    pointer loads) for the output tile at ``(p0, q0)``; zeros where there are none."""
+    n_full = (end - start) // BLOCK_K
+    rem = (end - start) - n_full * BLOCK_K
+    offs_k = tl.arange(0, BLOCK_K)
+    rp = p0 + tl.arange(0, BLOCK_M)
+    rq = q0 + tl.arange(0, BLOCK_N)
+    r = (start + n_full * BLOCK_K).to(tl.int64) + offs_k.to(tl.int64)
+    xt = tl.load(x_ptr + r[None, :] * stride_xm + rp.to(tl.int64)[:, None],
+                 mask=(rp[:, None] < P) & (offs_k[None, :] < rem), other=0.0)  # fmt: skip
+    yt = tl.load(y_ptr + r[:, None] * stride_ym + rq.to(tl.int64)[None, :],
+                 mask=(rq[None, :] < Q) & (offs_k[:, None] < rem), other=0.0)  # fmt: skip
+    if UPCAST:
+        xt = xt.to(tl.float32)
+        yt = yt.to(tl.float32)
+    return tl.dot(xt, yt)
+
+
+@triton.jit
+def _tile_rows(tile, per_group, num_pid_p, num_pid_q, gi, lo, hi,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):  # fmt: skip
+    """``(g, p0, q0, start, end)`` of output tile ``tile`` (group ``g``'s rows
+    ``[start, end)`` from the ``[G_PAD]`` table; a tile past the last group gets no rows)."""
+    g = tile // per_group
+    pid_p, pid_q = _tile_coords(tile - g * per_group, num_pid_p, num_pid_q, GROUP_M)
+    here = gi == g
+    start, end = tl.reduce((tl.where(here, lo, 0), tl.where(here, hi, 0)), 0, _add2)
+    return g, pid_p * BLOCK_M, pid_q * BLOCK_N, start, end
 
 
 @triton.jit
@@ -67,26 +108,29 @@ def variable_k_flat_kernel(
     below_lo = tl.cdiv(gi * per_group - pid, num_programs)
     total = tl.sum(tl.where(real, (below_hi - below_lo) * steps_g, 0), axis=0)
 
-    offs_k = tl.arange(0, BLOCK_K)
+    # Iteration 0 is the last (and only) step of a virtual tile ``pid - num_programs`` that
+    # stores nothing: it starts the accumulator of this program's first tile with that tile's
+    # tail rows, as each tile's last step does for the next tile (a tail MMA before the loop
+    # would keep its shared memory next to the operand ring: over sm_90's 227 KiB).
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     tile = pid - num_programs
     kt = -1
-    steps = 0
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(0, total):
+    steps = 1
+    for _ in range(0, total + 1):
         # branch-free, load-free bookkeeping; every carried value feeds the load coordinates
         new = kt + 1 == steps
         tile = tl.where(new, tile + num_programs, tile)
         kt = tl.where(new, 0, kt + 1)
-        g = tile // per_group
-        pid_p, pid_q = _tile_coords(tile - g * per_group, num_pid_p, num_pid_q, GROUP_M)
-        here = gi == g
-        start, end = tl.reduce((tl.where(here, lo, 0), tl.where(here, hi, 0)), 0, _add2)
-        n_full = (end - start) // BLOCK_K
+        real_tile = tile >= 0
+        # (the virtual tile looks up tile 0: in-range coordinates for its zero-filled box)
+        g, p0, q0, start, end = _tile_rows(tl.maximum(tile, 0), per_group, num_pid_p,
+                                           num_pid_q, gi, lo, hi, BLOCK_M, BLOCK_N,
+                                           GROUP_M)  # fmt: skip
+        n_full = tl.where(real_tile, (end - start) // BLOCK_K, 0)
         steps = tl.maximum(n_full, 1)
-        p0 = pid_p * BLOCK_M
-        q0 = pid_q * BLOCK_N
-        # no full step: a box past the tensor (zero-filled). The ``steps``-clamped form keeps
-        # the carried ``steps`` in the load coordinates: without it the loop is not pipelined
+        # no full step (or the virtual tile): a box past the tensor, zero-filled. The
+        # ``steps``-clamped form keeps the carried ``steps`` in the load coordinates: without
+        # it the loop is not pipelined
         row = tl.where(n_full > 0, start + tl.minimum(kt, steps - 1) * BLOCK_K, M)
         x = x_desc.load([row, p0])
         y = y_desc.load([row, q0])
@@ -94,33 +138,27 @@ def variable_k_flat_kernel(
             x = x.to(tl.float32)
             y = y.to(tl.float32)
         acc = tl.dot(x.T, y, acc)
-        if kt + 1 == steps:  # the tile's last step: tail rows, store, reset
-            rem = (end - start) - n_full * BLOCK_K
-            rp = p0 + tl.arange(0, BLOCK_M)
-            rq = q0 + tl.arange(0, BLOCK_N)
-            rp64 = rp.to(tl.int64)
-            rq64 = rq.to(tl.int64)
-            r = (start + n_full * BLOCK_K).to(tl.int64) + offs_k.to(tl.int64)
-            xt = tl.load(x_ptr + r[None, :] * stride_xm + rp64[:, None],
-                         mask=(rp[:, None] < P) & (offs_k[None, :] < rem), other=0.0)  # fmt: skip
-            yt = tl.load(y_ptr + r[:, None] * stride_ym + rq64[None, :],
-                         mask=(rq[None, :] < Q) & (offs_k[:, None] < rem), other=0.0)  # fmt: skip
-            if UPCAST:
-                xt = xt.to(tl.float32)
-                yt = yt.to(tl.float32)
-            acc = tl.dot(xt, yt, acc)
-            if TMA_STORE:
-                half: tl.constexpr = BLOCK_N // 2
-                out = acc.to(c_desc.dtype).reshape(BLOCK_M, 2, half).permute(0, 2, 1)
-                lo_half, hi_half = out.split()
-                c_desc.store([g, p0, q0], lo_half.reshape(1, BLOCK_M, half))
-                c_desc.store([g, p0, q0 + half], hi_half.reshape(1, BLOCK_M, half))
-            else:
-                c_ptrs = c_ptr + g.to(tl.int64) * stride_cg + rp64[:, None] * stride_cp
-                c_ptrs += rq64[None, :] * stride_cq
-                mask = (rp[:, None] < P) & (rq[None, :] < Q)
-                tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if kt + 1 == steps:  # the tile's last step: store, then the next tile's tail rows
+            if real_tile:
+                rp = p0 + tl.arange(0, BLOCK_M)
+                rq = q0 + tl.arange(0, BLOCK_N)
+                if TMA_STORE:
+                    half: tl.constexpr = BLOCK_N // 2
+                    out = acc.to(c_desc.dtype).reshape(BLOCK_M, 2, half).permute(0, 2, 1)
+                    lo_half, hi_half = out.split()
+                    c_desc.store([g, p0, q0], lo_half.reshape(1, BLOCK_M, half))
+                    c_desc.store([g, p0, q0 + half], hi_half.reshape(1, BLOCK_M, half))
+                else:
+                    c_ptrs = c_ptr + g.to(tl.int64) * stride_cg
+                    c_ptrs += rp.to(tl.int64)[:, None] * stride_cp
+                    c_ptrs += rq.to(tl.int64)[None, :] * stride_cq
+                    mask = (rp[:, None] < P) & (rq[None, :] < Q)
+                    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+            _, p0n, q0n, sn, en = _tile_rows(tile + num_programs, per_group, num_pid_p,
+                                             num_pid_q, gi, lo, hi, BLOCK_M, BLOCK_N,
+                                             GROUP_M)  # fmt: skip
+            acc = _tail_tile(x_ptr, y_ptr, sn, en, p0n, q0n, P, Q, stride_xm, stride_ym,
+                             BLOCK_M, BLOCK_N, BLOCK_K, UPCAST)  # fmt: skip
 
 
 def launch_variable_k_flat(
