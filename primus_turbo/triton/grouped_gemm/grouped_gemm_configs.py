@@ -316,8 +316,8 @@ def vk_large_expert_plan(p: int, q: int) -> tuple[str, GemmConfig]:
 # ``grouped_gemm_vk_flat`` (one pipelined loop over every (tile, full K step) of a program: the
 # next tile's TMA loads overlap this tile's tail step and epilogue) on these tiles: the two
 # ``VK_STORE_TILES`` orientations with 3 stages: the tail's operands and, for ``vkfs``, the
-# store staging live next to the ring (sm_90: 196632 / 229400 B of shared memory, 202-220
-# registers, no spills, no ptxas wgmma serialisation; 4 stages exceed the 227 KiB).
+# store staging live next to the ring (sm_90: 229400 B of shared memory, 230-252 registers,
+# no spills, no ptxas wgmma serialisation; 4 stages exceed the 227 KiB).
 VK_FLAT_TILES = (GemmConfig(256, 128, 64, 8, 8, 3), GemmConfig(128, 256, 64, 16, 8, 3))
 VK_FLAT_VARIANTS = ("vkf", "vkfs")
 # wgrad plan kinds a config filter selects only by ``variant:name``

@@ -12,10 +12,12 @@ the epilogue unhidden; the bf16 step is 0.97-0.99x torch._grouped_mm on these sh
 
 How (the loop the fusion pass would emit, written by hand, as session 4's ``fused`` wgrad):
 the counter runs over this program's total full K steps (from the group table, in registers);
-a new tile starts when the previous tile's steps are done. A tile's last step stores it (in an
-``if``) and starts the NEXT tile's accumulator with that tile's tail rows (the last
-``m_g % BLOCK_K``: masked pointer loads, one MMA into a fresh accumulator); iteration 0 does
-this for the program's first tile as the last step of a virtual tile that stores nothing. So:
+a new tile starts when the previous tile's steps are done. A tile's last step (in an ``if``)
+loads the NEXT tile's tail rows (the last ``m_g % BLOCK_K``: masked pointer loads, issued
+before this tile's last MMA is waited for, so their latency hides behind it), stores this
+tile, and starts the next tile's accumulator with one MMA of the tail rows into a fresh
+accumulator; iteration 0 does this for the program's first tile as the last step of a
+virtual tile that stores nothing. So:
 * every loop step is a whole ``BLOCK_K``-row TMA step inside its group and both MMA operands
   come from shared memory (session 4's ``fused`` plan, 2x slower than ``tma`` and removed,
   masked its A operand in registers);
@@ -52,8 +54,9 @@ def _add2(a0, a1, b0, b1):
 def _tail_tile(x_ptr, y_ptr, start, end, p0, q0, P, Q, stride_xm, stride_ym,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                UPCAST: tl.constexpr):  # fmt: skip
-    """A fresh fp32 tile: the last ``(end - start) % BLOCK_K`` rows of the group (masked
-    pointer loads) for the output tile at ``(p0, q0)``; zeros where there are none."""
+    """The operands ``(xt [BLOCK_M, BLOCK_K], yt [BLOCK_K, BLOCK_N])`` of the last
+    ``(end - start) % BLOCK_K`` rows of the group (masked pointer loads, zeros past them) for
+    the output tile at ``(p0, q0)``."""
     n_full = (end - start) // BLOCK_K
     rem = (end - start) - n_full * BLOCK_K
     offs_k = tl.arange(0, BLOCK_K)
@@ -67,7 +70,7 @@ def _tail_tile(x_ptr, y_ptr, start, end, p0, q0, P, Q, stride_xm, stride_ym,
     if UPCAST:
         xt = xt.to(tl.float32)
         yt = yt.to(tl.float32)
-    return tl.dot(xt, yt)
+    return xt, yt
 
 
 @triton.jit
@@ -139,6 +142,12 @@ def variable_k_flat_kernel(
             y = y.to(tl.float32)
         acc = tl.dot(x.T, y, acc)
         if kt + 1 == steps:  # the tile's last step: store, then the next tile's tail rows
+            # the next tile's tail operands first: their load latency overlaps this step's MMA
+            _, p0n, q0n, sn, en = _tile_rows(tile + num_programs, per_group, num_pid_p,
+                                             num_pid_q, gi, lo, hi, BLOCK_M, BLOCK_N,
+                                             GROUP_M)  # fmt: skip
+            xt, yt = _tail_tile(x_ptr, y_ptr, sn, en, p0n, q0n, P, Q, stride_xm, stride_ym,
+                                BLOCK_M, BLOCK_N, BLOCK_K, UPCAST)  # fmt: skip
             if real_tile:
                 rp = p0 + tl.arange(0, BLOCK_M)
                 rq = q0 + tl.arange(0, BLOCK_N)
@@ -154,11 +163,7 @@ def variable_k_flat_kernel(
                     c_ptrs += rq.to(tl.int64)[None, :] * stride_cq
                     mask = (rp[:, None] < P) & (rq[None, :] < Q)
                     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-            _, p0n, q0n, sn, en = _tile_rows(tile + num_programs, per_group, num_pid_p,
-                                             num_pid_q, gi, lo, hi, BLOCK_M, BLOCK_N,
-                                             GROUP_M)  # fmt: skip
-            acc = _tail_tile(x_ptr, y_ptr, sn, en, p0n, q0n, P, Q, stride_xm, stride_ym,
-                             BLOCK_M, BLOCK_N, BLOCK_K, UPCAST)  # fmt: skip
+            acc = tl.dot(xt, yt)
 
 
 def launch_variable_k_flat(
