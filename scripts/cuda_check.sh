@@ -5,21 +5,24 @@
 # call. Fails on a compile error; prints the most registers per file and names every kernel
 # that spills (a warning: RMSNorm bwd_persist spills 12-24 B and the C++ forward tile kernel,
 # not the default forward, 52-84 B; both measured on the H200 as they are).
-# Skips (rc 0) where nvcc is not installed. CUDA_CHECK_ARCH=NN picks another arch.
+# Skips (rc 0) where nvcc is not installed. CUDA_CHECK_ARCH=NN picks another arch (default 90a,
+# what setup.py builds for an H100 / H200: the Hopper grouped GEMM's wgmma code needs it).
 set -uo pipefail
 NVCC=${NVCC:-$(command -v nvcc || true)}
 if [ -z "$NVCC" ]; then
   echo "cuda-check: no nvcc on this machine, skipped"
   exit 0
 fi
-arch=${CUDA_CHECK_ARCH:-90}
+arch=${CUDA_CHECK_ARCH:-90a}
+sm90a=()
+[ "$arch" = 90a ] && sm90a=(-DPRIMUS_TURBO_SM90A)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 rc=0
 for src in csrc/kernels/*.cu; do
   log="$out/$(basename "$src").log"
   if ! "$NVCC" -c -O3 -std=c++17 "-gencode=arch=compute_$arch,code=sm_$arch" \
-    --expt-relaxed-constexpr -lineinfo -DPRIMUS_TURBO_WITH_GPU -Icsrc/include -Xptxas -v \
+    --expt-relaxed-constexpr -lineinfo -DPRIMUS_TURBO_WITH_GPU "${sm90a[@]}" -Icsrc/include -Xptxas -v \
     "$src" -o "$out/$(basename "$src").o" >"$log" 2>&1; then
     echo "cuda-check: $src FAILED to compile for sm_$arch:"
     grep -E "error" "$log" | head -20
