@@ -28,7 +28,9 @@ reads the row scales with ``.cg`` (L2, never a stale L1 line). Numerics: the qua
 ``quant_rows_kernel``'s one-pass rowwise recipe (same fp32 ops, same ``SAT`` flag), the GEMM
 ``f8s`` on the 128x128 tile, so the output is bitwise the two launches' on that tile (the
 default op's when the tuner picks it). ``QFUSE_ELEMS`` (values per quantization step: 2048 /
-4096), ``QFUSE_ROWS`` (rows per flag) and ``QFUSE_CHUNK`` tune it. The op's backward is
+4096), ``QFUSE_DEPTH`` (steps loaded at once: 2 / 3; Triton does not software-pipeline loads
+that feed no dot, plain or TMA, so the quantizing programs prefetch in registers),
+``QFUSE_ROWS`` (rows per flag) and ``QFUSE_CHUNK`` tune it. The op's backward is
 unchanged (it reads the saved ``a``).
 """
 
@@ -55,6 +57,7 @@ _ENV = "PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE"
 _ENV_ELEMS = "PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_ELEMS"
 _ENV_CHUNK = "PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_CHUNK"
 _ENV_ROWS = "PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_ROWS"
+_ENV_DEPTH = "PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_DEPTH"
 _ELEMS = (2048, 4096)  # 8192 / 16384 spill on sm_90 (the GEMM half is at 254 registers)
 _CHUNKS = (4, 8, 16, 32)
 _ROWS = (16, 32, 64, 128)
@@ -89,43 +92,72 @@ def _load_rows(x_ptr, row0, M, K, stride_xm, QBM: tl.constexpr, K_PAD: tl.conste
 
 
 @triton.jit
+def _quant_step(x, q_ptr, sa_ptr, row0, M, K, stride_qm, QBM: tl.constexpr,
+                K_PAD: tl.constexpr, FMAX: tl.constexpr, FMT: tl.constexpr,
+                SAT: tl.constexpr):  # fmt: skip
+    """Rows ``[row0, row0 + QBM)`` (``x``, loaded): amax, scale and fp8 values as
+    ``quant_rows_kernel``'s one pass; stores ``q`` and ``sa``."""
+    rk = tl.arange(0, K_PAD)
+    rm = row0 + tl.arange(0, QBM)
+    rm64 = rm.to(tl.int64)
+    mask_m = rm < M
+    xf = x.to(tl.float32)
+    amax = tl.max(_finite_abs(xf), axis=1)  # = the FAST amax whenever that one is kept
+    scale, sinv = _scale_of(amax, FMAX, False, 0)
+    if SAT:
+        q = (xf * scale[:, None]).to(q_ptr.dtype.element_ty)
+    else:
+        q = _cast(xf, scale[:, None], FMAX, q_ptr.dtype.element_ty, FMT)
+    tl.store(sa_ptr + rm64, sinv, mask=mask_m)
+    tl.store(q_ptr + rm64[:, None] * stride_qm + rk[None, :], q,
+             mask=mask_m[:, None] & (rk < K)[None, :])  # fmt: skip
+
+
+@triton.jit
+def _release(flags_ptr, seg, FENCE: tl.constexpr):
+    """Segment ``seg`` done: proxy fence, CTA barrier, flag = 1 (release, GPU scope)."""
+    if FENCE:
+        _async_fence(seg)
+    tl.debug_barrier()
+    tl.atomic_xchg(flags_ptr + seg, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _step_row(j, qpid, num_quant, FB: tl.constexpr, QBM: tl.constexpr):
+    """First row of this program's step ``j`` (segments ``qpid + n * num_quant``)."""
+    steps: tl.constexpr = FB // QBM
+    return (qpid + (j // steps) * num_quant) * FB + (j % steps) * QBM
+
+
+@triton.jit
 def _quant_part(x_ptr, q_ptr, sa_ptr, flags_ptr, M, K, stride_xm, stride_qm, qpid, num_quant,
                 FB: tl.constexpr, QBM: tl.constexpr, K_PAD: tl.constexpr, FMAX: tl.constexpr,
-                FMT: tl.constexpr, SAT: tl.constexpr, FENCE: tl.constexpr):  # fmt: skip
-    """Segments ``qpid, qpid + num_quant, ...`` of ``FB`` rows, in steps of ``QBM`` rows (the
-    next step's rows loaded while this one is converted): each row's amax, scale and fp8
-    values as ``quant_rows_kernel``'s one pass; after a segment its flag is set to 1
-    (release, GPU scope: one fence per segment, not per step)."""
-    rk = tl.arange(0, K_PAD)
-    steps = FB // QBM
+                FMT: tl.constexpr, SAT: tl.constexpr, FENCE: tl.constexpr,
+                DEPTH: tl.constexpr):  # fmt: skip
+    """Segments ``qpid, qpid + num_quant, ...`` of ``FB`` rows in steps of ``QBM`` rows, each
+    segment's flag set after its last step (one fence per segment, not per step). The loads
+    run ``DEPTH - 1`` steps ahead in registers (2 or 3; Triton does not software-pipeline
+    loads that feed no dot, so this is how a quantizing program keeps bytes in flight)."""
+    steps: tl.constexpr = FB // QBM
     n_seg = tl.cdiv(M, FB)
     n_mine = tl.cdiv(tl.maximum(n_seg - qpid, 0), num_quant)
-    x = _load_rows(x_ptr, qpid * FB, M, K, stride_xm, QBM, K_PAD)
+    x0 = _load_rows(x_ptr, _step_row(0, qpid, num_quant, FB, QBM), M, K, stride_xm, QBM, K_PAD)
+    x1 = x0
+    if DEPTH == 3:
+        x1 = _load_rows(x_ptr, _step_row(1, qpid, num_quant, FB, QBM), M, K, stride_xm, QBM,
+                        K_PAD)  # fmt: skip
     for i in tl.range(0, n_mine * steps, num_stages=1):
-        seg = qpid + (i // steps) * num_quant
-        row0 = seg * FB + (i % steps) * QBM
-        nxt = i + 1
-        x_next = _load_rows(x_ptr, (qpid + (nxt // steps) * num_quant) * FB + (nxt % steps) * QBM,
-                            M, K, stride_xm, QBM, K_PAD)  # fmt: skip
-        rm = row0 + tl.arange(0, QBM)
-        rm64 = rm.to(tl.int64)
-        mask_m = rm < M
-        xf = x.to(tl.float32)
-        amax = tl.max(_finite_abs(xf), axis=1)  # = the FAST amax whenever that one is kept
-        scale, sinv = _scale_of(amax, FMAX, False, 0)
-        if SAT:
-            q = (xf * scale[:, None]).to(q_ptr.dtype.element_ty)
-        else:
-            q = _cast(xf, scale[:, None], FMAX, q_ptr.dtype.element_ty, FMT)
-        tl.store(sa_ptr + rm64, sinv, mask=mask_m)
-        tl.store(q_ptr + rm64[:, None] * stride_qm + rk[None, :], q,
-                 mask=mask_m[:, None] & (rk < K)[None, :])  # fmt: skip
+        x_new = _load_rows(x_ptr, _step_row(i + DEPTH - 1, qpid, num_quant, FB, QBM), M, K,
+                           stride_xm, QBM, K_PAD)  # fmt: skip
+        _quant_step(x0, q_ptr, sa_ptr, _step_row(i, qpid, num_quant, FB, QBM), M, K, stride_qm,
+                    QBM, K_PAD, FMAX, FMT, SAT)  # fmt: skip
         if i % steps == steps - 1:
-            if FENCE:
-                _async_fence(seg)
-            tl.debug_barrier()
-            tl.atomic_xchg(flags_ptr + seg, 1, sem="release", scope="gpu")
-        x = x_next
+            _release(flags_ptr, qpid + (i // steps) * num_quant, FENCE)
+        if DEPTH == 3:
+            x0 = x1
+            x1 = x_new
+        else:
+            x0 = x_new
 
 
 @triton.jit
@@ -236,6 +268,7 @@ def grouped_gemm_fp8_qfuse_kernel(
     K_PAD: tl.constexpr,
     CHUNK: tl.constexpr, WB: tl.constexpr, FMAX: tl.constexpr, FMT: tl.constexpr,
     SAT: tl.constexpr, FENCE: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
+    DEPTH: tl.constexpr = 2,
 ):  # fmt: skip
     """Plan ``f8q`` (module doc): programs ``< num_quant`` quantize ``x`` into ``q`` / ``sa``
     in steps of ``QBM`` rows, flagging each; the others run the two ``f8s`` loops (groups of
@@ -245,7 +278,7 @@ def grouped_gemm_fp8_qfuse_kernel(
     pid = tl.program_id(0)
     if pid < num_quant:
         _quant_part(x_ptr, q_ptr, sa_ptr, flags_ptr, M, K, stride_xm, stride_qm, pid, num_quant,
-                    FB, QBM, K_PAD, FMAX, FMT, SAT, FENCE)  # fmt: skip
+                    FB, QBM, K_PAD, FMAX, FMT, SAT, FENCE, DEPTH)  # fmt: skip
     else:
         gp = pid - num_quant
         ng = num_programs - num_quant
@@ -300,6 +333,12 @@ def qfuse_rows() -> int:
     """``PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_ROWS``: rows per ready flag (a quantizing
     program's segment, one release fence each): 16 / 32 (default) / 64 / 128."""
     return _env_pick(_ENV_ROWS, 32, _ROWS)
+
+
+def qfuse_depth() -> int:
+    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_DEPTH``: quantization steps a quantizing program
+    has loaded at once (the current one and 1 / 2 ahead): 2 / 3 (default)."""
+    return _env_pick(_ENV_DEPTH, 3, (2, 3))
 
 
 def qfuse_chunk() -> int:
@@ -392,7 +431,7 @@ def grouped_gemm_fp8_qfuse(
         sb.stride(1), programs, nq,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         G_PAD=triton.next_power_of_2(max(g, 2)), FB=fb, QBM=qbm, K_PAD=k_pad, CHUNK=qfuse_chunk(),
-        WB=128, FMAX=_fmax(fp8_dtype),
+        WB=128, DEPTH=qfuse_depth(), FMAX=_fmax(fp8_dtype),
         FMT=_interp_fmt(fp8_dtype), SAT=sat, FENCE=not interp, FLATTEN=not interp,
         UPCAST=interp, **cfg.options,
     )  # fmt: skip
@@ -404,7 +443,7 @@ def grouped_gemm_fp8_qfuse(
 
 def aot_specs(target: str) -> list:
     """sm_90 only (TMA): the 128x128 tile, bf16 ``a`` and output, E4M3, K padded to 1024 /
-    2048 (Qwen3-30B-A3B down / gate_up) with 8192 values per quantization step."""
+    2048 (Qwen3-30B-A3B down / gate_up), every ``QFUSE_ELEMS`` x ``QFUSE_DEPTH``."""
     from primus_turbo.triton.aot import AotSpec
 
     if target != "sm_90":
@@ -420,12 +459,13 @@ def aot_specs(target: str) -> list:
            "stride_sbg": "i32:16", "stride_sbn": "i32:1", "num_programs": "i32",
            "num_quant": "i32"}  # fmt: skip
     specs = []
-    for k_pad, elems in ((1024, 4096), (2048, 4096), (1024, 2048), (2048, 2048)):
+    grid = [(k, e, d) for k in (1024, 2048) for e in _ELEMS for d in (2, 3)]
+    for k_pad, elems, depth in grid:
         consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
                   "G_PAD": 128, "FB": 32, "QBM": elems // k_pad, "K_PAD": k_pad, "CHUNK": 8,
-                  "WB": 128,
+                  "WB": 128, "DEPTH": depth,
                   "FMAX": float(torch.finfo(torch.float8_e4m3fn).max), "FMT": (0, 0, 0, 0),
                   "SAT": True, "FENCE": True, "FLATTEN": True, "UPCAST": False}  # fmt: skip
-        specs.append(AotSpec(f"grouped_gemm_fp8_qfuse_k{k_pad}_e{elems}_{cfg.name}",
+        specs.append(AotSpec(f"grouped_gemm_fp8_qfuse_k{k_pad}_e{elems}_d{depth}_{cfg.name}",
                              grouped_gemm_fp8_qfuse_kernel, sig, consts, cfg.options))  # fmt: skip
     return specs
