@@ -30,7 +30,8 @@ reads the row scales with ``.cg`` (L2, never a stale L1 line). Numerics: the qua
 default op's when the tuner picks it). ``QFUSE_ELEMS`` (values per quantization step: 2048 /
 4096), ``QFUSE_DEPTH`` (steps loaded at once: 2 / 3; Triton does not software-pipeline loads
 that feed no dot, plain or TMA, so the quantizing programs prefetch in registers),
-``QFUSE_ROWS`` (rows per flag) and ``QFUSE_CHUNK`` tune it. The op's backward is
+``QFUSE_PF`` (steps ahead prefetched to L2 with ``prefetch.global.L2``, no registers: 0 / 2 /
+4 / 8), ``QFUSE_ROWS`` (rows per flag) and ``QFUSE_CHUNK`` tune it. The op's backward is
 unchanged (it reads the saved ``a``).
 """
 
@@ -58,6 +59,7 @@ _ENV_ELEMS = "PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_ELEMS"
 _ENV_CHUNK = "PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_CHUNK"
 _ENV_ROWS = "PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_ROWS"
 _ENV_DEPTH = "PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_DEPTH"
+_ENV_PF = "PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_PF"
 _ELEMS = (2048, 4096)  # 8192 / 16384 spill on sm_90 (the GEMM half is at 254 registers)
 _CHUNKS = (4, 8, 16, 32)
 _ROWS = (16, 32, 64, 128)
@@ -89,6 +91,20 @@ def _load_rows(x_ptr, row0, M, K, stride_xm, QBM: tl.constexpr, K_PAD: tl.conste
     mask = (rm < M)[:, None] & (rk < K)[None, :]
     return tl.load(x_ptr + rm.to(tl.int64)[:, None] * stride_xm + rk[None, :], mask=mask,
                    other=0.0)  # fmt: skip
+
+
+@triton.jit
+def _prefetch_rows(x_ptr, row0, M, K, stride_xm, QBM: tl.constexpr, K_PAD: tl.constexpr):
+    """``prefetch.global.L2`` of rows ``[row0, row0 + QBM)`` of ``x``: one address per 64
+    values (a 128-byte line of bf16); no registers held, unlike a load (masked addresses
+    fall back to ``x_ptr``)."""
+    LINES: tl.constexpr = K_PAD // 64 if K_PAD >= 64 else 1
+    rm = row0 + tl.arange(0, QBM)
+    rk = tl.arange(0, LINES) * 64
+    ptrs = x_ptr + rm.to(tl.int64)[:, None] * stride_xm + rk[None, :]
+    ptrs = tl.where((rm < M)[:, None] & (rk < K)[None, :], ptrs, x_ptr)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.b32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
 
 
 @triton.jit
@@ -133,11 +149,13 @@ def _step_row(j, qpid, num_quant, FB: tl.constexpr, QBM: tl.constexpr):
 def _quant_part(x_ptr, q_ptr, sa_ptr, flags_ptr, M, K, stride_xm, stride_qm, qpid, num_quant,
                 FB: tl.constexpr, QBM: tl.constexpr, K_PAD: tl.constexpr, FMAX: tl.constexpr,
                 FMT: tl.constexpr, SAT: tl.constexpr, FENCE: tl.constexpr,
-                DEPTH: tl.constexpr):  # fmt: skip
+                DEPTH: tl.constexpr, PF: tl.constexpr):  # fmt: skip
     """Segments ``qpid, qpid + num_quant, ...`` of ``FB`` rows in steps of ``QBM`` rows, each
     segment's flag set after its last step (one fence per segment, not per step). The loads
     run ``DEPTH - 1`` steps ahead in registers (2 or 3; Triton does not software-pipeline
-    loads that feed no dot, so this is how a quantizing program keeps bytes in flight)."""
+    loads that feed no dot, so this is how a quantizing program keeps bytes in flight);
+    ``PF > 0``: the rows ``PF`` steps ahead are prefetched to L2 (bytes in flight without
+    registers, so the loads ``DEPTH - 1`` steps ahead hit L2)."""
     steps: tl.constexpr = FB // QBM
     n_seg = tl.cdiv(M, FB)
     n_mine = tl.cdiv(tl.maximum(n_seg - qpid, 0), num_quant)
@@ -147,6 +165,9 @@ def _quant_part(x_ptr, q_ptr, sa_ptr, flags_ptr, M, K, stride_xm, stride_qm, qpi
         x1 = _load_rows(x_ptr, _step_row(1, qpid, num_quant, FB, QBM), M, K, stride_xm, QBM,
                         K_PAD)  # fmt: skip
     for i in tl.range(0, n_mine * steps, num_stages=1):
+        if PF > 0:
+            _prefetch_rows(x_ptr, _step_row(i + PF, qpid, num_quant, FB, QBM), M, K, stride_xm,
+                           QBM, K_PAD)  # fmt: skip
         x_new = _load_rows(x_ptr, _step_row(i + DEPTH - 1, qpid, num_quant, FB, QBM), M, K,
                            stride_xm, QBM, K_PAD)  # fmt: skip
         _quant_step(x0, q_ptr, sa_ptr, _step_row(i, qpid, num_quant, FB, QBM), M, K, stride_qm,
@@ -268,7 +289,7 @@ def grouped_gemm_fp8_qfuse_kernel(
     K_PAD: tl.constexpr,
     CHUNK: tl.constexpr, WB: tl.constexpr, FMAX: tl.constexpr, FMT: tl.constexpr,
     SAT: tl.constexpr, FENCE: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
-    DEPTH: tl.constexpr = 2,
+    DEPTH: tl.constexpr = 2, PF: tl.constexpr = 0,
 ):  # fmt: skip
     """Plan ``f8q`` (module doc): programs ``< num_quant`` quantize ``x`` into ``q`` / ``sa``
     in steps of ``QBM`` rows, flagging each; the others run the two ``f8s`` loops (groups of
@@ -278,7 +299,7 @@ def grouped_gemm_fp8_qfuse_kernel(
     pid = tl.program_id(0)
     if pid < num_quant:
         _quant_part(x_ptr, q_ptr, sa_ptr, flags_ptr, M, K, stride_xm, stride_qm, pid, num_quant,
-                    FB, QBM, K_PAD, FMAX, FMT, SAT, FENCE, DEPTH)  # fmt: skip
+                    FB, QBM, K_PAD, FMAX, FMT, SAT, FENCE, DEPTH, PF)  # fmt: skip
     else:
         gp = pid - num_quant
         ng = num_programs - num_quant
@@ -339,6 +360,12 @@ def qfuse_depth() -> int:
     """``PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_DEPTH``: quantization steps a quantizing program
     has loaded at once (the current one and 1 / 2 ahead): 2 / 3 (default)."""
     return _env_pick(_ENV_DEPTH, 3, (2, 3))
+
+
+def qfuse_prefetch() -> int:
+    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_PF``: steps ahead a quantizing program prefetches
+    its rows to L2 (``prefetch.global.L2``, no registers): 0 (off) / 2 / 4 (default) / 8."""
+    return _env_pick(_ENV_PF, 4, (0, 2, 4, 8))
 
 
 def qfuse_chunk() -> int:
@@ -431,7 +458,8 @@ def grouped_gemm_fp8_qfuse(
         sb.stride(1), programs, nq,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         G_PAD=triton.next_power_of_2(max(g, 2)), FB=fb, QBM=qbm, K_PAD=k_pad, CHUNK=qfuse_chunk(),
-        WB=128, DEPTH=qfuse_depth(), FMAX=_fmax(fp8_dtype),
+        WB=128, DEPTH=qfuse_depth(), PF=0 if interp else qfuse_prefetch(),
+        FMAX=_fmax(fp8_dtype),
         FMT=_interp_fmt(fp8_dtype), SAT=sat, FENCE=not interp, FLATTEN=not interp,
         UPCAST=interp, **cfg.options,
     )  # fmt: skip
@@ -459,13 +487,13 @@ def aot_specs(target: str) -> list:
            "stride_sbg": "i32:16", "stride_sbn": "i32:1", "num_programs": "i32",
            "num_quant": "i32"}  # fmt: skip
     specs = []
-    grid = [(k, e, d) for k in (1024, 2048) for e in _ELEMS for d in (2, 3)]
-    for k_pad, elems, depth in grid:
+    grid = [(k, e, d, pf) for k in (1024, 2048) for e in _ELEMS for d in (2, 3) for pf in (0, 4)]
+    for k_pad, elems, depth, pf in grid:
         consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m,
                   "G_PAD": 128, "FB": 32, "QBM": elems // k_pad, "K_PAD": k_pad, "CHUNK": 8,
-                  "WB": 128, "DEPTH": depth,
+                  "WB": 128, "DEPTH": depth, "PF": pf,
                   "FMAX": float(torch.finfo(torch.float8_e4m3fn).max), "FMT": (0, 0, 0, 0),
                   "SAT": True, "FENCE": True, "FLATTEN": True, "UPCAST": False}  # fmt: skip
-        specs.append(AotSpec(f"grouped_gemm_fp8_qfuse_k{k_pad}_e{elems}_d{depth}_{cfg.name}",
+        specs.append(AotSpec(f"grouped_gemm_fp8_qfuse_k{k_pad}_e{elems}_d{depth}_p{pf}_{cfg.name}",
                              grouped_gemm_fp8_qfuse_kernel, sig, consts, cfg.options))  # fmt: skip
     return specs

@@ -22,6 +22,7 @@ ELEMS = "PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_ELEMS"
 ROWS = "PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_ROWS"
 CHUNK = "PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_CHUNK"
 DEPTH = "PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_DEPTH"
+PF = "PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE_PF"
 _ROW = ScalingGranularity.ROWWISE
 
 
@@ -76,6 +77,7 @@ def test_qfuse_kernel_bitwise(nq, knobs, monkeypatch, device):
         monkeypatch.setenv(ROWS, "16")
         monkeypatch.setenv(CHUNK, "4")
         monkeypatch.setenv(DEPTH, "2")
+        monkeypatch.setenv(PF, "0")
     if device == "cuda" and nq > 1:
         nq = 24
     bad = []
@@ -127,19 +129,20 @@ def test_qfuse_op_bitwise(prequant_b, monkeypatch, device):
 def test_qfuse_knob_env(monkeypatch):
     from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_qfuse as qf
 
-    for var in (QFUSE, ELEMS, ROWS, CHUNK, DEPTH):
+    for var in (QFUSE, ELEMS, ROWS, CHUNK, DEPTH, PF):
         monkeypatch.delenv(var, raising=False)
     got = (qf.qfuse_programs(), qf.qfuse_elems(), qf.qfuse_rows(), qf.qfuse_chunk(),
-           qf.qfuse_depth())  # fmt: skip
-    assert got == (0, 4096, 32, 8, 3)
+           qf.qfuse_depth(), qf.qfuse_prefetch())  # fmt: skip
+    assert got == (0, 4096, 32, 8, 3, 4)
     monkeypatch.setenv(QFUSE, "48")
     assert qf.qfuse_programs() == 48
+    read = {QFUSE: qf.qfuse_programs, ELEMS: qf.qfuse_elems, ROWS: qf.qfuse_rows,
+            CHUNK: qf.qfuse_chunk, DEPTH: qf.qfuse_depth, PF: qf.qfuse_prefetch}  # fmt: skip
     for var, bad in ((QFUSE, "many"), (QFUSE, "-1"), (ELEMS, "8192"), (ROWS, "20"),
-                     (CHUNK, "3"), (DEPTH, "4")):  # fmt: skip
+                     (CHUNK, "3"), (DEPTH, "4"), (PF, "3")):  # fmt: skip
         monkeypatch.setenv(var, bad)
         with pytest.raises(ValueError, match=var):
-            {QFUSE: qf.qfuse_programs, ELEMS: qf.qfuse_elems, ROWS: qf.qfuse_rows,
-             CHUNK: qf.qfuse_chunk, DEPTH: qf.qfuse_depth}[var]()  # fmt: skip
+            read[var]()
         monkeypatch.delenv(var)
 
 
