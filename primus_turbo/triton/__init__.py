@@ -6,7 +6,6 @@ KERNEL_MODULES: tuple[str, ...] = (
     "primus_turbo.triton.gemm.gemm_kernel",
     "primus_turbo.triton.grouped_gemm.grouped_gemm_kernel",
     "primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_tma",
-    "primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_qfuse",
     "primus_turbo.triton.activation.glu_kernel",
     "primus_turbo.triton.moe.permute_kernel",
     "primus_turbo.triton.moe.route_map_kernel",

@@ -39,9 +39,6 @@ Group sizes are never read on the host by the TRITON backend; checks as in ``gro
 Without ``group_offs`` from the caller the TRITON forward's ``f8s`` kernel builds its group
 table from ``group_lens`` (``_lens_on``; ``PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS=0``: the op
 computes ``group_offsets`` first, the old path, kept for A/B).
-``PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE=Q`` (session 11, opt-in, default ``0``): a ROWWISE forward
-on TRITON quantizes ``a`` inside the GEMM's launch (plan ``f8q``, ``Q`` quantizing programs,
-see ``triton/grouped_gemm/grouped_gemm_fp8_qfuse.py``), bitwise the two launches on its tile.
 """
 
 from __future__ import annotations
@@ -180,27 +177,6 @@ def _lens_on() -> bool:
     from primus_turbo.pytorch.core.checks import env_flag
 
     return env_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_LENS", True)
-
-
-def _qfuse_on(gran, backend_value) -> bool:
-    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_QFUSE`` (read per call; default ``0``: off): a ROWWISE
-    forward on TRITON quantizes ``a`` inside the fp8 GEMM's launch (plan ``f8q``,
-    ``triton/grouped_gemm/grouped_gemm_fp8_qfuse.py``; ``Q`` = its quantizing programs)."""
-    if gran != _ROW or BackendType(backend_value) != BackendType.TRITON:
-        return False
-    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_qfuse import qfuse_programs
-
-    return qfuse_programs() > 0
-
-
-def _qfuse_forward(a, qb, sb, group_lens, out_dtype, fwd_dtype):
-    """The forward by plan ``f8q`` (bitwise the two-launch path on the same tile), or None
-    where it cannot run (``qfuse_usable``)."""
-    from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_qfuse as qf
-
-    if not qf.qfuse_usable(a, qb, out_dtype, fwd_dtype):
-        return None
-    return qf.grouped_gemm_fp8_qfuse(a, qb, sb, group_lens, out_dtype, fwd_dtype)
 
 
 @functools.cache
@@ -348,16 +324,10 @@ class GroupedGemmFp8Function(torch.autograd.Function):
                               qa if deq_a else None, sa if deq_a else None)  # fmt: skip
         ctx.trans_b, ctx.config, ctx.backend_value = trans_b, config, backend_value
         ctx.a_dtype = a_dtype
-        fused = not pre_a and _qfuse_on(gran, backend_value)  # plan f8q (opt-in, session 11)
-        if not pre_a and not fused:
+        if not pre_a:
             qa, sa = _quant_rows(a.contiguous(), fwd_dtype, gran)
         if not pre_b:
             qb, sb = _forward_weights(b, trans_b, fwd_dtype, gran)
-        if fused:
-            out = _qfuse_forward(a, qb, sb, group_lens, out_dtype, fwd_dtype)
-            if out is not None:
-                return out
-            qa, sa = _quant_rows(a.contiguous(), fwd_dtype, gran)
         return impl.execute(qa, sa, qb, sb, group_offs, group_lens, out_dtype)
 
     @staticmethod

@@ -312,35 +312,6 @@ def vk_large_expert_plan(p: int, q: int) -> tuple[str, GemmConfig]:
     return ("tmavs", S8_VK_G16 if p >= q else VK_STORE_TILES[0])
 
 
-# Session 11 (opt-in, ``vk_flat_enabled``): the wgrad plans ``vkf`` / ``vkfs`` of
-# ``grouped_gemm_vk_flat`` (one pipelined loop over every (tile, full K step) of a program: the
-# next tile's TMA loads overlap this tile's tail step and epilogue) on these tiles: the two
-# ``VK_STORE_TILES`` orientations with 3 stages: the tail's operands and, for ``vkfs``, the
-# store staging live next to the ring (sm_90: 229400 B of shared memory, 230-252 registers,
-# no spills, no ptxas wgmma serialisation; 4 stages exceed the 227 KiB).
-VK_FLAT_TILES = (GemmConfig(256, 128, 64, 8, 8, 3), GemmConfig(128, 256, 64, 16, 8, 3))
-VK_FLAT_VARIANTS = ("vkf", "vkfs")
-# wgrad plan kinds a config filter selects only by ``variant:name``
-VK_NAMED_ONLY = (*S8_VK_VARIANTS, *VK_FLAT_VARIANTS)
-
-
-@functools.cache
-def vk_flat_enabled() -> bool:
-    """``PRIMUS_TURBO_GROUPED_GEMM_VK_FLAT`` (default off until measured on the H200): the
-    wgrad tuner also times ``vkfs`` on ``VK_FLAT_TILES`` (Hopper, ``tune``), and large experts
-    (``VK_STORE_MIN_AVG_ROWS``) take ``vk_large_expert_plan``'s tile orientation as ``vkfs``
-    with 3 stages instead of ``tmavs``."""
-    from primus_turbo.pytorch.core.checks import env_flag
-
-    return env_flag("PRIMUS_TURBO_GROUPED_GEMM_VK_FLAT", False)
-
-
-def vk_flat_large_expert_plan(p: int, q: int) -> tuple[str, GemmConfig]:
-    """``vk_large_expert_plan``'s tile orientation (``P >= Q``: GROUP_M 16 128x256, else
-    256x128) as plan ``vkfs`` with 3 stages."""
-    return ("vkfs", VK_FLAT_TILES[1] if p >= q else VK_FLAT_TILES[0])
-
-
 @functools.cache
 def candidate_set() -> str:
     """``PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES``: ``winners`` (default: on Hopper the tuner
@@ -373,8 +344,7 @@ def _winners(plans: list, family: ArchFamily, gemm: str, avg_rows: int) -> list:
     if avg_rows < WINNERS_MIN_AVG_ROWS:
         return plans
     allowed = HOPPER_WINNERS[gemm] + (HOPPER_S5_PLANS[gemm] if cands == "s5" else ())
-    # the opt-in session-11 wgrad plans are only listed under their knob: kept when listed
-    kept = [p for p in plans if (p[0], p[1].name) in allowed or p[0] in VK_FLAT_VARIANTS]
+    kept = [p for p in plans if (p[0], p[1].name) in allowed]
     return kept or plans
 
 
@@ -434,22 +404,18 @@ def variable_k_plans(
 ) -> list[tuple[str, GemmConfig]]:
     """The (kernel, config) candidates the tuner times for the wgrad of output ``[P, Q]``
     (``p`` / ``q`` given, Hopper, ``tune``, no config filter, candidates not ``all``, groups of
-    ``VK_STORE_MIN_AVG_ROWS`` rows or more: the one plan ``vk_large_expert_plan``, or
-    ``vk_flat_large_expert_plan`` under ``vk_flat_enabled``)."""
+    ``VK_STORE_MIN_AVG_ROWS`` rows or more: the one plan ``vk_large_expert_plan``)."""
     configs = grouped_gemm_configs(family)
     plans = [("table", cfg) for cfg in configs] if mode in ("table", "tune") or not tma_ok else []
-    flat = tma_ok and mode == "tune" and family == ArchFamily.HOPPER and vk_flat_enabled()
     if mode in ("tma", "tune") and tma_ok:
         plans += [("tma", cfg) for cfg in tma_configs(family, wgrad=True)]
         if mode == "tune":  # session 8 plan tmavs (TMA-store epilogue)
             plans += [("tmavs", cfg) for cfg in tma_configs(family, wgrad=True)
                       if vk_tma_store_cfg_ok(cfg)]  # fmt: skip
-        if flat:  # session 11 plans vkf / vkfs (opt-in)
-            plans += [(v, cfg) for v in VK_FLAT_VARIANTS for cfg in VK_FLAT_TILES]
     var = "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG"
     large = p is not None and q is not None and avg_rows >= VK_STORE_MIN_AVG_ROWS
     if large and family == ArchFamily.HOPPER and mode == "tune" and not config_filter(var):
-        pick = vk_flat_large_expert_plan(p, q) if flat else vk_large_expert_plan(p, q)
+        pick = vk_large_expert_plan(p, q)
         if candidate_set() != "all" and pick in plans:
             return [pick]
     return _filtered(plans, var, family, "vk", avg_rows)
@@ -462,10 +428,9 @@ def _filtered(plans: list, var: str, family: ArchFamily, gemm: str, avg_rows: in
     if not names:
         tuning = len({v for v, _ in plans}) > 1
         return _winners(plans, family, gemm, avg_rows) if tuning else plans
-    # a bare tile name matches every variant but the wgrad's ``tmavs`` / ``vkf`` / ``vkfs``
-    # (named ``variant:<tile>``)
+    # a bare tile name matches every variant but the wgrad's ``tmavs`` (named ``tmavs:<tile>``)
     kept = [p for p in plans if f"{p[0]}:{p[1].name}" in names
-            or (p[1].name in names and not (gemm == "vk" and p[0] in VK_NAMED_ONLY))]  # fmt: skip
+            or (p[1].name in names and not (gemm == "vk" and p[0] in S8_VK_VARIANTS))]  # fmt: skip
     if not kept:
         have = sorted({p[1].name for p in plans} | {f"{p[0]}:{p[1].name}" for p in plans})
         raise ValueError(f"primus_turbo: {var} expected config names in {have}, got {names}")

@@ -408,16 +408,6 @@ def variable_k_triton(
         variant, cfg = plan
         tiles = num_groups * -(-p // cfg.block_m) * -(-q // cfg.block_n)
         programs = _programs(tiles, cfg, x.device, family)
-        if variant in ("vkf", "vkfs"):  # session 11: one loop over (tile, K step), opt-in
-            from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import vk_tma_store_ok
-            from primus_turbo.triton.grouped_gemm.grouped_gemm_vk_flat import (
-                launch_variable_k_flat,
-            )
-
-            store = variant == "vkfs" and vk_tma_store_ok(c)
-            return launch_variable_k_flat(
-                x, y, c, group_offs, num_groups, cfg, programs, upcast, store
-            )
         if variant in ("tma", "tmavs"):  # tmavs: TMA-store epilogue (session 8)
             from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import (
                 launch_variable_k_tma,
@@ -578,9 +568,8 @@ def aot_specs(target: str) -> list[AotSpec]:
     specs += _flat_aot_specs(target, [s for s in specs if s.fn is grouped_gemm_kernel])
     from primus_turbo.triton.grouped_gemm.grouped_gemm_fixup import aot_specs as fixup_specs
     from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import aot_specs as tma_specs
-    from primus_turbo.triton.grouped_gemm.grouped_gemm_vk_flat import aot_specs as vkf_specs
 
-    return specs + fixup_specs(target) + tma_specs(target) + vkf_specs(target)
+    return specs + fixup_specs(target) + tma_specs(target)
 
 
 def _flat_aot_specs(target: str, forward_specs: list[AotSpec]) -> list[AotSpec]:
