@@ -354,13 +354,16 @@ def forward_plans(
     tma_ok: bool,
     k: int,
     trans_b: bool,
-    avg_rows: int = 1 << 30,
+    avg_rows: int | None = None,
     n: int | None = None,
 ) -> list[tuple[str, GemmConfig]]:
     """The (kernel, config) candidates the tuner times for the forward/dgrad (``avg_rows``:
-    ``M // G``, see ``WINNERS_MIN_AVG_ROWS``; ``n``: output columns, the TMA-store variants
-    need ``n % 8 == 0``, ``None``: not checked). ``trans_b`` False (NN: ``b`` read as
-    ``[G, K, N]``, the GroupedLinear dgrad) takes ``DGRAD_CONFIG_VAR``'s filter where set."""
+    ``M // G``, see ``WINNERS_MIN_AVG_ROWS``, ``None``: unknown; ``n``: output columns, the
+    TMA-store variants need ``n % 8 == 0``, ``None``: not checked). ``trans_b`` False (NN:
+    ``b`` read as ``[G, K, N]``, the GroupedLinear dgrad) takes ``DGRAD_CONFIG_VAR``'s filter
+    where set.
+    Large experts (``VK_STORE_MIN_AVG_ROWS``; Hopper, ``tune``, no filter, candidates not
+    ``all``): the one plan ``LARGE_EXPERT_FWD_PLAN`` where it is among them."""
     configs = grouped_gemm_configs(family)
     var = "PRIMUS_TURBO_GROUPED_GEMM_CONFIG"
     if not trans_b and config_filter(DGRAD_CONFIG_VAR):
@@ -383,7 +386,23 @@ def forward_plans(
             plans += tma
         elif mode == "tma":  # NN with K not a multiple of any tile's BLOCK_K
             plans += [("flat", cfg) for cfg in configs if flat_config_ok(cfg)]
-    return _filtered(plans, var, family, "fwd", avg_rows)
+    large = avg_rows is not None and avg_rows >= VK_STORE_MIN_AVG_ROWS
+    if large and family == ArchFamily.HOPPER and mode == "tune" and not config_filter(var):
+        if candidate_set() != "all" and LARGE_EXPERT_FWD_PLAN in plans:
+            return [LARGE_EXPERT_FWD_PLAN]
+    return _filtered(plans, var, family, "fwd", 1 << 30 if avg_rows is None else avg_rows)
+
+
+# Large experts (``VK_STORE_MIN_AVG_ROWS``, as for the wgrad): the forward and the dgrad take
+# the GROUP_M 16 TMA tile without timing. Graph timing with L2 flushed ranks it first where
+# the tuner's back-to-back launches (warm L2) rank it last: forward, call 8.1, vs the tuner's
+# pick, DeepSeek-V3 gate_up / down 1.063 / 1.040, Mixtral-8x7B 1.026 / 1.035; dgrad, call
+# 11.4, vs the tuner's pick (flat or tma GROUP_M 8), DeepSeek-V3 gate_up 1.067, Mixtral
+# gate_up / down 1.132 / 1.016 (DeepSeek-V3 down: the tuner had picked this plan; its two
+# timings read 0.96 apart, the noise of that call; call 8.1 had it at 1.060 there). The
+# tuner's timing of the same plans for DeepSeek-V3 gate_up forward (call 10.6): flat 5.19 ms,
+# this one 5.79 ms.
+LARGE_EXPERT_FWD_PLAN = ("tma", S8_G16)
 
 
 # ``PRIMUS_TURBO_GROUPED_GEMM_DGRAD_CONFIG``: as ``..._CONFIG`` but for the NN calls only

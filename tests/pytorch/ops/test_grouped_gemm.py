@@ -591,9 +591,24 @@ def test_grouped_gemm_candidates_winners(monkeypatch):
         )
         few = gc.WINNERS_MIN_AVG_ROWS - 1  # small groups: every plan
         assert len(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, few)) > len(fwd)
+        # large experts (M // G >= 2048): the forward and the NN dgrad take one plan, untimed
+        big = gc.VK_STORE_MIN_AVG_ROWS
+        for trans_b in (True, False):
+            plans = gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, trans_b, big)
+            assert plans == [gc.LARGE_EXPERT_FWD_PLAN]
+        assert len(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, big - 1)) > 1
+        assert len(gc.forward_plans(ArchFamily.HOPPER, "tma", True, 4096, True, big)) > 1
+        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_CONFIG", "m128n256k64g8w8s3")
+        gc.config_filter.cache_clear()
+        assert gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, big) != [
+            gc.LARGE_EXPERT_FWD_PLAN
+        ]  # a config filter turns the rule off
+        monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_CONFIG")
+        gc.config_filter.cache_clear()
         monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", "all")
         gc.candidate_set.cache_clear()
         assert len(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True)) > len(fwd)
+        assert len(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, big)) > 1
     finally:
         monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_CANDIDATES", raising=False)
         gc.candidate_set.cache_clear()

@@ -206,3 +206,42 @@ def test_grouped_gemm_s8_candidates(monkeypatch):
         monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG", raising=False)
         gc.candidate_set.cache_clear()
         gc.config_filter.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("trans_b", [True, False], ids=["fwd", "dgrad"])
+def test_grouped_gemm_large_expert_fwd_gpu(trans_b, device):
+    """The default forward / dgrad path (not forced) for large experts (``M // G`` >= 2048,
+    session 11): the one plan ``LARGE_EXPERT_FWD_PLAN`` runs untimed and matches the fp32
+    reference, ragged groups with an empty one and row counts not multiples of the tile, N not
+    a multiple of 256; the op's forward and both gradients too."""
+    from primus_turbo.pytorch.reference import group_offsets
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as gk
+
+    if device == "cpu":
+        pytest.skip("Hopper tiles")
+    _need_tma(device)
+    lens, n, k = [3001, 0, 2500, 2691], 520, 640
+    avg = sum(lens) // len(lens)
+    assert gc.forward_plans(ArchFamily.HOPPER, "tune", True, k, trans_b, avg, n) == [
+        gc.LARGE_EXPERT_FWD_PLAN
+    ]
+    torch.manual_seed(1)
+    a = torch.randn(sum(lens), k, device=device, dtype=torch.bfloat16)
+    shape = (len(lens), n, k) if trans_b else (len(lens), k, n)
+    b = (torch.randn(shape, device=device) / k**0.5).to(torch.bfloat16)
+    out = gk.grouped_gemm_triton(a, b, group_offsets(torch.tensor(lens, device=device)), trans_b)
+    ref, start = [], 0
+    for i, rows in enumerate(lens):
+        w = b[i].double().T if trans_b else b[i].double()
+        ref.append(a[start : start + rows].double() @ w)
+        start += rows
+    ref = torch.cat(ref)
+    err = (out.double() - ref).abs().max() / ref.abs().max()
+    assert err < 1e-2, f"rel max err {err:.2e}"
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
+    try:
+        _check_fwd_bwd(lens, k, n, trans_b, torch.bfloat16, device)
+    finally:
+        GlobalBackendManager.reset()
