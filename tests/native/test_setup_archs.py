@@ -57,12 +57,18 @@ def test_rocm_native_and_unset(setup_mod, monkeypatch):
 
 def test_cuda_archs(setup_mod, monkeypatch):
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
-    assert setup_mod.cuda_archs(_torch()) == ["9.0"]  # no GPU: default sm_90
+    assert setup_mod.cuda_archs(_torch()) == ["9.0a"]  # no GPU: default sm_90a
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
     assert setup_mod.cuda_archs(_torch(n_gpus=1, cap=(8, 0))) == ["8.0"]
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    assert setup_mod.cuda_archs(_torch(n_gpus=1, cap=(9, 0))) == ["9.0a"]  # Hopper: wgmma
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0;10.0+PTX")
-    assert setup_mod.cuda_archs(_torch()) == ["9.0", "10.0+PTX"]
+    assert setup_mod.cuda_archs(_torch()) == ["9.0", "10.0+PTX"]  # an explicit list is kept
     assert setup_mod._arch_flags("cuda", ["9.0"]) == ["-gencode=arch=compute_90,code=sm_90"]
+    assert setup_mod._arch_flags("cuda", ["9.0a"]) == ["-gencode=arch=compute_90a,code=sm_90a"]
+    # the Hopper grouped GEMM (PRIMUS_TURBO_SM90A) only with 9.0a in a CUDA build
+    assert setup_mod._sm90a("cuda", ["9.0a"]) and setup_mod._sm90a("cuda", ["8.0", "9.0a+PTX"])
+    assert not setup_mod._sm90a("cuda", ["9.0"]) and not setup_mod._sm90a("rocm", ["9.0a"])
 
 
 def test_arch_suffixed_sources(setup_mod, tmp_path, monkeypatch):
@@ -75,3 +81,4 @@ def test_arch_suffixed_sources(setup_mod, tmp_path, monkeypatch):
     assert rocm == ["a.cpp", "b.cu", "c_gpu.cpp", "d_gfx942.cu"]
     cuda = setup_mod._sources(tmp_path, True, ["9.0"])
     assert cuda == ["a.cpp", "b.cu", "c_gpu.cpp", "e_sm90.cu"]
+    assert setup_mod._sources(tmp_path, True, ["9.0a"]) == cuda
