@@ -26,6 +26,8 @@ sys.path[:0] = [str(_ROOT / "benchmark" / "ops" / "training"), str(_ROOT / "benc
 from config import ragged_grouped_gemm_cases  # noqa: E402
 from harness import set_timing, time_ms  # noqa: E402
 
+from tests.pytorch.ops.test_grouped_gemm_hopper import CASES  # noqa: E402
+
 
 def _ref(a, b, lens):
     outs, s = [], 0
@@ -41,16 +43,8 @@ def check_small(dev) -> int:
     from primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_cuda import grouped_gemm_hopper
     from primus_turbo.pytorch.reference import group_offsets
 
-    cases = [  # (lens, extra tail rows, N, K)
-        ([128, 256], 0, 256, 64),
-        ([1, 0, 300, 77, 0, 513], 0, 264, 136),
-        ([0, 0, 5], 19, 8, 8),
-        ([1000, 24, 0, 2049], 7, 1536, 2048),
-        ([3] * 37, 0, 520, 72),
-        ([0, 0], 5, 16, 16),
-    ]
     bad = 0
-    for lens, tail, n, k in cases:
+    for lens, tail, n, k in CASES:
         torch.manual_seed(len(lens) + n + k)
         g, m = len(lens), sum(lens) + tail
         a = torch.randn((m, k), device=dev, dtype=torch.bfloat16)

@@ -425,6 +425,23 @@ bool make_map(CUtensorMap* map, const void* ptr, int64_t rows, int64_t cols, int
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// A launch of `blocks` blocks of kThreads in clusters of `c` (`attr` holds the attribute).
+cudaLaunchConfig_t cluster_launch(int c, int blocks, size_t smem, cudaStream_t stream,
+                                  cudaLaunchAttribute* attr) {
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = c;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 template <int C, int GM, bool W0>
 Status launch(const CUtensorMap& ma, const CUtensorMap& mb, pt_bf16* out, const int64_t* offs,
               int g, int64_t m, int n, int k, int64_t units, size_t smem, bool plain,
@@ -448,17 +465,8 @@ Status launch(const CUtensorMap& ma, const CUtensorMap& mb, pt_bf16* out, const 
     PT_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     fit = sms;
     if (C > 1) {
-      cudaLaunchConfig_t q{};
-      q.gridDim = dim3(sms / C * C);
-      q.blockDim = dim3(kThreads);
-      q.dynamicSmemBytes = kMaxSmem;
-      cudaLaunchAttribute qa[1];
-      qa[0].id = cudaLaunchAttributeClusterDimension;
-      qa[0].val.clusterDim.x = C;
-      qa[0].val.clusterDim.y = 1;
-      qa[0].val.clusterDim.z = 1;
-      q.attrs = qa;
-      q.numAttrs = 1;
+      cudaLaunchAttribute qa;
+      const cudaLaunchConfig_t q = cluster_launch(C, sms / C * C, kMaxSmem, nullptr, &qa);
       int clusters = 0;
       PT_RETURN_IF_ERROR(cudaOccupancyMaxActiveClusters(&clusters, kernel, &q));
       if (clusters <= 0) return kBadArgument;
@@ -472,18 +480,8 @@ Status launch(const CUtensorMap& ma, const CUtensorMap& mb, pt_bf16* out, const 
     PT_RETURN_IF_ERROR(cudaGetLastError());
     return kOk;
   }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = C;
-  at[0].val.clusterDim.y = 1;
-  at[0].val.clusterDim.z = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute at;
+  const cudaLaunchConfig_t cfg = cluster_launch(C, blocks, smem, stream, &at);
   PT_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, kernel, ma, mb, out, offs, g, m, n, k));
   return kOk;
 }
