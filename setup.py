@@ -247,7 +247,7 @@ def _arch_flags(framework: str, archs: list[str]) -> list[str]:
 
 
 def _arch_selected(arch: str, archs: list[str]) -> bool:
-    return any(a.replace("+PTX", "").removesuffix("a") == arch.removesuffix("a") for a in archs)
+    return any(a.replace("+PTX", "").removesuffix("a") == arch for a in archs)
 
 
 def _sm90a(framework: str, archs: list[str]) -> bool:
