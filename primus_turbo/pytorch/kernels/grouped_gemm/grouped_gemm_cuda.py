@@ -5,9 +5,9 @@ warp-specialised persistent kernel (TMA producer warpgroup, two wgmma consumer w
 TMA multicast. NVIDIA only; built when the CUDA arch list has ``9.0a`` (the default for an H100
 / H200 build).
 
-Not dispatched by any op: on the H200 (session 11, calls 11.0-11.3, scripts/hopper_probe.py) it
-is bitwise equal to torch._grouped_mm but not faster than our Triton kernel (0.98-1.00 of it on
-the large experts, 0.80-0.93 on the small ones, where its per-tile epilogue of 4-byte stores
+Not dispatched by any op: on the H200 (session 11, calls 11.0-11.7, scripts/hopper_probe.py) it
+is bitwise equal to torch._grouped_mm but not faster than our Triton kernel (0.85-1.00 of it on
+the large experts, 0.74-0.93 on the small ones, where its per-tile epilogue of 4-byte stores
 costs ~3 us a tile). It stays as the base for the Hopper-specific work the Triton compiler
 cannot express (clusters with multicast, warp specialisation with setmaxnreg); see
 docs/moe_notes.md, session 11.
