@@ -50,6 +50,7 @@ from primus_turbo.triton.moe.permute_v2_plan import (
     _splits,
     copy_choice,
     geom_choice,
+    reduce_tile,
 )
 
 
@@ -236,6 +237,7 @@ def reduce_v2_kernel(
     WRITE_SRC: tl.constexpr = False,
     LATE: tl.constexpr = False,
     K_PAD: tl.constexpr = 1,
+    COL_FAST: tl.constexpr = False,
 ):
     """``out[t] = sum_k w * y[row_map[t, k]]`` (fp32, copy order; ``w = 1`` unless ``MUL_W``)
     and, with ``WRITE_P``, ``p_out[t, k] = w_ptr[row_map[t, k]]`` (0 for dropped copies) from
@@ -246,11 +248,15 @@ def reduce_v2_kernel(
     only. Inside the copy loop (``LATE=False``, the v2 geometry) every store waits for its
     weight load and the next copy's loads cannot pass the store (the pointers may alias), so
     the K gathers ran one after the other instead of all in flight."""
-    toks = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    if COL_FAST:  # grid (column blocks, token blocks): a token block's columns run together
+        pid_t, pid_h = tl.program_id(1), tl.program_id(0)
+    else:
+        pid_t, pid_h = tl.program_id(0), tl.program_id(1)
+    toks = pid_t.to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     in_rows = toks < T
     if EVEN_H:
-        col_ok = cols < BLOCK_H * (tl.program_id(1) + 1)
+        col_ok = cols < BLOCK_H * (pid_h + 1)
     else:
         col_ok = cols < H
     acc = tl.zeros([ROWS, BLOCK_H], dtype=tl.float32)
@@ -265,14 +271,14 @@ def reduce_v2_kernel(
             if MUL_W:
                 v = v * w[:, None]
             if WRITE_P and not LATE:
-                tl.store(p_out_ptr + toks * K + k, w, mask=in_rows & (tl.program_id(1) == 0))
+                tl.store(p_out_ptr + toks * K + k, w, mask=in_rows & (pid_h == 0))
         if WRITE_SRC and not LATE:
-            tl.store(src_ptr + rr, toks * K + k, mask=valid & in_rows & (tl.program_id(1) == 0))
+            tl.store(src_ptr + rr, toks * K + k, mask=valid & in_rows & (pid_h == 0))
         acc += v
     tl.store(out_ptr + toks[:, None] * stride_out + cols[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=in_rows[:, None] & col_ok[None, :])  # fmt: skip
     if LATE and (WRITE_P or WRITE_SRC):
-        if tl.program_id(1) == 0:  # a branch: the other column blocks never wait on it
+        if pid_h == 0:  # a branch: the other column blocks never wait on it
             kk = tl.arange(0, K_PAD)
             cp = toks[:, None] * K + kk[None, :]
             mk = in_rows[:, None] & (kk < K)[None, :]
@@ -498,14 +504,14 @@ def reduce_v2_triton(
             p_out.copy_(w.index_select(0, row_map.clamp(min=0).reshape(-1)).view(t, k))
             p_out.mul_(row_map >= 0)
         return out, p_out, src  # (h == 0: the backward returns zeros without reading src)
-    rows, block, warps = _tile(h, 4, t)
+    rows, block, warps, col_fast = reduce_tile(h, t)
     grid = (triton.cdiv(t, rows), triton.cdiv(h, block))
-    reduce_v2_kernel[grid](
+    reduce_v2_kernel[grid[::-1] if col_fast else grid](
         y, row_map, w if w is not None else y, out, p_out if p_out is not None else out,
         src if src is not None else row_map, t, h, y.stride(0), out.stride(0), K=k, MUL_W=mul_w,
         WRITE_P=write_p, ROWS=rows, BLOCK_H=block, EVEN_H=h % block == 0,
         WRITE_SRC=write_src, LATE=geom_choice() != "v2", K_PAD=triton.next_power_of_2(k),
-        num_warps=warps,
+        COL_FAST=col_fast, num_warps=warps,
     )  # fmt: skip
     return out, p_out, src
 

@@ -115,3 +115,37 @@ def _splits(dev: torch.device, programs: int, blocks: int, geom: str, kind: str)
 
 def _block_h(h: int, elem: int) -> int:
     return min(max(triton.next_power_of_2(max(h, 1)), 16), max(MAX_BLOCK_BYTES // elem, 8))
+
+
+REDUCE_TILE_ENV = "PRIMUS_TURBO_MOE_UNPERMUTE_TILE"
+_GRID_Y_MAX = 65535  # CUDA's limit on grid dimension 1
+
+
+def reduce_tile(h: int, t: int) -> tuple[int, int, int, bool]:
+    """``(ROWS, BLOCK_H, num_warps, col_fast)`` of ``reduce_v2_kernel`` (the unpermute forward
+    and the permute backward), read per call. ``PRIMUS_TURBO_MOE_UNPERMUTE_TILE`` unset: the
+    row-copy tile of ``permute_kernel._tile`` for fp32 accumulation, token blocks on grid axis
+    0. ``"ROWS:BLOCK_H:WARPS"`` (powers of two; ``,`` also separates) fixes the tile, a fourth
+    field ``c`` puts the column blocks on axis 0 (a token block's columns launch together; only
+    where the token blocks fit grid axis 1). An A/B knob."""
+    from primus_turbo.triton.moe.permute_kernel import _tile
+
+    v = os.environ.get(REDUCE_TILE_ENV, "").strip().lower()
+    if not v:
+        rows, block, warps = _tile(h, 4, t)
+        return rows, block, warps, False
+    parts = [x.strip() for x in v.replace(":", ",").split(",")]
+    nums = parts[:3]
+    flag = parts[3] if len(parts) == 4 else ""
+    ok = len(parts) in (3, 4) and flag in ("", "c")
+    ok = ok and all(x.isdigit() and int(x) > 0 for x in nums)
+    if ok:
+        rows, block, warps = (int(x) for x in nums)
+        ok = all(x & (x - 1) == 0 for x in (rows, block, warps)) and warps <= 32
+    if not ok:
+        raise ValueError(
+            f"primus_turbo: {REDUCE_TILE_ENV} expected 'ROWS:BLOCK_H:WARPS[:c]' (powers of two),"
+            f" got {v!r}"
+        )
+    col_fast = flag == "c" and -(-t // rows) <= _GRID_Y_MAX
+    return rows, block, warps, col_fast

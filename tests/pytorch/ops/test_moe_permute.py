@@ -487,6 +487,41 @@ def test_permute_geometry_2d_matches_v2_gpu(t, h, e, k, pad, device, monkeypatch
             assert torch.equal(a, b), key
 
 
+REDUCE_TILES = ["1,16,1", "2:32:2:c", "4,64,4,c"]
+
+
+@pytest.mark.parametrize("t,h", [(13, 40), (1, 24), (37, 70)], ids=str)
+def test_unpermute_tile_knob_bitwise(t, h, device, monkeypatch):
+    """PRIMUS_TURBO_MOE_UNPERMUTE_TILE (the unpermute forward's tile and grid order): every
+    setting gives bitwise the default's output, unpermuted probs and gradients (several column
+    blocks, a ragged last one, dropped copies)."""
+    e, k = 5, 3
+    x0 = rand(t, h, dtype=torch.bfloat16, device=device)
+    ids = torch.stack([torch.randperm(e + 1, device=device)[:k] for _ in range(t)])
+    ids[0, 0] = -1  # dropped
+    p0 = torch.rand(t, k, device=device)
+    monkeypatch.setenv("PRIMUS_TURBO_MOE_PERMUTE_IMPL", "v2")
+    monkeypatch.delenv("PRIMUS_TURBO_MOE_UNPERMUTE_TILE", raising=False)
+    want = _run_v2_chain(x0, ids, p0, e, 0, -1)
+    for tile in REDUCE_TILES:
+        monkeypatch.setenv("PRIMUS_TURBO_MOE_UNPERMUTE_TILE", tile)
+        got = _run_v2_chain(x0, ids, p0, e, 0, -1)
+        for a, b in zip(want, got, strict=True):
+            assert torch.equal(a, b), tile
+
+
+@pytest.mark.parametrize("bad", ["8,1024", "3,64,4", "8,64,4,x", "0,64,4", "a,b,c"])
+def test_unpermute_tile_knob_rejects(bad, monkeypatch):
+    from primus_turbo.triton.moe.permute_v2_plan import reduce_tile
+
+    monkeypatch.setenv("PRIMUS_TURBO_MOE_UNPERMUTE_TILE", bad)
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_MOE_UNPERMUTE_TILE"):
+        reduce_tile(100, 10)
+    monkeypatch.setenv("PRIMUS_TURBO_MOE_UNPERMUTE_TILE", "8,64,4,c")
+    assert reduce_tile(100, 10) == (8, 64, 4, True)
+    assert reduce_tile(100, 8 * 70000) == (8, 64, 4, False)  # token blocks past grid axis 1
+
+
 @pytest.mark.parametrize("with_w", [True, False])
 def test_unpermute_bwd_unfilled_src_verified(with_w, device):
     """The backward with the forward's unfilled inverse map: rows no copy reaches hold garbage
