@@ -18,7 +18,7 @@ import triton.language as tl
 from primus_turbo.triton.aot import AotSpec, triton_dtype_name
 
 _TAIL_ROWS, _TAIL_COLS, _TAIL_PROGRAMS = 16, 256, 64
-_BLOCK, _MAX_SPLIT = 2048, 64
+_BLOCK, _MAX_SPLIT = 2048, 1024
 
 
 @triton.jit
@@ -43,23 +43,28 @@ def zero_tail_rows_kernel(
 
 
 @triton.jit
-def zero_empty_groups_kernel(c_ptr, ends_ptr, PQ, stride_cg, chunk, BLOCK: tl.constexpr):
+def zero_empty_groups_kernel(c_ptr, ends_ptr, G, PQ, stride_cg, chunk, BLOCK: tl.constexpr):
     """``c[g] = 0`` for every group ``g`` with ``ends[g] <= ends[g-1]``; ``c[g]`` is a contiguous
-    block of ``PQ`` elements. Program ``(g, s)`` zeroes elements ``[s * chunk, (s+1) * chunk)``."""
-    g = tl.program_id(0)
-    s = tl.program_id(1)
-    hi = tl.load(ends_ptr + g)
-    lo = tl.load(ends_ptr + tl.maximum(g - 1, 0))
-    lo = tl.where(g > 0, lo, 0)
-    if hi <= lo:
-        base = c_ptr + g.to(tl.int64) * stride_cg
-        start = s * chunk
-        stop = tl.minimum(start + chunk, PQ)
-        offs = tl.arange(0, BLOCK)
-        zero = tl.zeros((BLOCK,), dtype=c_ptr.dtype.element_ty)
-        for i in range(start, stop, BLOCK):
-            idx = i + offs
-            tl.store(base + idx, zero, mask=idx < stop)
+    block of ``PQ`` elements. Program ``s`` walks the group ends and zeroes elements
+    ``[s * chunk, (s+1) * chunk)`` of each empty group: all programs share every empty group,
+    so one empty expert's block is written by the whole GPU (a grid of ``(G, 64)`` left it to
+    64 programs: 237 us for Mixtral-8x7B's 235 MB gate_up block, H200 call 12.1)."""
+    s = tl.program_id(0)
+    start = s * chunk
+    stop = tl.minimum(start + chunk, PQ)
+    offs = tl.arange(0, BLOCK)
+    zero = tl.zeros((BLOCK,), dtype=c_ptr.dtype.element_ty)
+    lo = tl.full((), 0, ends_ptr.dtype.element_ty)
+    goff = tl.full((), 0, tl.int64)  # g * stride_cg in 64 bits
+    for g in range(0, G):
+        hi = tl.load(ends_ptr + g)
+        if hi <= lo:
+            base = c_ptr + goff
+            for i in range(start, stop, BLOCK):
+                idx = i + offs
+                tl.store(base + idx, zero, mask=idx < stop)
+        lo = hi
+        goff += stride_cg
 
 
 def zero_tail_rows(out: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
@@ -84,11 +89,12 @@ def zero_empty_groups(out: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     pq = out[0].numel() if g else 0
     if g == 0 or pq == 0:
         return out
-    if not out[0].is_contiguous():
+    if not out[0].is_contiguous() or pq >= 2**31 - _MAX_SPLIT * _BLOCK:  # (int32 indices)
         return out.masked_fill_(_empty_mask(ends)[:, None, None], 0)
     split = max(1, min(_MAX_SPLIT, _cdiv(pq, _BLOCK)))
     chunk = _cdiv(_cdiv(pq, split), _BLOCK) * _BLOCK
-    zero_empty_groups_kernel[(g, split)](out, ends, pq, out.stride(0), chunk, BLOCK=_BLOCK)
+    split = _cdiv(pq, chunk)  # no program without elements
+    zero_empty_groups_kernel[(split,)](out, ends, g, pq, out.stride(0), chunk, BLOCK=_BLOCK)
     return out
 
 
@@ -127,6 +133,7 @@ def aot_specs(target: str) -> list[AotSpec]:
             signature={
                 "c_ptr": f"*{t}",
                 "ends_ptr": "*i32",
+                "G": "i32",
                 "PQ": "i32",
                 "stride_cg": "i32:16",
                 "chunk": "i32:16",

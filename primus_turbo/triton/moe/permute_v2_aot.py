@@ -89,7 +89,8 @@ def aot_specs(target: str) -> list[AotSpec]:
                        "out_ptr": f"*{dt}", "p_out_ptr": "*fp32", "src_ptr": "*i64", "T": "i32",
                        "H": "i32", "stride_y": "i64:16", "stride_out": "i64:16"},
             constexprs={"K": 8, "MUL_W": True, "WRITE_P": True, "ROWS": 8, "BLOCK_H": 512,
-                        "EVEN_H": True, "WRITE_SRC": True, "LATE": True, "K_PAD": 8},
+                        "EVEN_H": True, "WRITE_SRC": True, "LATE": True, "K_PAD": 8,
+                        "COL_FAST": True},
             options={"num_warps": 8},
         ),
         AotSpec(

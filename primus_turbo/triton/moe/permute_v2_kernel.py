@@ -504,7 +504,7 @@ def reduce_v2_triton(
             p_out.copy_(w.index_select(0, row_map.clamp(min=0).reshape(-1)).view(t, k))
             p_out.mul_(row_map >= 0)
         return out, p_out, src  # (h == 0: the backward returns zeros without reading src)
-    rows, block, warps, col_fast = reduce_tile(h, t)
+    rows, block, warps, col_fast = reduce_tile(h, t, k, mul_w or write_src)
     grid = (triton.cdiv(t, rows), triton.cdiv(h, block))
     reduce_v2_kernel[grid[::-1] if col_fast else grid](
         y, row_map, w if w is not None else y, out, p_out if p_out is not None else out,

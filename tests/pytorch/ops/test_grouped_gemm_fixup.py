@@ -34,9 +34,16 @@ def test_zero_tail_rows(m, n, ends, dtype, device):
     assert torch.equal(got.cpu(), want.cpu())
 
 
-@pytest.mark.parametrize("ends", [[3, 3, 10, 10], [0, 4, 4], [2, 5, 9]], ids=str)
-@pytest.mark.parametrize("pq", [(5, 6), (3, 1500)], ids=str)
-def test_zero_empty_groups(ends, pq, device):
+@pytest.mark.parametrize("ends", [[3, 3, 10, 10], [0, 4, 4], [2, 5, 9], [5, 3, 4]], ids=str)
+@pytest.mark.parametrize("pq", [(5, 6), (3, 1500), (7, 1500)], ids=str)
+@pytest.mark.parametrize("max_split", [1024, 2], ids=str)
+def test_zero_empty_groups(ends, pq, max_split, device, monkeypatch):
+    """Each program zeroes its chunk of every empty group (``ends[g] <= ends[g - 1]``, the
+    previous end, also for malformed non-monotonic ends); ``max_split`` 2 makes chunks of
+    several blocks."""
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_fixup
+
+    monkeypatch.setattr(grouped_gemm_fixup, "_MAX_SPLIT", max_split)
     out = rand(len(ends), *pq, dtype=torch.bfloat16, device=device)
     want = out.clone()
     prev = 0

@@ -487,7 +487,7 @@ def test_permute_geometry_2d_matches_v2_gpu(t, h, e, k, pad, device, monkeypatch
             assert torch.equal(a, b), key
 
 
-REDUCE_TILES = ["1,16,1", "2:32:2:c", "4,64,4,c"]
+REDUCE_TILES = ["rows", "1,16,1", "2:32:2:c", "4,64,4,c"]
 
 
 @pytest.mark.parametrize("t,h", [(13, 40), (1, 24), (37, 70)], ids=str)
@@ -520,6 +520,12 @@ def test_unpermute_tile_knob_rejects(bad, monkeypatch):
     monkeypatch.setenv("PRIMUS_TURBO_MOE_UNPERMUTE_TILE", "8,64,4,c")
     assert reduce_tile(100, 10) == (8, 64, 4, True)
     assert reduce_tile(100, 8 * 70000) == (8, 64, 4, False)  # token blocks past grid axis 1
+    monkeypatch.setenv("PRIMUS_TURBO_MOE_UNPERMUTE_TILE", "auto")
+    assert reduce_tile(2880, 4096, 4, True) == (2, 1024, 4, True)
+    assert reduce_tile(2048, 4096, 8, True) == (8, 512, 8, True)
+    assert reduce_tile(2048, 4096, 8, False) == (8, 512, 8, False)  # the permute backward
+    monkeypatch.setenv("PRIMUS_TURBO_MOE_UNPERMUTE_TILE", "rows")
+    assert reduce_tile(2880, 4096, 4, True) == (8, 512, 8, False)
 
 
 @pytest.mark.parametrize("with_w", [True, False])
