@@ -88,10 +88,10 @@ def aot_specs(target: str) -> list[AotSpec]:
             signature={"y_ptr": f"*{dt}", "map_ptr": "*i64", "w_ptr": "*fp32",
                        "out_ptr": f"*{dt}", "p_out_ptr": "*fp32", "src_ptr": "*i64", "T": "i32",
                        "H": "i32", "stride_y": "i64:16", "stride_out": "i64:16"},
-            constexprs={"K": 8, "MUL_W": True, "WRITE_P": True, "ROWS": 8, "BLOCK_H": 512,
+            constexprs={"K": 8, "MUL_W": True, "WRITE_P": True, "ROWS": 4, "BLOCK_H": 512,
                         "EVEN_H": True, "WRITE_SRC": True, "LATE": True, "K_PAD": 8,
                         "COL_FAST": True},
-            options={"num_warps": 8},
+            options={"num_warps": 4},
         ),
         AotSpec(
             name="moe_v2_unpermute_bwd_bf16",

@@ -119,8 +119,10 @@ def _block_h(h: int, elem: int) -> int:
 
 REDUCE_TILE_ENV = "PRIMUS_TURBO_MOE_UNPERMUTE_TILE"
 _GRID_Y_MAX = 65535  # CUDA's limit on grid dimension 1
-# the unpermute forward's tile for top-k below 8 (fewer gathers per token: smaller programs)
-UNPERMUTE_SMALL_K_TILE = (2, 1024, 4)
+# the unpermute forward's tiles (ROWS, BLOCK_H, warps): 2048 columns x tokens per 4-warp
+# program, 1024-wide for top-k below 8 (fewer gathers per token), else 512-wide; the first whose
+# width fits H (narrower H: the ``_tile`` default)
+UNPERMUTE_TILES = ((2, 1024, 4), (4, 512, 4))
 
 
 def reduce_tile(h: int, t: int, k: int = 8, unpermute: bool = False) -> tuple[int, int, int, bool]:
@@ -128,24 +130,28 @@ def reduce_tile(h: int, t: int, k: int = 8, unpermute: bool = False) -> tuple[in
 
     ``PRIMUS_TURBO_MOE_UNPERMUTE_TILE`` unset (``auto``): for the unpermute forward
     (``unpermute``: weighted, or writing the inverse map) the column blocks on grid axis 0 (a
-    token block's columns launch together) with ``UNPERMUTE_SMALL_K_TILE`` where ``K < 8`` and
-    ``H >= 1024``, else the row-copy tile of ``permute_kernel._tile`` for fp32 accumulation;
-    for the permute backward that tile with the token blocks on axis 0. H200 call 12.1 (graph,
-    vs copy, unpermute forward; default -> auto): DeepSeek-V3 0.948 -> 0.970, Qwen3-30B-A3B
-    0.815 -> 0.824, gpt-oss-20b 0.813 -> 0.846, Mixtral-8x7B 0.888 -> 0.900; the permute
-    backward read 0.85 instead of 0.89 on Qwen3 with the column-first order, so it keeps the
-    token-first one. ``rows``: the token-first order and ``_tile`` everywhere (the session-11
-    default). ``"ROWS:BLOCK_H:WARPS"`` (powers of two; ``,`` also separates) fixes the tile, a
-    fourth field ``c`` puts the column blocks on axis 0. Column-first only where the token
-    blocks fit grid axis 1. An A/B knob."""
+    token block's columns launch together) on ``UNPERMUTE_TILES``; for the permute backward
+    the row-copy tile of ``permute_kernel._tile`` for fp32 accumulation (8 x 512, 8 warps at
+    these H) with the token blocks on axis 0. H200, graph, unpermute forward vs copy, ``rows``
+    -> column-first: call 12.1 (8 x 512 x 8 warps for top-k 8, 2 x 1024 x 4 for top-k < 8)
+    DeepSeek-V3 0.948 -> 0.970, Qwen3-30B-A3B 0.815 -> 0.824, gpt-oss-20b 0.813 -> 0.846,
+    Mixtral-8x7B 0.888 -> 0.900; call 12.3 (top-k 8) 0.934 -> 0.956 / 0.800 -> 0.812, with 4 x
+    512 x 4 warps 0.960 / 0.819. The permute backward read 0.85 instead of 0.89 on Qwen3 with
+    the column-first order (12.1), so it keeps the token-first one. ``rows``: the token-first
+    order and ``_tile`` everywhere (the session-11 default). ``"ROWS:BLOCK_H:WARPS"`` (powers
+    of two; ``,`` also separates) fixes the tile, a fourth field ``c`` puts the column blocks
+    on axis 0. Column-first only where the token blocks fit grid axis 1. An A/B knob."""
     from primus_turbo.triton.moe.permute_kernel import _tile
 
     v = os.environ.get(REDUCE_TILE_ENV, "").strip().lower() or "auto"
     if v in ("auto", "rows"):
         rows, block, warps = _tile(h, 4, t)
         col_fast = v == "auto" and unpermute
-        if col_fast and k < 8 and h >= UNPERMUTE_SMALL_K_TILE[1]:
-            rows, block, warps = UNPERMUTE_SMALL_K_TILE
+        if col_fast:
+            for tile in UNPERMUTE_TILES:
+                if h >= tile[1] and (k < 8 or tile[1] <= 512):
+                    rows, block, warps = tile
+                    break
         return rows, block, warps, col_fast and -(-t // rows) <= _GRID_Y_MAX
     parts = [x.strip() for x in v.replace(":", ",").split(",")]
     nums = parts[:3]

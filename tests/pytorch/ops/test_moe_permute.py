@@ -522,7 +522,9 @@ def test_unpermute_tile_knob_rejects(bad, monkeypatch):
     assert reduce_tile(100, 8 * 70000) == (8, 64, 4, False)  # token blocks past grid axis 1
     monkeypatch.setenv("PRIMUS_TURBO_MOE_UNPERMUTE_TILE", "auto")
     assert reduce_tile(2880, 4096, 4, True) == (2, 1024, 4, True)
-    assert reduce_tile(2048, 4096, 8, True) == (8, 512, 8, True)
+    assert reduce_tile(2048, 4096, 8, True) == (4, 512, 4, True)
+    assert reduce_tile(700, 4096, 4, True) == (4, 512, 4, True)
+    assert reduce_tile(100, 4096, 4, True) == (16, 128, 4, True)  # narrow H: the _tile default
     assert reduce_tile(2048, 4096, 8, False) == (8, 512, 8, False)  # the permute backward
     monkeypatch.setenv("PRIMUS_TURBO_MOE_UNPERMUTE_TILE", "rows")
     assert reduce_tile(2880, 4096, 4, True) == (8, 512, 8, False)
