@@ -50,9 +50,8 @@ def main() -> int:
         torch.cuda.synchronize()
         empty_bytes = sum(1 for n in lens if n == 0) * p * q * 2
         us = start.elapsed_time(end) * 100
-        print(
-            f"  fixup {us:.1f} us for {empty_bytes / 1e6:.1f} MB ({empty_bytes / us / 1e6:.2f} TB/s)"
-        )
+        tbs = empty_bytes / us / 1e6
+        print(f"  fixup {us:.1f} us for {empty_bytes / 1e6:.1f} MB ({tbs:.2f} TB/s)")
     return 0
 
 
