@@ -2,7 +2,9 @@
 
 ``torch._grouped_mm`` leaves two regions of its ``torch.empty`` output unwritten:
 * the forward/dgrad rows past the last group end (``out[ends[G-1]:]``), and
-* the wgrad blocks of empty groups (``out[g]`` with no rows) on some GPUs.
+* the wgrad blocks of empty groups (``out[g]`` with no rows) on some GPUs (not on the H200
+  with torch 2.11: ``grouped_gemm_impl.vendor_zeroes_empty_groups`` probes it once per device
+  and the default fix-up mode skips this pass where the vendor writes them).
 Our contract makes both zero. A ``masked_fill_`` over the whole output costs a full read and
 write of it (up to 0.3 ms per call on the MoE shapes); these kernels read the int32 group ends
 and write only the region that needs zeros, so with no tail and no empty group they are one

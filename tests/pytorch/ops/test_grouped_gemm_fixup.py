@@ -80,11 +80,50 @@ def _vendor_or_skip(device):
         pytest.skip(f"HIPBLASLT cannot run here: {verdict.reason}")
 
 
+def test_vendor_fixup_auto_skips_only_where_probed(monkeypatch, device):
+    """``auto``: the empty-group pass runs unless the device's probe said the vendor writes
+    those blocks itself; the tail-row pass always runs. CPU: the probe is never run (False)."""
+    monkeypatch.setattr(_impl, "_fixup_mode", lambda: "auto")
+    ends = torch.tensor([3, 3, 7], dtype=torch.int32, device=device)
+    key = (ends.device.type, ends.device.index)
+    for probed, want_zero in ((True, False), (False, True)):
+        monkeypatch.setitem(_impl._EMPTY_PROBE, key, probed)
+        out = rand(3, 4, 5, dtype=torch.bfloat16, device=device)
+        before = out.clone()
+        _impl._vendor_fixup(out, ends, tail=False)
+        assert torch.equal(out[1].float().cpu(), torch.zeros(4, 5)) == want_zero
+        assert torch.equal(out[0].cpu(), before[0].cpu()) and torch.equal(out[2], before[2])
+        rows = rand(9, 4, dtype=torch.bfloat16, device=device)
+        _impl._vendor_fixup(rows, ends, tail=True)
+        assert not rows[7:].any() and rows[:7].all()
+    monkeypatch.delitem(_impl._EMPTY_PROBE, ("cpu", None), raising=False)
+    assert _impl.vendor_zeroes_empty_groups(torch.device("cpu")) is False
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["kernel", "masked_fill"])
+def test_vendor_empty_group_probe_matches(device):
+    """The probe's answer is what the vendor does on a larger product (NaN-filled memory)."""
+    _vendor_or_skip(device)
+    x = rand(300, 256, dtype=torch.bfloat16, device=device)
+    _impl._EMPTY_PROBE.pop((x.device.type, x.device.index), None)
+    probed = _impl.vendor_zeroes_empty_groups(x.device)
+    y = rand(300, 512, dtype=torch.bfloat16, device=device)
+    ends = torch.tensor([100, 100, 300, 300], dtype=torch.int32, device=device)
+    junk = torch.full((4, 256, 512), float("nan"), dtype=torch.bfloat16, device=device)
+    ptr = junk.data_ptr()
+    del junk
+    out = torch._grouped_mm(x.t(), y, offs=ends)
+    if out.data_ptr() != ptr:
+        pytest.skip("the vendor output did not land on the NaN-filled block")
+    assert bool((out[1] == 0).all() & (out[3] == 0).all()) == probed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["auto", "kernel", "masked_fill"])
 def test_vendor_unwritten_regions_are_zero(mode, monkeypatch, device):
     """Rows past the last group end and empty groups' wgrad come out zero (on recycled,
-    non-zero memory), with the kernel fix-up and the old masked_fill pass alike."""
+    non-zero memory), with the default (probe), the kernel fix-up and the old masked_fill
+    pass alike."""
     _vendor_or_skip(device)
     monkeypatch.setattr(_impl, "_fixup_mode", lambda: mode)
     GlobalBackendManager.set_grouped_gemm_backend(BackendType.HIPBLASLT)

@@ -198,8 +198,10 @@ class GroupedGemmHipblasltBackend(KernelBackend):
     ``execute`` / ``variable_k`` also take them as ``group_offs`` (an int32 ``[G]`` tensor).
     Each GEMM is one ``_grouped_mm`` call on views (the transposes are stride swaps), followed
     by one tiny zero-fill kernel for the regions the vendor kernel leaves unwritten (rows past
-    the last group end; empty groups' wgrad blocks). ``PRIMUS_TURBO_GROUPED_GEMM_VENDOR_FIXUP``
-    = ``kernel`` (default) | ``masked_fill`` (the old full-output pass, for A/B) | ``none``.
+    the last group end; empty groups' wgrad blocks, where the vendor does not write them
+    itself). ``PRIMUS_TURBO_GROUPED_GEMM_VENDOR_FIXUP`` = ``auto`` (default: the empty-group
+    pass only where a one-time probe saw the vendor leave them, ``vendor_zeroes_empty_groups``)
+    | ``kernel`` (always) | ``masked_fill`` (the old full-output pass, for A/B) | ``none``.
     """
 
     backend_type = BackendType.HIPBLASLT
@@ -254,21 +256,27 @@ class GroupedGemmHipblasltBackend(KernelBackend):
 
 @functools.cache
 def _fixup_mode() -> str:
-    mode = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_VENDOR_FIXUP", "kernel").strip().lower()
-    if mode not in ("kernel", "masked_fill", "none"):
+    mode = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_VENDOR_FIXUP", "auto").strip().lower()
+    if mode not in ("auto", "kernel", "masked_fill", "none"):
         raise ValueError(
             "primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_VENDOR_FIXUP expected one of "
-            f"'kernel', 'masked_fill', 'none', got {mode!r}"
+            f"'auto', 'kernel', 'masked_fill', 'none', got {mode!r}"
         )
     return mode
 
 
 def _vendor_fixup(out: torch.Tensor, ends: torch.Tensor, tail: bool) -> torch.Tensor:
     """Zero what ``torch._grouped_mm`` leaves unwritten: the rows past ``ends[-1]`` (``tail``,
-    forward and dgrad) or the blocks of empty groups (wgrad)."""
+    forward and dgrad) or the blocks of empty groups (wgrad). ``auto`` (default): as
+    ``kernel``, except that the wgrad skips the empty-group pass on a device where the vendor
+    kernel was seen to write those blocks itself (``vendor_zeroes_empty_groups``)."""
     mode = _fixup_mode()
     if mode == "none":
         return out
+    if mode == "auto":
+        if not tail and vendor_zeroes_empty_groups(out.device):
+            return out
+        mode = "kernel"
     if mode == "masked_fill":
         if tail:
             rows = torch.arange(out.shape[0], device=out.device)
@@ -281,6 +289,41 @@ def _vendor_fixup(out: torch.Tensor, ends: torch.Tensor, tail: bool) -> torch.Te
     )
 
     return zero_tail_rows(out, ends) if tail else zero_empty_groups(out, ends)
+
+
+_EMPTY_PROBE: dict[tuple[str, int | None], bool] = {}
+
+
+def vendor_zeroes_empty_groups(device: torch.device) -> bool:
+    """Whether ``torch._grouped_mm``'s variable-K product writes zeros into the blocks of
+    empty groups on ``device`` (H200, torch 2.11, call 12.4: it does, for 235 MB blocks as
+    for 256 KB ones; the zero pass then cost 55 us of a 17.7 ms Mixtral-8x7B gate_up step).
+    Probed once per device on the first call outside graph capture and compilation (one small
+    product on NaN-filled recycled memory, one host sync); False (keep zeroing) while
+    capturing before the probe ran, or where the probe could not tell."""
+    key = (device.type, device.index)
+    known = _EMPTY_PROBE.get(key)
+    if known is not None:
+        return known
+    if device.type != "cuda" or torch.compiler.is_compiling() or is_graph_capturing():
+        return False
+    _EMPTY_PROBE[key] = _probe_empty_groups(device)
+    return _EMPTY_PROBE[key]
+
+
+def _probe_empty_groups(device: torch.device) -> bool:
+    with torch.cuda.device(device):
+        x = torch.ones((32, 64), dtype=torch.bfloat16, device=device)
+        y = torch.ones((32, 48), dtype=torch.bfloat16, device=device)
+        ends = torch.tensor([0, 32, 32], dtype=torch.int32, device=device)  # 0 and 2 empty
+        junk = torch.full((3, 64, 48), float("nan"), dtype=torch.bfloat16, device=device)
+        ptr = junk.data_ptr()
+        del junk  # the caching allocator hands this NaN block to the product's output
+        out = torch._grouped_mm(x.t(), y, offs=ends)
+        if out.data_ptr() != ptr:  # not on the poisoned block: cannot tell
+            return False
+        ok = (out[0] == 0).all() & (out[2] == 0).all() & (out[1] == 32).all()
+        return bool(ok)
 
 
 def _bucket_rows(m: int) -> int:
