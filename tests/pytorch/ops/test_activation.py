@@ -152,3 +152,48 @@ def test_glu_torch_fallback_matches_triton(act, device, monkeypatch):
     assert_close(out2, out, torch.float32)
     assert_close(x.grad, grads[0], torch.float32)
     assert_close(p.grad, grads[1], torch.float32)
+
+
+def test_glu_tile_rule(monkeypatch):
+    """``glu_tile``: GeGLU's 2-D tile takes the width with the least padding (widest on a tie),
+    SwiGLU keeps the one-row block unless ``2d``; a bad knob value raises."""
+    from primus_turbo.triton.activation.glu_kernel import ACT_GELU, ACT_SILU, _block_h, glu_tile
+
+    monkeypatch.delenv("PRIMUS_TURBO_GLU_TILE", raising=False)
+    assert glu_tile(2880, ACT_GELU) == (4, 128, 4)
+    assert glu_tile(768, ACT_GELU) == (2, 256, 4)
+    assert glu_tile(2048, ACT_GELU) == (1, 512, 4)
+    assert glu_tile(14336, ACT_GELU) == (1, 512, 4)
+    assert glu_tile(40, ACT_GELU) == (4, 128, 4)
+    assert glu_tile(2880, ACT_SILU) == (1, *_block_h(2880))
+    monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", "row")
+    assert glu_tile(2880, ACT_GELU) == (1, *_block_h(2880))
+    monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", "2d")
+    assert glu_tile(2880, ACT_SILU) == (4, 128, 4)
+    monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", "3d")
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_GLU_TILE.*'3d'"):
+        glu_tile(64, ACT_GELU)
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+@pytest.mark.parametrize("t,h", [(13, 40), (5, 300)], ids=str)
+def test_glu_tile_knob_same_results(t, h, act, device, monkeypatch):
+    """Every ``PRIMUS_TURBO_GLU_TILE`` setting: the output and dx bitwise those of the one-row
+    block (elementwise math), dprobs equal up to the summation order; masked rows, probs."""
+    _, with_p = ACTS[act]
+    x0 = rand(t, 2 * h, dtype=torch.bfloat16, device=device)
+    p0 = rand(t, dtype=torch.float32, device=device)
+    mask = (torch.arange(t, device=device) % 4 != 1).to(torch.int64)
+    g = rand(t, h, dtype=torch.bfloat16, device=device)
+    got = {}
+    for tile in ("row", "2d", "auto"):
+        monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", tile)
+        x = x0.clone().requires_grad_()
+        p = p0.clone().requires_grad_()
+        out = getattr(turbo.ops, with_p)(x, p, mask)
+        out.backward(g)
+        got[tile] = (out.detach(), x.grad, p.grad)
+    for tile in ("2d", "auto"):
+        assert torch.equal(got[tile][0], got["row"][0]), tile
+        assert torch.equal(got[tile][1], got["row"][1]), tile
+        torch.testing.assert_close(got[tile][2], got["row"][2], rtol=1e-5, atol=1e-5)
