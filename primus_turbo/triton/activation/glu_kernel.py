@@ -7,7 +7,7 @@ Backward, with ``dy: [T, H]``:
 All math in fp32; x/y/dy in fp16/bf16/fp32, probs fp32. Rows with ``row_mask[t] == 0`` are
 skipped (their outputs are written as zeros so nothing stale is read downstream).
 
-Grid: one program per ``ROWS`` rows (``glu_tile``: 1 for SwiGLU, a 2-D tile for GeGLU); each
+Grid: one program per ``ROWS`` rows (``glu_tile``: a 2-D tile of 512 elements); each
 loops over ``H`` in ``BLOCK_H`` chunks, so the probs gradient is a plain in-register reduction
 (no atomics: bitwise deterministic). Row offsets are int64.
 """
@@ -193,18 +193,20 @@ _TILE_ELEMS = 512
 def glu_tile(h: int, act: int) -> tuple[int, int, int]:
     """``(ROWS, BLOCK_H, num_warps)`` of the GLU kernels, read per call.
 
-    ``PRIMUS_TURBO_GLU_TILE``: ``auto`` (default) gives GeGLU a 2-D tile of ``_TILE_ELEMS``
-    elements whose width wastes the fewest masked lanes (the power of two from 128 to
-    ``_TILE_ELEMS`` with the least padding of H, the widest on a tie; ``ROWS`` rows fill the
-    rest), SwiGLU the one-row block of ``_block_h``; ``row``: the one-row block for both;
-    ``2d``: the 2-D tile for both. Why: the erf GELU is compute bound (856 sm_90 SASS
-    instructions per 16-element step vs SiLU's 536), so a 4096-wide block on a 2880-wide row
-    (gpt-oss-20b) computes 30 % masked lanes for nothing (H200 call 12.7: GeGLU forward 0.62
-    of copy there, 0.82 at H = 2048, where the block fits)."""
-    v = os.environ.get(GLU_TILE_ENV, "").strip().lower() or "auto"
-    if v not in ("auto", "row", "2d"):
-        raise ValueError(f"primus_turbo: {GLU_TILE_ENV} expected 'auto', 'row' or '2d', got {v!r}")
-    if v == "row" or (v == "auto" and act != ACT_GELU):
+    ``PRIMUS_TURBO_GLU_TILE``: ``2d`` (default) a 2-D tile of ``_TILE_ELEMS`` elements whose
+    width wastes the fewest masked lanes (the power of two from 128 to ``_TILE_ELEMS`` with
+    the least padding of H, the widest on a tie; ``ROWS`` rows fill the rest); ``row`` the
+    one-row block of ``_block_h`` (up to 8192 wide, the default until session 12; ``act`` is
+    kept for a per-activation choice). H200 call 12.8, graph, vs copy, ``row`` -> ``2d``:
+    GeGLU forward 0.627 -> 0.830 (gpt-oss-20b, H = 2880: the 4096-wide block computed 30 %
+    masked lanes of a compute-bound erf), 0.681 -> 0.840 (Qwen3, H = 768), 0.815 -> 0.859
+    (DeepSeek-V3), backward 0.62-0.86 -> 0.80-0.95; SwiGLU forward 0.79-1.02 -> 0.91-0.99,
+    backward 0.77-1.03 -> 0.90-1.04 (Mixtral-8x7B 0.82 -> 0.985)."""
+    del act
+    v = os.environ.get(GLU_TILE_ENV, "").strip().lower() or "2d"
+    if v not in ("2d", "row"):
+        raise ValueError(f"primus_turbo: {GLU_TILE_ENV} expected '2d' or 'row', got {v!r}")
+    if v == "row":
         block, warps = _block_h(h)
         return 1, block, warps
     widths = [1 << i for i in range(7, _TILE_ELEMS.bit_length())]  # 128 .. _TILE_ELEMS
@@ -290,11 +292,11 @@ def glu_fwd_quant_triton(
 
 
 def aot_specs(target: str) -> list[AotSpec]:
-    """bf16 SwiGLU/GeGLU with probs and mask, fwd and bwd: SwiGLU at the large-H block size,
-    GeGLU on its 2-D tile for H = 2880 (``glu_tile``)."""
+    """bf16 SwiGLU/GeGLU with probs and mask, fwd and bwd, on the ``glu_tile`` tiles of H =
+    8192 (SwiGLU) and H = 2880 (GeGLU)."""
     dt = triton_dtype_name(torch.bfloat16)
     specs = []
-    for act, h in ((ACT_SILU, 8192), (ACT_GELU, 2880)):  # the 2-D GeGLU tile of gpt-oss-20b
+    for act, h in ((ACT_SILU, 8192), (ACT_GELU, 2880)):  # 1 x 512 and 4 x 128 tiles
         name = "silu" if act == ACT_SILU else "gelu"
         rows, block, warps = glu_tile(h, act)
         const = {"ACT": act, "HAS_PROBS": True, "HAS_MASK": True, "BLOCK_H": block, "ROWS": rows}

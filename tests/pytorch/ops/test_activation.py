@@ -155,23 +155,21 @@ def test_glu_torch_fallback_matches_triton(act, device, monkeypatch):
 
 
 def test_glu_tile_rule(monkeypatch):
-    """``glu_tile``: GeGLU's 2-D tile takes the width with the least padding (widest on a tie),
-    SwiGLU keeps the one-row block unless ``2d``; a bad knob value raises."""
+    """``glu_tile``: the 2-D tile takes the width with the least padding (widest on a tie),
+    ``row`` the one-row block; a bad knob value raises."""
     from primus_turbo.triton.activation.glu_kernel import ACT_GELU, ACT_SILU, _block_h, glu_tile
 
     monkeypatch.delenv("PRIMUS_TURBO_GLU_TILE", raising=False)
-    assert glu_tile(2880, ACT_GELU) == (4, 128, 4)
-    assert glu_tile(768, ACT_GELU) == (2, 256, 4)
-    assert glu_tile(2048, ACT_GELU) == (1, 512, 4)
-    assert glu_tile(14336, ACT_GELU) == (1, 512, 4)
-    assert glu_tile(40, ACT_GELU) == (4, 128, 4)
-    assert glu_tile(2880, ACT_SILU) == (1, *_block_h(2880))
+    for act in (ACT_SILU, ACT_GELU):
+        assert glu_tile(2880, act) == (4, 128, 4)
+        assert glu_tile(768, act) == (2, 256, 4)
+        assert glu_tile(2048, act) == (1, 512, 4)
+        assert glu_tile(14336, act) == (1, 512, 4)
+        assert glu_tile(40, act) == (4, 128, 4)
     monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", "row")
     assert glu_tile(2880, ACT_GELU) == (1, *_block_h(2880))
-    monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", "2d")
-    assert glu_tile(2880, ACT_SILU) == (4, 128, 4)
-    monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", "3d")
-    with pytest.raises(ValueError, match="PRIMUS_TURBO_GLU_TILE.*'3d'"):
+    monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", "auto")
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_GLU_TILE.*'auto'"):
         glu_tile(64, ACT_GELU)
 
 
@@ -186,14 +184,13 @@ def test_glu_tile_knob_same_results(t, h, act, device, monkeypatch):
     mask = (torch.arange(t, device=device) % 4 != 1).to(torch.int64)
     g = rand(t, h, dtype=torch.bfloat16, device=device)
     got = {}
-    for tile in ("row", "2d", "auto"):
+    for tile in ("row", "2d"):
         monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", tile)
         x = x0.clone().requires_grad_()
         p = p0.clone().requires_grad_()
         out = getattr(turbo.ops, with_p)(x, p, mask)
         out.backward(g)
         got[tile] = (out.detach(), x.grad, p.grad)
-    for tile in ("2d", "auto"):
-        assert torch.equal(got[tile][0], got["row"][0]), tile
-        assert torch.equal(got[tile][1], got["row"][1]), tile
-        torch.testing.assert_close(got[tile][2], got["row"][2], rtol=1e-5, atol=1e-5)
+    assert torch.equal(got["2d"][0], got["row"][0])
+    assert torch.equal(got["2d"][1], got["row"][1])
+    torch.testing.assert_close(got["2d"][2], got["row"][2], rtol=1e-5, atol=1e-5)
