@@ -62,6 +62,16 @@ def _row_scale(probs_ptr, mask_ptr, rows, in_rows, HAS_PROBS: tl.constexpr,
 
 
 @triton.jit
+def _load_gate_up(x_rows, h0, in_rows, H, BLOCK_H: tl.constexpr):
+    """``(cols, mask, g, u)`` of one ``BLOCK_H`` step: the gate and up halves in fp32."""
+    cols = h0 + tl.arange(0, BLOCK_H)
+    m = in_rows[:, None] & (cols < H)[None, :]
+    g = tl.load(x_rows + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    u = tl.load(x_rows + H + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    return cols, m, g, u
+
+
+@triton.jit
 def glu_fwd_kernel(
     x_ptr,
     probs_ptr,
@@ -84,10 +94,7 @@ def glu_fwd_kernel(
     x_rows = x_ptr + rows[:, None] * stride_x
     y_rows = y_ptr + rows[:, None] * stride_y
     for h0 in range(0, H, BLOCK_H):
-        cols = h0 + tl.arange(0, BLOCK_H)
-        m = in_rows[:, None] & (cols < H)[None, :]
-        g = tl.load(x_rows + cols[None, :], mask=m, other=0.0).to(tl.float32)
-        u = tl.load(x_rows + H + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        cols, m, g, u = _load_gate_up(x_rows, h0, in_rows, H, BLOCK_H)
         y = _act_fwd(g, ACT) * u * p[:, None]
         tl.store(y_rows + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=m)
 
@@ -160,10 +167,7 @@ def glu_bwd_kernel(
     dx_rows = dx_ptr + rows[:, None] * stride_dx
     acc = tl.zeros([ROWS, BLOCK_H], dtype=tl.float32)
     for h0 in range(0, H, BLOCK_H):
-        cols = h0 + tl.arange(0, BLOCK_H)
-        m = in_rows[:, None] & (cols < H)[None, :]
-        g = tl.load(x_rows + cols[None, :], mask=m, other=0.0).to(tl.float32)
-        u = tl.load(x_rows + H + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        cols, m, g, u = _load_gate_up(x_rows, h0, in_rows, H, BLOCK_H)
         dy = tl.load(dy_rows + cols[None, :], mask=m, other=0.0).to(tl.float32) * keep[:, None]
         a, da = _act_fwd_bwd(g, ACT)
         pc = p[:, None]
