@@ -287,7 +287,7 @@ S5_VARIANTS = TMA_EXTRA_VARIANTS
 # w4) 1.004 / 0.908. (``tmavs`` on the 2-CTA 128x128 w4 tile lost: 0.924 / 0.937, removed.)
 VK_STORE_TILES = (GemmConfig(256, 128, 64, 8, 8, 4), S8_VK_G16)
 # plan kinds of the session-8 wgrad
-S8_VK_VARIANTS = ("tmavs",)
+S8_VK_VARIANTS = ("tmavs", "tmavd")
 
 
 def vk_tma_store_cfg_ok(cfg: GemmConfig) -> bool:
@@ -308,8 +308,23 @@ VK_STORE_MIN_AVG_ROWS = 2048
 
 
 def vk_large_expert_plan(p: int, q: int) -> tuple[str, GemmConfig]:
-    """The wgrad plan for large experts (``VK_STORE_MIN_AVG_ROWS``) of output ``[P, Q]``."""
-    return ("tmavs", S8_VK_G16 if p >= q else VK_STORE_TILES[0])
+    """The wgrad plan for large experts (``VK_STORE_MIN_AVG_ROWS``) of output ``[P, Q]``
+    (``tmavd`` instead of ``tmavs`` under ``vk_device_descriptors``)."""
+    return (_VK_STORE_KIND[vk_device_descriptors()], S8_VK_G16 if p >= q else VK_STORE_TILES[0])
+
+
+_VK_STORE_KIND = {False: "tmavs", True: "tmavd"}
+
+
+@functools.cache
+def vk_device_descriptors() -> bool:
+    """``PRIMUS_TURBO_GROUPED_GEMM_VK_DESC=1`` (session 13, default off until measured): the
+    wgrad's TMA-store plans run as ``tmavd`` (``grouped_gemm_vk_desc``: per-group descriptors
+    built on the device, the last partial step of a group inside the pipelined loop) instead of
+    ``tmavs`` (a masked pointer step after it)."""
+    from primus_turbo.pytorch.core.checks import env_flag
+
+    return env_flag("PRIMUS_TURBO_GROUPED_GEMM_VK_DESC", False)
 
 
 @functools.cache
@@ -344,7 +359,9 @@ def _winners(plans: list, family: ArchFamily, gemm: str, avg_rows: int) -> list:
     if avg_rows < WINNERS_MIN_AVG_ROWS:
         return plans
     allowed = HOPPER_WINNERS[gemm] + (HOPPER_S5_PLANS[gemm] if cands == "s5" else ())
-    kept = [p for p in plans if (p[0], p[1].name) in allowed]
+    # tmavd (PRIMUS_TURBO_GROUPED_GEMM_VK_DESC) stands in for tmavs on the same tiles
+    kept = [p for p in plans if (_VK_STORE_KIND[False] if p[0] == "tmavd" else p[0], p[1].name)
+            in allowed]  # fmt: skip
     return kept or plans
 
 
@@ -428,8 +445,9 @@ def variable_k_plans(
     plans = [("table", cfg) for cfg in configs] if mode in ("table", "tune") or not tma_ok else []
     if mode in ("tma", "tune") and tma_ok:
         plans += [("tma", cfg) for cfg in tma_configs(family, wgrad=True)]
-        if mode == "tune":  # session 8 plan tmavs (TMA-store epilogue)
-            plans += [("tmavs", cfg) for cfg in tma_configs(family, wgrad=True)
+        if mode == "tune":  # session 8 plan tmavs (TMA-store epilogue), or session 13 tmavd
+            kind = _VK_STORE_KIND[vk_device_descriptors()]
+            plans += [(kind, cfg) for cfg in tma_configs(family, wgrad=True)
                       if vk_tma_store_cfg_ok(cfg)]  # fmt: skip
     var = "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG"
     large = p is not None and q is not None and avg_rows >= VK_STORE_MIN_AVG_ROWS

@@ -408,13 +408,20 @@ def variable_k_triton(
         variant, cfg = plan
         tiles = num_groups * -(-p // cfg.block_m) * -(-q // cfg.block_n)
         programs = _programs(tiles, cfg, x.device, family)
-        if variant in ("tma", "tmavs"):  # tmavs: TMA-store epilogue (session 8)
+        if variant == "tmavd":  # device-built per-group descriptors (session 13)
+            from primus_turbo.triton.grouped_gemm import grouped_gemm_vk_desc as vkd
+
+            if vkd.vk_desc_ok(x, y, c):
+                return vkd.launch_variable_k_desc(
+                    x, y, c, group_offs, num_groups, cfg, programs, upcast
+                )
+        if variant in ("tma", "tmavs", "tmavd"):  # tmavs: TMA-store epilogue (session 8)
             from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import (
                 launch_variable_k_tma,
                 vk_tma_store_ok,
             )
 
-            store = variant == "tmavs" and vk_tma_store_ok(c)
+            store = variant in ("tmavs", "tmavd") and vk_tma_store_ok(c)
             return launch_variable_k_tma(
                 x, y, c, group_offs, num_groups, cfg, programs, upcast, store
             )
@@ -568,8 +575,9 @@ def aot_specs(target: str) -> list[AotSpec]:
     specs += _flat_aot_specs(target, [s for s in specs if s.fn is grouped_gemm_kernel])
     from primus_turbo.triton.grouped_gemm.grouped_gemm_fixup import aot_specs as fixup_specs
     from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import aot_specs as tma_specs
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_vk_desc import aot_specs as vkd_specs
 
-    return specs + fixup_specs(target) + tma_specs(target)
+    return specs + fixup_specs(target) + tma_specs(target) + vkd_specs(target)
 
 
 def _flat_aot_specs(target: str, forward_specs: list[AotSpec]) -> list[AotSpec]:

@@ -1,8 +1,9 @@
 """Session-8 plans of the TRITON grouped GEMM: the GROUP_M 16 TMA tile (a default forward /
 dgrad candidate since call 8.1) and the wgrad's TMA-store epilogue ``tmavs`` of the
 variable-K TMA kernel on ``VK_STORE_TILES`` (256x128 s4, GROUP_M 16 128x256 s4: default
-candidates since call 8.2, the one plan for large experts), each forced as the only plan, vs
-the fp32 reference and bitwise vs the pointer-store ``tma`` plan; the candidate rules."""
+candidates since call 8.2, the one plan for large experts) and its session-13 form ``tmavd``
+(per-group descriptors built on the device), each forced as the only plan, vs the fp32
+reference and bitwise vs the pointer-store ``tma`` plan; the candidate rules."""
 
 from __future__ import annotations
 
@@ -36,22 +37,23 @@ def _force_vk(monkeypatch, plan, fwd=None):
     GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
 
 
+@pytest.mark.parametrize("kind", ["tmavs", "tmavd"])
 @pytest.mark.parametrize("trans_b", [False, True], ids=["NN", "NT"])
 @pytest.mark.parametrize("lens,k,n", [CASES[0], CASES[3], ([0, 9, 0, 40], 32, 24)], ids=str)
-def test_grouped_gemm_s8_vk_tmavs(lens, k, n, trans_b, monkeypatch, device):
-    """Plan ``tmavs`` (interpreter tile; the Hopper tiles in the *_gpu tests): ragged groups
-    with partial K steps, empty groups, P / Q not multiples of the tile (clipped by the
-    descriptor); K = 40 / N = 24: rows of 80 / 48 bytes (TMA store usable)."""
+def test_grouped_gemm_s8_vk_tmavs(lens, k, n, trans_b, kind, monkeypatch, device):
+    """Plans ``tmavs`` / ``tmavd`` (interpreter tile; the Hopper tiles in the *_gpu tests):
+    ragged groups with partial K steps, empty groups, P / Q not multiples of the tile (clipped
+    by the descriptor); K = 40 / N = 24: rows of 80 / 48 bytes (TMA store usable)."""
     from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import configs_interpreter
 
     if device != "cpu":
         pytest.skip("interpreter tile; on a GPU the *_gpu tests run the real Hopper tiles")
-    _force_vk(monkeypatch, ("tmavs", configs_interpreter()[0]))
+    _force_vk(monkeypatch, (kind, configs_interpreter()[0]))
     _check_fwd_bwd(lens, k, n, trans_b, torch.bfloat16, device)
 
 
 def _vk_pair(device, cfg, lens, p, q):
-    """``(tma, tmavs)`` wgrad outputs of one tile on random ``x [M, p]``, ``y [M, q]``."""
+    """``(tma, tmavs, tmavd)`` wgrad outputs of one tile on random ``x [M, p]``, ``y [M, q]``."""
     from primus_turbo.pytorch.reference import group_offsets
     from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as gk
 
@@ -62,7 +64,7 @@ def _vk_pair(device, cfg, lens, p, q):
     outs = []
     saved = (gk.variable_k_variant, gk.variable_k_plans)
     try:
-        for v in ("tma", "tmavs"):
+        for v in ("tma", "tmavs", "tmavd"):
             gk.variable_k_variant = lambda: "tune"
             gk.variable_k_plans = lambda *a, v=v: [(v, cfg)]
             outs.append(gk.variable_k_triton(x, y, group_offsets(gl), len(lens), x.dtype))
@@ -72,21 +74,24 @@ def _vk_pair(device, cfg, lens, p, q):
 
 
 def test_grouped_gemm_s8_vk_tmavs_bitwise(device):
-    """The TMA store only moves the epilogue: bitwise the pointer-store plan's output (same
-    tile, same K order), with P and Q not multiples of the tile and an empty group."""
+    """The TMA store only moves the epilogue, the device descriptors only the last partial
+    step (zero-filled rows instead of a masked load): bitwise the pointer-store plan's output
+    (same tile, same K order), with P and Q not multiples of the tile and an empty group."""
     from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import configs_interpreter
 
     if device != "cpu":
         pytest.skip("interpreter tile (GPU: test_grouped_gemm_s8_vk_plans_gpu)")
-    a, b = _vk_pair(device, configs_interpreter()[0], [5, 0, 37, 16], 40, 24)
+    a, b, c = _vk_pair(device, configs_interpreter()[0], [5, 0, 37, 16], 40, 24)
     assert torch.equal(a, b)
+    assert torch.equal(a, c)
 
 
 def _gpu_plan_list():
     from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
 
     cfgs = {c.name: c for c in gc.tma_configs(ArchFamily.HOPPER, wgrad=True)}
-    return [(v, cfgs[name]) for v, name in gc.HOPPER_WINNERS["vk"] if v == "tmavs"]
+    tiles = [cfgs[name] for v, name in gc.HOPPER_WINNERS["vk"] if v == "tmavs"]
+    return [(v, cfg) for cfg in tiles for v in gc.S8_VK_VARIANTS]
 
 
 @pytest.mark.gpu
@@ -94,21 +99,22 @@ def _gpu_plan_list():
 def test_grouped_gemm_s8_vk_plans_gpu(plan, monkeypatch, device):
     """Every session-8 wgrad plan on a ragged MoE-sized shape (empty, 1-row and 7012-row
     groups, N = 768 not a multiple of 256): it compiles, fits shared memory and matches;
-    ``tmavs`` bitwise == ``tma`` on the tile."""
+    ``tmavs`` / ``tmavd`` bitwise == ``tma`` on the tile."""
     if device == "cpu":
         pytest.skip("Hopper tiles")
     _need_tma(device)
     _force_vk(monkeypatch, plan)
     lens = [0, 3000, 1, 0, 64, 255, 2500, 7012]
     _check_fwd_bwd(lens, 2048, 768, True, torch.bfloat16, device)
-    if plan[0] == "tmavs":
-        a, b = _vk_pair(device, plan[1], [0, 700, 1, 1500, 129], 640, 520)
-        assert torch.equal(a, b)
+    a, b, c = _vk_pair(device, plan[1], [0, 700, 1, 1500, 129], 640, 520)
+    assert torch.equal(a, b)
+    assert torch.equal(a, c)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("vk_desc", ["0", "1"], ids=["tmavs", "tmavd"])
 @pytest.mark.parametrize("p,q", [(640, 520), (520, 640)], ids=["P>=Q", "P<Q"])
-def test_grouped_gemm_s8_vk_large_expert_gpu(p, q, device):
+def test_grouped_gemm_s8_vk_large_expert_gpu(p, q, vk_desc, monkeypatch, device):
     """The default wgrad path (not forced) for large experts (``M // G`` >= 2048): the plan
     ``vk_large_expert_plan`` runs untimed and matches the fp32 reference, ragged groups with
     an empty one and row counts not multiples of 64."""
@@ -121,6 +127,7 @@ def test_grouped_gemm_s8_vk_large_expert_gpu(p, q, device):
     _need_tma(device)
     lens = [3001, 0, 2500, 2691]
     assert sum(lens) // len(lens) >= gc.VK_STORE_MIN_AVG_ROWS
+    monkeypatch.setattr(gc, "vk_device_descriptors", lambda: vk_desc == "1")
     plans = gc.variable_k_plans(ArchFamily.HOPPER, "tune", True, sum(lens) // len(lens), p, q)
     assert plans == [gc.vk_large_expert_plan(p, q)]
     torch.manual_seed(0)
@@ -206,6 +213,66 @@ def test_grouped_gemm_s8_candidates(monkeypatch):
         monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG", raising=False)
         gc.candidate_set.cache_clear()
         gc.config_filter.cache_clear()
+
+
+def test_grouped_gemm_vk_desc_knob(monkeypatch):
+    """``PRIMUS_TURBO_GROUPED_GEMM_VK_DESC=1``: the TMA-store wgrad plans (tuned and the
+    large-expert rule) are ``tmavd`` on the same tiles; off (default): ``tmavs``."""
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
+
+    hop, big = ArchFamily.HOPPER, gc.VK_STORE_MIN_AVG_ROWS
+    try:
+        for flag, kind in (("1", "tmavd"), ("0", "tmavs")):
+            monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_VK_DESC", flag)
+            gc.vk_device_descriptors.cache_clear()
+            kinds = {v for v, _ in gc.variable_k_plans(hop, "tune", True)}
+            assert kind in kinds and not kinds & (set(gc.S8_VK_VARIANTS) - {kind})
+            assert gc.variable_k_plans(hop, "tune", True, big, 7168, 2048) == [(kind, gc.S8_VK_G16)]
+            assert gc.vk_large_expert_plan(4096, 7168) == (kind, gc.VK_STORE_TILES[0])
+    finally:
+        monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_VK_DESC")
+        gc.vk_device_descriptors.cache_clear()
+
+
+@pytest.mark.gpu
+def test_grouped_gemm_vk_desc_graph_gpu(device):
+    """``tmavd`` under CUDA-graph capture (its descriptor scratch comes from the graph's pool)
+    and launched from a fresh thread (the allocator is per thread): replays match eager."""
+    import threading
+
+    from primus_turbo.pytorch.reference import group_offsets
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as gk
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_configs import VK_STORE_TILES
+
+    if device == "cpu":
+        pytest.skip("Hopper tiles")
+    _need_tma(device)
+    lens = [700, 0, 1, 1500, 129]
+    torch.manual_seed(0)
+    offs = group_offsets(torch.tensor(lens, device=device))
+    x = torch.randn(sum(lens), 640, device=device, dtype=torch.bfloat16)
+    y = torch.randn(sum(lens), 520, device=device, dtype=torch.bfloat16)
+    saved = (gk.variable_k_variant, gk.variable_k_plans)
+    try:
+        gk.variable_k_variant = lambda: "tune"
+        gk.variable_k_plans = lambda *a: [("tmavd", VK_STORE_TILES[0])]
+        eager = gk.variable_k_triton(x, y, offs, len(lens), x.dtype)
+        box = {}
+        thread = threading.Thread(
+            target=lambda: box.update(out=gk.variable_k_triton(x, y, offs, len(lens), x.dtype))
+        )
+        thread.start()
+        thread.join()
+        assert torch.equal(box["out"], eager)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = gk.variable_k_triton(x, y, offs, len(lens), x.dtype)
+        x.mul_(2)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, gk.variable_k_triton(x, y, offs, len(lens), x.dtype))
+    finally:
+        gk.variable_k_variant, gk.variable_k_plans = saved
 
 
 @pytest.mark.gpu
