@@ -307,24 +307,39 @@ def vk_tma_store_cfg_ok(cfg: GemmConfig) -> bool:
 VK_STORE_MIN_AVG_ROWS = 2048
 
 
+# Session 13: plan ``tmavd`` (``grouped_gemm_vk_desc``: per-group TMA descriptors built on the
+# device, a group's last partial K step inside the pipelined loop instead of a masked pointer
+# step after it) on the GROUP_M 16 128x256 tile, for groups of ``VK_DESC_MIN_AVG_ROWS`` rows on
+# average. H200 calls 13.1 / 13.2 (``bench_grouped_gemm_plans.py --gemms wgrad``, graph, L2
+# flushed, 3 interleaved rounds), x the session-8 rule's ``tmavs`` plan: DeepSeek-V3 gate_up
+# 1.025 / 1.020, down 1.002 / 1.019, Mixtral-8x7B gate_up 1.018, down 1.016 (``tmavd`` 256x128:
+# 1.020 / 1.009, 1.008 / 1.016, 1.017, 0.990); gpt-oss-20b (1024 rows per expert, the tuner's
+# pick until now) 1.110 / 1.070 (the tuner had picked ``table`` 128x128, 0.85 / 0.91 of
+# torch._grouped_mm). Qwen3-30B-A3B (512 rows: a descriptor pair per tile) 0.94 / 0.85: the
+# tuner keeps it.
+VK_DESC_MIN_AVG_ROWS = 1024
+
+
 def vk_large_expert_plan(p: int, q: int) -> tuple[str, GemmConfig]:
-    """The wgrad plan for large experts (``VK_STORE_MIN_AVG_ROWS``) of output ``[P, Q]``
-    (``tmavd`` instead of ``tmavs`` under ``vk_device_descriptors``)."""
-    return (_VK_STORE_KIND[vk_device_descriptors()], S8_VK_G16 if p >= q else VK_STORE_TILES[0])
+    """The wgrad plan for large experts of output ``[P, Q]``: ``tmavd`` GROUP_M 16 128x256
+    (``vk_device_descriptors``), else session 8's ``tmavs`` by ``P >= Q``."""
+    if vk_device_descriptors():
+        return ("tmavd", S8_VK_G16)
+    return ("tmavs", S8_VK_G16 if p >= q else VK_STORE_TILES[0])
 
 
-_VK_STORE_KIND = {False: "tmavs", True: "tmavd"}
+def vk_large_expert_rows() -> int:
+    """The average rows per group from which the wgrad takes ``vk_large_expert_plan``."""
+    return VK_DESC_MIN_AVG_ROWS if vk_device_descriptors() else VK_STORE_MIN_AVG_ROWS
 
 
 @functools.cache
 def vk_device_descriptors() -> bool:
-    """``PRIMUS_TURBO_GROUPED_GEMM_VK_DESC=1`` (session 13, default off until measured): the
-    wgrad's TMA-store plans run as ``tmavd`` (``grouped_gemm_vk_desc``: per-group descriptors
-    built on the device, the last partial step of a group inside the pipelined loop) instead of
-    ``tmavs`` (a masked pointer step after it)."""
+    """``PRIMUS_TURBO_GROUPED_GEMM_VK_DESC`` (default 1, session 13): large experts' wgrad runs
+    ``tmavd``; ``0`` keeps session 8's ``tmavs`` rule (A/B)."""
     from primus_turbo.pytorch.core.checks import env_flag
 
-    return env_flag("PRIMUS_TURBO_GROUPED_GEMM_VK_DESC", False)
+    return env_flag("PRIMUS_TURBO_GROUPED_GEMM_VK_DESC", True)
 
 
 @functools.cache
@@ -359,9 +374,7 @@ def _winners(plans: list, family: ArchFamily, gemm: str, avg_rows: int) -> list:
     if avg_rows < WINNERS_MIN_AVG_ROWS:
         return plans
     allowed = HOPPER_WINNERS[gemm] + (HOPPER_S5_PLANS[gemm] if cands == "s5" else ())
-    # tmavd (PRIMUS_TURBO_GROUPED_GEMM_VK_DESC) stands in for tmavs on the same tiles
-    kept = [p for p in plans if (_VK_STORE_KIND[False] if p[0] == "tmavd" else p[0], p[1].name)
-            in allowed]  # fmt: skip
+    kept = [p for p in plans if (p[0], p[1].name) in allowed]
     return kept or plans
 
 
@@ -403,10 +416,13 @@ def forward_plans(
             plans += tma
         elif mode == "tma":  # NN with K not a multiple of any tile's BLOCK_K
             plans += [("flat", cfg) for cfg in configs if flat_config_ok(cfg)]
-    large = avg_rows is not None and avg_rows >= VK_STORE_MIN_AVG_ROWS
-    if large and family == ArchFamily.HOPPER and mode == "tune" and not config_filter(var):
-        if candidate_set() != "all" and LARGE_EXPERT_FWD_PLAN in plans:
-            return [LARGE_EXPERT_FWD_PLAN]
+    rule = family == ArchFamily.HOPPER and mode == "tune" and not config_filter(var)
+    rule = rule and avg_rows is not None and candidate_set() != "all"
+    if rule and avg_rows >= VK_STORE_MIN_AVG_ROWS and LARGE_EXPERT_FWD_PLAN in plans:
+        return [LARGE_EXPERT_FWD_PLAN]
+    mid = rule and trans_b and avg_rows >= MID_EXPERT_MIN_AVG_ROWS and mid_expert_forward()
+    if mid and avg_rows < VK_STORE_MIN_AVG_ROWS and MID_EXPERT_FWD_PLAN in plans:
+        return [MID_EXPERT_FWD_PLAN]
     return _filtered(plans, var, family, "fwd", 1 << 30 if avg_rows is None else avg_rows)
 
 
@@ -420,6 +436,24 @@ def forward_plans(
 # tuner's timing of the same plans for DeepSeek-V3 gate_up forward (call 10.6): flat 5.19 ms,
 # this one 5.79 ms.
 LARGE_EXPERT_FWD_PLAN = ("tma", S8_G16)
+
+# Mid-size experts (session 13; ``MID_EXPERT_MIN_AVG_ROWS`` up to ``VK_STORE_MIN_AVG_ROWS`` rows
+# per group, gpt-oss-20b's 1024): the NT forward takes the GROUP_M 8 TMA 128x256 tile with 4
+# stages untimed. In H200 call 13.2 the config tuner's warm back-to-back timing picked it in 2
+# of 7 processes per shape and the flat 3-stage tile otherwise, and the op's forward vs
+# torch._grouped_mm read 1.057 / 1.058 (gate_up) and 1.059 / 1.060 (down) with it against
+# 1.034-1.042 and 1.015-1.019 with the flat tile. The dgrad (NN) stays tuned.
+MID_EXPERT_MIN_AVG_ROWS = 1024
+MID_EXPERT_FWD_PLAN = ("tma", GemmConfig(128, 256, 64, 8, 8, 4))
+
+
+@functools.cache
+def mid_expert_forward() -> bool:
+    """``PRIMUS_TURBO_GROUPED_GEMM_MID_FWD`` (default 1): the ``MID_EXPERT_FWD_PLAN`` rule;
+    ``0`` lets the tuner pick (A/B)."""
+    from primus_turbo.pytorch.core.checks import env_flag
+
+    return env_flag("PRIMUS_TURBO_GROUPED_GEMM_MID_FWD", True)
 
 
 # ``PRIMUS_TURBO_GROUPED_GEMM_DGRAD_CONFIG``: as ``..._CONFIG`` but for the NN calls only
@@ -445,15 +479,14 @@ def variable_k_plans(
     plans = [("table", cfg) for cfg in configs] if mode in ("table", "tune") or not tma_ok else []
     if mode in ("tma", "tune") and tma_ok:
         plans += [("tma", cfg) for cfg in tma_configs(family, wgrad=True)]
-        if mode == "tune":  # session 8 plan tmavs (TMA-store epilogue), or session 13 tmavd
-            kind = _VK_STORE_KIND[vk_device_descriptors()]
-            plans += [(kind, cfg) for cfg in tma_configs(family, wgrad=True)
+        if mode == "tune":  # session 8 plan tmavs (TMA-store epilogue)
+            plans += [("tmavs", cfg) for cfg in tma_configs(family, wgrad=True)
                       if vk_tma_store_cfg_ok(cfg)]  # fmt: skip
     var = "PRIMUS_TURBO_GROUPED_GEMM_VK_CONFIG"
-    large = p is not None and q is not None and avg_rows >= VK_STORE_MIN_AVG_ROWS
+    large = p is not None and q is not None and avg_rows >= vk_large_expert_rows()
     if large and family == ArchFamily.HOPPER and mode == "tune" and not config_filter(var):
         pick = vk_large_expert_plan(p, q)
-        if candidate_set() != "all" and pick in plans:
+        if candidate_set() != "all" and ("tmavs", pick[1]) in plans:  # tmavd: same tiles
             return [pick]
     return _filtered(plans, var, family, "vk", avg_rows)
 

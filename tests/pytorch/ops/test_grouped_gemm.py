@@ -596,7 +596,19 @@ def test_grouped_gemm_candidates_winners(monkeypatch):
         for trans_b in (True, False):
             plans = gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, trans_b, big)
             assert plans == [gc.LARGE_EXPERT_FWD_PLAN]
-        assert len(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, big - 1)) > 1
+        # mid-size experts (1024 <= M // G < 2048): the NT forward takes one plan, the NN dgrad
+        # stays tuned; PRIMUS_TURBO_GROUPED_GEMM_MID_FWD=0 turns the rule off
+        mid = gc.MID_EXPERT_MIN_AVG_ROWS
+        for rows in (mid, big - 1):
+            plans = gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, rows)
+            assert plans == [gc.MID_EXPERT_FWD_PLAN]
+            assert len(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, False, rows)) > 1
+        assert len(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, mid - 1)) > 1
+        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_MID_FWD", "0")
+        gc.mid_expert_forward.cache_clear()
+        assert len(gc.forward_plans(ArchFamily.HOPPER, "tune", True, 4096, True, mid)) > 1
+        monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_MID_FWD")
+        gc.mid_expert_forward.cache_clear()
         assert len(gc.forward_plans(ArchFamily.HOPPER, "tma", True, 4096, True, big)) > 1
         monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_CONFIG", "m128n256k64g8w8s3")
         gc.config_filter.cache_clear()

@@ -166,10 +166,13 @@ def test_grouped_gemm_s8_g16_gpu(trans_b, monkeypatch, device):
 def test_grouped_gemm_s8_candidates(monkeypatch):
     """GROUP_M 16 is a default forward / dgrad candidate; the ``tmavs`` wgrad plans are default
     candidates (also in ``s5``), on ``VK_STORE_TILES`` only; large experts (``p`` / ``q``
-    given, ``M // G >= VK_STORE_MIN_AVG_ROWS``) take one ``tmavs`` plan by ``P >= Q`` unless a
-    filter is set or the set is ``all``; ``s8`` is no longer a candidate set; a config filter
-    names ``tmavs`` explicitly (a bare tile name keeps the ``tma`` plan only)."""
+    given, ``M // G >= VK_STORE_MIN_AVG_ROWS``) take one ``tmavs`` plan by ``P >= Q`` (session 8
+    rule, ``PRIMUS_TURBO_GROUPED_GEMM_VK_DESC=0``) unless a filter is set or the set is ``all``;
+    ``s8`` is no longer a candidate set; a config filter names ``tmavs`` explicitly (a bare tile
+    name keeps the ``tma`` plan only)."""
     from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
+
+    monkeypatch.setattr(gc, "vk_device_descriptors", lambda: False)
 
     def names(plans):
         return {(v, c.name) for v, c in plans}
@@ -216,21 +219,29 @@ def test_grouped_gemm_s8_candidates(monkeypatch):
 
 
 def test_grouped_gemm_vk_desc_knob(monkeypatch):
-    """``PRIMUS_TURBO_GROUPED_GEMM_VK_DESC=1``: the TMA-store wgrad plans (tuned and the
-    large-expert rule) are ``tmavd`` on the same tiles; off (default): ``tmavs``."""
+    """``PRIMUS_TURBO_GROUPED_GEMM_VK_DESC`` (default 1): groups of ``VK_DESC_MIN_AVG_ROWS``
+    rows or more take ``tmavd`` GROUP_M 16 128x256 for either output orientation; ``0``: the
+    session-8 ``tmavs`` rule from ``VK_STORE_MIN_AVG_ROWS``. The tuner's candidates for smaller
+    groups are ``tmavs`` either way."""
     from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
 
-    hop, big = ArchFamily.HOPPER, gc.VK_STORE_MIN_AVG_ROWS
+    hop, mid, big = ArchFamily.HOPPER, gc.VK_DESC_MIN_AVG_ROWS, gc.VK_STORE_MIN_AVG_ROWS
+    assert mid < big
     try:
-        for flag, kind in (("1", "tmavd"), ("0", "tmavs")):
-            monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_VK_DESC", flag)
-            gc.vk_device_descriptors.cache_clear()
-            kinds = {v for v, _ in gc.variable_k_plans(hop, "tune", True)}
-            assert kind in kinds and not kinds & (set(gc.S8_VK_VARIANTS) - {kind})
-            assert gc.variable_k_plans(hop, "tune", True, big, 7168, 2048) == [(kind, gc.S8_VK_G16)]
-            assert gc.vk_large_expert_plan(4096, 7168) == (kind, gc.VK_STORE_TILES[0])
+        gc.vk_device_descriptors.cache_clear()
+        assert gc.vk_device_descriptors()  # the default
+        for p, q in ((7168, 2048), (4096, 7168)):
+            assert gc.variable_k_plans(hop, "tune", True, mid, p, q) == [("tmavd", gc.S8_VK_G16)]
+        assert len(gc.variable_k_plans(hop, "tune", True, mid - 1, 7168, 2048)) > 1
+        kinds = {v for v, _ in gc.variable_k_plans(hop, "tune", True, mid - 1, 7168, 2048)}
+        assert "tmavs" in kinds and "tmavd" not in kinds
+        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_VK_DESC", "0")
+        gc.vk_device_descriptors.cache_clear()
+        assert len(gc.variable_k_plans(hop, "tune", True, mid, 7168, 2048)) > 1
+        assert gc.variable_k_plans(hop, "tune", True, big, 7168, 2048) == [("tmavs", gc.S8_VK_G16)]
+        assert gc.vk_large_expert_plan(4096, 7168) == ("tmavs", gc.VK_STORE_TILES[0])
     finally:
-        monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_VK_DESC")
+        monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_VK_DESC", raising=False)
         gc.vk_device_descriptors.cache_clear()
 
 
