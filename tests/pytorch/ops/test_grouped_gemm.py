@@ -267,12 +267,13 @@ def test_default_dispatch_choice(mode, monkeypatch, device):
     assert got_t == BackendType.TRITON
 
 
-@pytest.mark.parametrize("mode", ["rounds", "once"])
+@pytest.mark.parametrize("mode", ["rounds", "flushed", "once"])
 @pytest.mark.parametrize("grad", [False, True], ids=["fwd", "step"])
 def test_backend_tune_timings(mode, grad, monkeypatch):
     """The default dispatch's backend timings (PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE: rounds =
-    interleaved rounds, once = each backend alone): a finite time for every candidate, the
-    forward alone or forward + dgrad + wgrad when a gradient will be needed."""
+    interleaved rounds, flushed = single launches after an L2 flush, once = each backend
+    alone): a finite time for every candidate, the forward alone or forward + dgrad + wgrad
+    when a gradient will be needed."""
     if not HAS_GPU or torch.version.hip is not None:
         pytest.skip("needs an NVIDIA GPU (torch._grouped_mm is a candidate there)")
     impl = importlib.import_module("primus_turbo.pytorch.kernels.grouped_gemm.grouped_gemm_impl")
@@ -288,6 +289,26 @@ def test_backend_tune_timings(mode, grad, monkeypatch):
     assert set(timings) == set(cands)
     assert all(0 < t < float("inf") for t in timings.values()), timings
     assert a.grad is None  # timed without autograd
+
+
+def test_time_flushed_ranks_by_device_time():
+    """``time_flushed``: a launch of 8x the work reads slower; every sample is device time
+    after an L2 flush (a failing candidate is dropped)."""
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_tune import time_flushed
+
+    if not HAS_GPU:
+        pytest.skip("needs a GPU")
+    x = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+
+    def launch(n):
+        if n == 0:
+            raise RuntimeError("does not run")
+        for _ in range(n):
+            x @ x
+
+    t = time_flushed([1, 8, 0], launch)
+    assert set(t) == {1, 8}
+    assert 0 < t[1] < t[8] < float("inf"), t
 
 
 def test_config_heuristic_is_pure():

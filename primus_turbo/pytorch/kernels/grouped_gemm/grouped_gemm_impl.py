@@ -124,10 +124,11 @@ class GroupedGemmDispatcher(AutoKernelDispatcher):
         ``host_tma.ensure_context`` (call 10.10: the case passes, forward 1.02)."""
         if device.type != "cuda" or _backend_tune_mode() == "once":
             return super().time_candidates(candidates, device, **kwargs)
-        from primus_turbo.triton.grouped_gemm.grouped_gemm_tune import time_rounds
+        from primus_turbo.triton.grouped_gemm.grouped_gemm_tune import time_flushed, time_rounds
 
         fns = {b: cls.step_fn(b, **kwargs) for b in candidates}
-        timings = time_rounds(list(fns), lambda b: fns[b]())
+        timer = time_flushed if _backend_tune_mode() == "flushed" else time_rounds
+        timings = timer(list(fns), lambda b: fns[b]())
         return {b: timings.get(b, math.inf) for b in candidates}
 
     @classmethod
@@ -344,10 +345,10 @@ def _default_mode() -> str:
 @functools.cache
 def _backend_tune_mode() -> str:
     mode = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE", "rounds").strip().lower()
-    if mode not in ("rounds", "once"):
+    if mode not in ("rounds", "flushed", "once"):
         raise ValueError(
-            "primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE expected 'rounds' or 'once', "
-            f"got {mode!r}"
+            "primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE expected 'rounds', 'flushed' "
+            f"or 'once', got {mode!r}"
         )
     return mode
 
