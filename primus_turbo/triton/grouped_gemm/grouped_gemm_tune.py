@@ -35,12 +35,18 @@ def _tune_min_work() -> int:
 
 @functools.cache
 def tune_timing() -> str:
-    """``PRIMUS_TURBO_GROUPED_GEMM_TUNE_TIMING``: ``rounds`` (default, ``time_rounds``),
-    ``flushed`` (``time_flushed``: cold-L2 device time; session 13, A/B) or ``do_bench`` (one
-    ``triton.testing.do_bench`` per candidate, 20 ms each: 3 runs of a 6 ms DeepSeek-V3 GEMM,
-    which picked a 9 % slower dgrad plan in H200 run 4.2)."""
+    """``PRIMUS_TURBO_GROUPED_GEMM_TUNE_TIMING``: ``flushed`` (default since session 13,
+    ``time_flushed``: cold-L2 device time, what the benchmarks measure), ``rounds``
+    (``time_rounds``: back-to-back launches on a warm L2, the default before; it ranked plans
+    differently from the graph timing on several keys, hence the large-expert rules of sessions
+    8 and 11) or ``do_bench`` (one ``triton.testing.do_bench`` per candidate, 20 ms each: 3 runs
+    of a 6 ms DeepSeek-V3 GEMM, which picked a 9 % slower dgrad plan in H200 run 4.2). H200
+    call 13.4, bf16 op forward vs torch._grouped_mm, geomean of 8 cases: 1.057 / 1.058 with
+    ``flushed`` (the second with the mid-size forward rule off: the tuner then found the rule's
+    plan itself on gpt-oss-20b) vs 1.051-1.055 with ``rounds``; Qwen3-30B-A3B 1.093-1.098 /
+    1.132 vs 1.079-1.086 / 1.094-1.120."""
     return _env_choice(
-        "PRIMUS_TURBO_GROUPED_GEMM_TUNE_TIMING", "rounds", ("rounds", "flushed", "do_bench")
+        "PRIMUS_TURBO_GROUPED_GEMM_TUNE_TIMING", "flushed", ("flushed", "rounds", "do_bench")
     )
 
 

@@ -111,9 +111,15 @@ class GroupedGemmDispatcher(AutoKernelDispatcher):
 
     @classmethod
     def time_candidates(cls, candidates, device, **kwargs) -> dict:
-        """``PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE`` = ``rounds`` (default since session 10:
-        the backends' step times taken together in interleaved rounds,
-        ``grouped_gemm_tune.time_rounds``, best of 3, order rotated) | ``once`` (each backend
+        """``PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE`` = ``flushed`` (default since session 13:
+        ``grouped_gemm_tune.time_flushed``, single steps after an L2 flush and an idle kernel
+        that hides the host's enqueue time, interleaved rounds) | ``rounds`` (sessions 10-12: the
+        backends' step times taken together in interleaved rounds of back-to-back launches,
+        ``grouped_gemm_tune.time_rounds``, best of 3, order rotated; in H200 call 13.3, run next
+        to a test lane loading the host, it kept the vendor kernel on Qwen3-30B-A3B down and
+        gpt-oss-20b gate_up in 3 of 3 processes although TRITON's step there read 1.00-1.09x the
+        vendor's in graph timing; in call 13.4 both timings chose TRITON on all 8 cases, forward
+        geomean 1.051-1.053 with ``flushed``, 1.055 with ``rounds``) | ``once`` (each backend
         timed on its own, ``time_backend``; the timing before session 10, for A/B). H200 call
         10.6 (scripts/grouped_tune_probe.py, 4 repeats per case): ``once`` read TRITON 2-50 %
         slower than the vendor where ``rounds`` (and graph timing) read it 5-16 % faster (Qwen3
@@ -344,7 +350,7 @@ def _default_mode() -> str:
 
 @functools.cache
 def _backend_tune_mode() -> str:
-    mode = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE", "rounds").strip().lower()
+    mode = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE", "flushed").strip().lower()
     if mode not in ("rounds", "flushed", "once"):
         raise ValueError(
             "primus_turbo: PRIMUS_TURBO_GROUPED_GEMM_BACKEND_TUNE expected 'rounds', 'flushed' "
