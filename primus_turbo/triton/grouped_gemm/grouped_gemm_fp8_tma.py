@@ -214,11 +214,29 @@ def fp8_tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
     where ``f8s`` 128x128 reached 1.035x / 1.073x). CPU (interpreter): tiny tiles."""
     if family == ArchFamily.CPU:
         return (GemmConfig(16, 16, 32, 2, 1, 1), GemmConfig(32, 16, 64, 1, 1, 1))
-    return (
+    base = (
         GemmConfig(128, 128, 128, 8, 4, 3, programs_per_cu=2),
         GemmConfig(128, 256, 128, 8, 8, 3),
         GemmConfig(128, 256, 128, 8, 8, 4),
     )
+    return base + (FP8_K64_TILES if fp8_k64() else ())
+
+
+# Session 13 (opt-in ``PRIMUS_TURBO_GROUPED_GEMM_FP8_K64=1``, A/B): 128x128 tiles with
+# BLOCK_K = 64 and a deeper ring, still two programs per SM (the same bytes in flight in half-
+# size steps: the first MMA of a tile waits for 16 KiB instead of 32 KiB; K = 768, Qwen3-30B-A3B
+# down, is 12 steps instead of 6).
+FP8_K64_TILES = (
+    GemmConfig(128, 128, 64, 8, 4, 6, programs_per_cu=2),
+    GemmConfig(128, 128, 64, 8, 4, 5, programs_per_cu=2),
+)
+
+
+@functools.cache
+def fp8_k64() -> bool:
+    from primus_turbo.pytorch.core.checks import env_flag
+
+    return env_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_K64", False)
 
 
 def _tma_store_cfg(cfg: GemmConfig, family: ArchFamily) -> bool:
