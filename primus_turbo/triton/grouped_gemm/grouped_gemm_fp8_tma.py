@@ -207,36 +207,20 @@ def fp8_tma_configs(family: ArchFamily) -> tuple[GemmConfig, ...]:
     DeepSeek-V3 shapes in H200 run 6.2: gate_up 2.847 / down 1.554 ms vs 128x256 s3 2.950 /
     1.666; its 4-stage ring, 128 KiB, would not fit two per SM), 128x256 (8 warps: 128 fp32
     accumulator registers per thread) with 3 / 4 stages (144 / 192 KiB ring; s4 2.925 / 1.656).
-    The tuner (``grouped_gemm_kernel._choose``) times them all per shape. Removed: 256x128 s3
+    The tuner (``grouped_gemm_kernel._choose``) times them all per shape. Removed: 128x128
+    BLOCK_K 64 with 5 / 6 stages, two per SM (H200 call 13.6, ``f8s`` alone, graph: 0.88-0.94x
+    the 128x128 BLOCK_K 128 tile on Qwen3-30B-A3B and gpt-oss-20b, also on K = 768); 256x128 s3
     (slowest, 3.067 / 1.786 ms); 64x256 w4 s4 (half the ragged rows at each group's end, meant
     for many small groups: lost on Qwen3-30B-A3B down in calls 7.x, 0.264-0.306 vs 0.235-0.251
     ms, and as ``f8s`` in H200 call 8.2, 0.986x / 0.938x ``f8tma`` 128x128 on gate_up / down
     where ``f8s`` 128x128 reached 1.035x / 1.073x). CPU (interpreter): tiny tiles."""
     if family == ArchFamily.CPU:
         return (GemmConfig(16, 16, 32, 2, 1, 1), GemmConfig(32, 16, 64, 1, 1, 1))
-    base = (
+    return (
         GemmConfig(128, 128, 128, 8, 4, 3, programs_per_cu=2),
         GemmConfig(128, 256, 128, 8, 8, 3),
         GemmConfig(128, 256, 128, 8, 8, 4),
     )
-    return base + (FP8_K64_TILES if fp8_k64() else ())
-
-
-# Session 13 (opt-in ``PRIMUS_TURBO_GROUPED_GEMM_FP8_K64=1``, A/B): 128x128 tiles with
-# BLOCK_K = 64 and a deeper ring, still two programs per SM (the same bytes in flight in half-
-# size steps: the first MMA of a tile waits for 16 KiB instead of 32 KiB; K = 768, Qwen3-30B-A3B
-# down, is 12 steps instead of 6).
-FP8_K64_TILES = (
-    GemmConfig(128, 128, 64, 8, 4, 6, programs_per_cu=2),
-    GemmConfig(128, 128, 64, 8, 4, 5, programs_per_cu=2),
-)
-
-
-@functools.cache
-def fp8_k64() -> bool:
-    from primus_turbo.pytorch.core.checks import env_flag
-
-    return env_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_K64", False)
 
 
 def _tma_store_cfg(cfg: GemmConfig, family: ArchFamily) -> bool:
