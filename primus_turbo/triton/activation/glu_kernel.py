@@ -205,17 +205,23 @@ def glu_tile(h: int, act: int) -> tuple[int, int, int]:
     GeGLU forward 0.627 -> 0.830 (gpt-oss-20b, H = 2880: the 4096-wide block computed 30 %
     masked lanes of a compute-bound erf), 0.681 -> 0.840 (Qwen3, H = 768), 0.815 -> 0.859
     (DeepSeek-V3), backward 0.62-0.86 -> 0.80-0.95; SwiGLU forward 0.79-1.02 -> 0.91-0.99,
-    backward 0.77-1.03 -> 0.90-1.04 (Mixtral-8x7B 0.82 -> 0.985)."""
+    backward 0.77-1.03 -> 0.90-1.04 (Mixtral-8x7B 0.82 -> 0.985).
+    ``2d:E`` (E = 512, 1024 or 2048; session 13, A/B): tiles of E elements on the same 4 warps
+    (8 / 16 elements per thread, 16-byte loads and more bytes in flight per program)."""
     del act
     v = os.environ.get(GLU_TILE_ENV, "").strip().lower() or "2d"
-    if v not in ("2d", "row"):
-        raise ValueError(f"primus_turbo: {GLU_TILE_ENV} expected '2d' or 'row', got {v!r}")
+    elems = {"2d": _TILE_ELEMS, "2d:512": 512, "2d:1024": 1024, "2d:2048": 2048}.get(v)
+    if v != "row" and elems is None:
+        raise ValueError(
+            f"primus_turbo: {GLU_TILE_ENV} expected '2d', '2d:512', '2d:1024', '2d:2048' or "
+            f"'row', got {v!r}"
+        )
     if v == "row":
         block, warps = _block_h(h)
         return 1, block, warps
-    widths = [1 << i for i in range(7, _TILE_ELEMS.bit_length())]  # 128 .. _TILE_ELEMS
+    widths = [1 << i for i in range(7, elems.bit_length())]  # 128 .. elems
     block = min(widths, key=lambda b: (-(-h // b) * b, -b))
-    return _TILE_ELEMS // block, block, _TILE_ELEMS // 128
+    return elems // block, block, 4
 
 
 def glu_fwd_triton(

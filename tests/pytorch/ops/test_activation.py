@@ -166,6 +166,9 @@ def test_glu_tile_rule(monkeypatch):
         assert glu_tile(2048, act) == (1, 512, 4)
         assert glu_tile(14336, act) == (1, 512, 4)
         assert glu_tile(40, act) == (4, 128, 4)
+    monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", "2d:1024")
+    assert glu_tile(2048, ACT_SILU) == (1, 1024, 4)
+    assert glu_tile(2880, ACT_SILU) == (8, 128, 4)
     monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", "row")
     assert glu_tile(2880, ACT_GELU) == (1, *_block_h(2880))
     monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", "auto")
@@ -184,13 +187,14 @@ def test_glu_tile_knob_same_results(t, h, act, device, monkeypatch):
     mask = (torch.arange(t, device=device) % 4 != 1).to(torch.int64)
     g = rand(t, h, dtype=torch.bfloat16, device=device)
     got = {}
-    for tile in ("row", "2d"):
+    for tile in ("row", "2d", "2d:1024", "2d:2048"):
         monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", tile)
         x = x0.clone().requires_grad_()
         p = p0.clone().requires_grad_()
         out = getattr(turbo.ops, with_p)(x, p, mask)
         out.backward(g)
         got[tile] = (out.detach(), x.grad, p.grad)
-    assert torch.equal(got["2d"][0], got["row"][0])
-    assert torch.equal(got["2d"][1], got["row"][1])
-    torch.testing.assert_close(got["2d"][2], got["row"][2], rtol=1e-5, atol=1e-5)
+    for tile in ("2d", "2d:1024", "2d:2048"):
+        assert torch.equal(got[tile][0], got["row"][0])
+        assert torch.equal(got[tile][1], got["row"][1])
+        torch.testing.assert_close(got[tile][2], got["row"][2], rtol=1e-5, atol=1e-5)
