@@ -194,34 +194,55 @@ GLU_TILE_ENV = "PRIMUS_TURBO_GLU_TILE"
 _TILE_ELEMS = 512
 
 
-def glu_tile(h: int, act: int) -> tuple[int, int, int]:
+def _tile_2d(h: int, elems: int) -> tuple[int, int, int]:
+    """``elems`` elements on 4 warps: the width (128 .. ``elems``) padding H least, widest on a
+    tie; ``ROWS`` rows fill the rest."""
+    widths = [1 << i for i in range(7, elems.bit_length())]
+    block = min(widths, key=lambda b: (-(-h // b) * b, -b))
+    return elems // block, block, 4
+
+
+def _swiglu_elems(h: int, forward: bool) -> int:
+    """SwiGLU's tile size under ``auto`` (H200 call 13.7, graph, vs copy, 512 -> chosen):
+    rows that need the 128-wide block (H not a multiple of 256, gpt-oss-20b's 2880) keep 512
+    elements (1024: forward 0.911-0.918 -> 0.892-0.895); else 1024 (8 per thread: Qwen3 H = 768
+    forward 0.937-0.943 -> 0.958-0.959, backward 1.036-1.042 -> 1.069-1.070, Mixtral backward
+    0.977 -> 0.986, dense 8192 0.995 -> 1.005), and 2048 for the forward where H is a multiple
+    of 2048 (DeepSeek-V3 forward 0.983-0.986 -> 1.021, 0.97 -> 1.00x torch.compile; Mixtral /
+    dense 0.987 / 0.982 -> 0.991 / 0.990; its backward lost on DeepSeek-V3: 0.988)."""
+    if _tile_2d(h, 1024)[1] == 128:
+        return 512
+    return 2048 if forward and h % 2048 == 0 else 1024
+
+
+def glu_tile(h: int, act: int, forward: bool = True) -> tuple[int, int, int]:
     """``(ROWS, BLOCK_H, num_warps)`` of the GLU kernels, read per call.
 
-    ``PRIMUS_TURBO_GLU_TILE``: ``2d`` (default) a 2-D tile of ``_TILE_ELEMS`` elements whose
-    width wastes the fewest masked lanes (the power of two from 128 to ``_TILE_ELEMS`` with
-    the least padding of H, the widest on a tie; ``ROWS`` rows fill the rest); ``row`` the
-    one-row block of ``_block_h`` (up to 8192 wide, the default until session 12; ``act`` is
-    kept for a per-activation choice). H200 call 12.8, graph, vs copy, ``row`` -> ``2d``:
-    GeGLU forward 0.627 -> 0.830 (gpt-oss-20b, H = 2880: the 4096-wide block computed 30 %
-    masked lanes of a compute-bound erf), 0.681 -> 0.840 (Qwen3, H = 768), 0.815 -> 0.859
-    (DeepSeek-V3), backward 0.62-0.86 -> 0.80-0.95; SwiGLU forward 0.79-1.02 -> 0.91-0.99,
-    backward 0.77-1.03 -> 0.90-1.04 (Mixtral-8x7B 0.82 -> 0.985).
-    ``2d:E`` (E = 512, 1024 or 2048; session 13, A/B): tiles of E elements on the same 4 warps
-    (8 / 16 elements per thread, 16-byte loads and more bytes in flight per program)."""
-    del act
-    v = os.environ.get(GLU_TILE_ENV, "").strip().lower() or "2d"
+    ``PRIMUS_TURBO_GLU_TILE``: ``auto`` (default since session 13) = ``2d`` for GeGLU and, for
+    SwiGLU, 2-D tiles of ``_swiglu_elems`` elements; ``2d`` a 2-D tile of ``_TILE_ELEMS``
+    elements whose width wastes the fewest masked lanes (the power of two from 128 to
+    ``_TILE_ELEMS`` with the least padding of H, the widest on a tie; ``ROWS`` rows fill the
+    rest; session 12's default); ``2d:E`` (E = 512, 1024, 2048) the same with E elements on the
+    same 4 warps; ``row`` the one-row block of ``_block_h`` (up to 8192 wide, the default until
+    session 12). H200 call 12.8, graph, vs copy, ``row`` -> ``2d``: GeGLU forward 0.627 ->
+    0.830 (gpt-oss-20b, H = 2880: the 4096-wide block computed 30 % masked lanes of a
+    compute-bound erf), 0.681 -> 0.840 (Qwen3, H = 768), 0.815 -> 0.859 (DeepSeek-V3),
+    backward 0.62-0.86 -> 0.80-0.95; SwiGLU forward 0.79-1.02 -> 0.91-0.99, backward 0.77-1.03
+    -> 0.90-1.04 (Mixtral-8x7B 0.82 -> 0.985). GeGLU keeps 4 elements per thread (its erf
+    needs the registers: 30 / 40 at 4 x 128; 8 per thread in a 16 x 128 tile took 101 / 172)."""
+    v = os.environ.get(GLU_TILE_ENV, "").strip().lower() or "auto"
     elems = {"2d": _TILE_ELEMS, "2d:512": 512, "2d:1024": 1024, "2d:2048": 2048}.get(v)
-    if v != "row" and elems is None:
+    if v not in ("row", "auto") and elems is None:
         raise ValueError(
-            f"primus_turbo: {GLU_TILE_ENV} expected '2d', '2d:512', '2d:1024', '2d:2048' or "
-            f"'row', got {v!r}"
+            f"primus_turbo: {GLU_TILE_ENV} expected 'auto', '2d', '2d:512', '2d:1024', "
+            f"'2d:2048' or 'row', got {v!r}"
         )
     if v == "row":
         block, warps = _block_h(h)
         return 1, block, warps
-    widths = [1 << i for i in range(7, elems.bit_length())]  # 128 .. elems
-    block = min(widths, key=lambda b: (-(-h // b) * b, -b))
-    return elems // block, block, 4
+    if v == "auto":
+        elems = _swiglu_elems(h, forward) if act == ACT_SILU else _TILE_ELEMS
+    return _tile_2d(h, elems)
 
 
 def glu_fwd_triton(
@@ -261,7 +282,7 @@ def glu_bwd_triton(
         if dprobs is not None:
             dprobs.zero_()
         return dx, dprobs
-    rows, block, warps = glu_tile(h, act)
+    rows, block, warps = glu_tile(h, act, forward=False)
     glu_bwd_kernel[(triton.cdiv(t, rows),)](
         x, probs if probs is not None else x, row_mask if row_mask is not None else x,
         dy, dx, dprobs if dprobs is not None else dx,
@@ -310,6 +331,8 @@ def aot_specs(target: str) -> list[AotSpec]:
         name = "silu" if act == ACT_SILU else "gelu"
         rows, block, warps = glu_tile(h, act)
         const = {"ACT": act, "HAS_PROBS": True, "HAS_MASK": True, "BLOCK_H": block, "ROWS": rows}
+        b_rows, b_block, b_warps = glu_tile(h, act, forward=False)
+        b_const = {**const, "BLOCK_H": b_block, "ROWS": b_rows}
         specs.append(
             AotSpec(
                 name=f"glu_fwd_{name}_bf16",
@@ -334,8 +357,8 @@ def aot_specs(target: str) -> list[AotSpec]:
                     "T": "i32", "H": "i32", "stride_x": "i64", "stride_dy": "i64",
                     "stride_dx": "i64",
                 },
-                constexprs=const,
-                options={"num_warps": warps},
+                constexprs=b_const,
+                options={"num_warps": b_warps},
             )
         )  # fmt: skip
     specs.append(

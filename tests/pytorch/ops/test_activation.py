@@ -155,24 +155,33 @@ def test_glu_torch_fallback_matches_triton(act, device, monkeypatch):
 
 
 def test_glu_tile_rule(monkeypatch):
-    """``glu_tile``: the 2-D tile takes the width with the least padding (widest on a tie),
-    ``row`` the one-row block; a bad knob value raises."""
+    """``glu_tile``: ``auto`` (default) = GeGLU on 512-element 2-D tiles, SwiGLU on 512 where H
+    needs the 128-wide block, else 1024, and 2048 for a forward with H a multiple of 2048; the
+    2-D tile takes the width with the least padding (widest on a tie); ``2d`` = 512 elements
+    for both; ``row`` the one-row block; a bad knob value raises."""
     from primus_turbo.triton.activation.glu_kernel import ACT_GELU, ACT_SILU, _block_h, glu_tile
 
     monkeypatch.delenv("PRIMUS_TURBO_GLU_TILE", raising=False)
-    for act in (ACT_SILU, ACT_GELU):
-        assert glu_tile(2880, act) == (4, 128, 4)
-        assert glu_tile(768, act) == (2, 256, 4)
-        assert glu_tile(2048, act) == (1, 512, 4)
-        assert glu_tile(14336, act) == (1, 512, 4)
-        assert glu_tile(40, act) == (4, 128, 4)
+    session12 = {2880: (4, 128, 4), 768: (2, 256, 4), 2048: (1, 512, 4), 14336: (1, 512, 4),
+                 40: (4, 128, 4)}  # fmt: skip
+    for h, tile in session12.items():
+        assert glu_tile(h, ACT_GELU) == glu_tile(h, ACT_GELU, forward=False) == tile
+    silu_fwd = {2880: (4, 128, 4), 768: (4, 256, 4), 2048: (1, 2048, 4), 14336: (1, 2048, 4),
+                40: (4, 128, 4)}  # fmt: skip
+    silu_bwd = {**silu_fwd, 2048: (1, 1024, 4), 14336: (1, 1024, 4)}
+    for h in silu_fwd:
+        assert glu_tile(h, ACT_SILU) == silu_fwd[h]
+        assert glu_tile(h, ACT_SILU, forward=False) == silu_bwd[h]
+    monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", "2d")
+    for h, tile in session12.items():
+        assert glu_tile(h, ACT_SILU) == glu_tile(h, ACT_SILU, forward=False) == tile
     monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", "2d:1024")
     assert glu_tile(2048, ACT_SILU) == (1, 1024, 4)
     assert glu_tile(2880, ACT_SILU) == (8, 128, 4)
     monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", "row")
     assert glu_tile(2880, ACT_GELU) == (1, *_block_h(2880))
-    monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", "auto")
-    with pytest.raises(ValueError, match="PRIMUS_TURBO_GLU_TILE.*'auto'"):
+    monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", "wide")
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_GLU_TILE.*'wide'"):
         glu_tile(64, ACT_GELU)
 
 
@@ -187,14 +196,14 @@ def test_glu_tile_knob_same_results(t, h, act, device, monkeypatch):
     mask = (torch.arange(t, device=device) % 4 != 1).to(torch.int64)
     g = rand(t, h, dtype=torch.bfloat16, device=device)
     got = {}
-    for tile in ("row", "2d", "2d:1024", "2d:2048"):
+    for tile in ("row", "2d", "2d:1024", "2d:2048", "auto"):
         monkeypatch.setenv("PRIMUS_TURBO_GLU_TILE", tile)
         x = x0.clone().requires_grad_()
         p = p0.clone().requires_grad_()
         out = getattr(turbo.ops, with_p)(x, p, mask)
         out.backward(g)
         got[tile] = (out.detach(), x.grad, p.grad)
-    for tile in ("2d", "2d:1024", "2d:2048"):
+    for tile in ("2d", "2d:1024", "2d:2048", "auto"):
         assert torch.equal(got[tile][0], got["row"][0])
         assert torch.equal(got[tile][1], got["row"][1])
         torch.testing.assert_close(got[tile][2], got["row"][2], rtol=1e-5, atol=1e-5)
