@@ -96,7 +96,8 @@ def time_flushed(cands: list, launch, rounds: int = 3, samples: int = 3) -> dict
     ``samples`` single launches, each after an L2 flush and an idle kernel that covers the
     host's enqueue time: device time with cold caches, what the benchmarks' graph timing
     measures (``time_rounds`` times back-to-back launches on a warm L2, where host overhead and
-    L2 reuse between launches count). A candidate that fails to compile or launch is dropped."""
+    L2 reuse between launches count). A candidate that fails to compile or launch is dropped;
+    without 256 MB free for the flush buffer it falls back to ``time_rounds``."""
     alive = []
     for cand in cands:
         try:
@@ -107,7 +108,10 @@ def time_flushed(cands: list, launch, rounds: int = 3, samples: int = 3) -> dict
     if not alive:
         return {}
     torch.cuda.synchronize()
-    scratch = torch.empty(_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+    try:
+        scratch = torch.empty(_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+    except torch.cuda.OutOfMemoryError:  # no room for the flush buffer: warm timing instead
+        return time_rounds(alive, launch)
     best = {c: float("inf") for c in alive}
     for r in range(rounds):
         order = alive[r % len(alive) :] + alive[: r % len(alive)]
