@@ -193,6 +193,18 @@ def grouped_gemm_flat_tma_kernel(
 
 
 @triton.jit
+def store_wgrad_halves(c_desc, acc, g, p0, q0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The wgrad tile ``acc`` into ``C[g]`` through ``c_desc`` (``[G, P, Q]``, block
+    ``[1, BLOCK_M, BLOCK_N / 2]``): two asynchronous TMA stores of the column halves, rows /
+    columns past ``P`` / ``Q`` clipped by the descriptor."""
+    half: tl.constexpr = BLOCK_N // 2
+    out = acc.to(c_desc.dtype).reshape(BLOCK_M, 2, half).permute(0, 2, 1)
+    lo_half, hi_half = out.split()
+    c_desc.store([g, p0, q0], lo_half.reshape(1, BLOCK_M, half))
+    c_desc.store([g, p0, q0 + half], hi_half.reshape(1, BLOCK_M, half))
+
+
+@triton.jit
 def variable_k_tma_kernel(
     x_desc, y_desc, x_ptr, y_ptr, c_ptr, offs_ptr, M, P, Q, G,
     stride_xm, stride_ym, stride_cg, stride_cp, stride_cq, num_programs,
@@ -247,11 +259,7 @@ def variable_k_tma_kernel(
                 y = y.to(tl.float32)
             acc = tl.dot(x, y, acc)
         if TMA_STORE:
-            half: tl.constexpr = BLOCK_N // 2
-            out = acc.to(c_ptr.dtype.element_ty).reshape(BLOCK_M, 2, half).permute(0, 2, 1)
-            lo_half, hi_half = out.split()
-            c_desc.store([g, p0, q0], lo_half.reshape(1, BLOCK_M, half))
-            c_desc.store([g, p0, q0 + half], hi_half.reshape(1, BLOCK_M, half))
+            store_wgrad_halves(c_desc, acc, g, p0, q0, BLOCK_M, BLOCK_N)
         else:
             c_ptrs = c_ptr + g.to(tl.int64) * stride_cg + rp64[:, None] * stride_cp
             c_ptrs += rq64[None, :] * stride_cq

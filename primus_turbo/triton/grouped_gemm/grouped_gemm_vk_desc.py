@@ -8,8 +8,8 @@ once per group it has tiles in, descriptors over just that group's rows (``[m_g,
 ``[m_g, Q]``, ``tl.make_tensor_descriptor``): the TMA unit zero-fills the rows past ``m_g``,
 so the last partial step is one more iteration of the same pipelined loop. The tile order
 (tile ``w`` by program ``w % programs``) and the MMA order are those of ``tmavs``, so the output
-is bitwise the same. The store is ``tmavs``'s: two TMA stores of the column halves through the
-host descriptor over ``C [G, P, Q]``.
+is bitwise the same. The store is ``tmavs``'s (``store_wgrad_halves``: two TMA stores of the
+column halves through the host descriptor over ``C [G, P, Q]``).
 
 CUDA sm_90 only (``tma_usable`` rules); device-built descriptors live in Triton's global
 scratch (128 B per descriptor and program), allocated at launch through ``triton.set_allocator``
@@ -24,6 +24,7 @@ import triton.language as tl
 
 from primus_turbo.triton.gemm.gemm_kernel import _tile_coords
 from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import _group_rows
+from primus_turbo.triton.grouped_gemm.grouped_gemm_tma import store_wgrad_halves
 
 
 @triton.jit
@@ -37,7 +38,6 @@ def variable_k_desc_kernel(
     num_pid_p = tl.cdiv(P, BLOCK_M)
     num_pid_q = tl.cdiv(Q, BLOCK_N)
     per_group = num_pid_p * num_pid_q
-    half: tl.constexpr = BLOCK_N // 2
     for g in range(0, G):
         w0 = g * per_group
         first = w0 + (pid + num_programs - w0 % num_programs) % num_programs
@@ -65,10 +65,7 @@ def variable_k_desc_kernel(
                         x = x.to(tl.float32)
                         y = y.to(tl.float32)
                     acc = tl.dot(x.T, y, acc)
-                out = acc.to(c_desc.dtype).reshape(BLOCK_M, 2, half).permute(0, 2, 1)
-                lo_half, hi_half = out.split()
-                c_desc.store([g, p0, q0], lo_half.reshape(1, BLOCK_M, half))
-                c_desc.store([g, p0, q0 + half], hi_half.reshape(1, BLOCK_M, half))
+                store_wgrad_halves(c_desc, acc, g, p0, q0, BLOCK_M, BLOCK_N)
 
 
 def _torch_alloc(size: int, alignment: int, stream) -> torch.Tensor:
