@@ -1,0 +1,97 @@
+"""Which MoE piece breaks ``torch.cuda.make_graphed_callables`` (GPU): each piece is wrapped
+and graphed in its own subprocess (a failed capture can leave the context unusable), after two
+eager warm-up steps; prints OK or the exception per piece.
+
+    python3 scripts/graphed_probe.py [piece ...]
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import traceback
+
+import torch
+
+PIECES = ("router", "permute", "gemm", "swiglu", "unpermute", "layer", "layer_autograd_grad")
+
+
+class Piece(torch.nn.Module):
+    def __init__(self, name: str, t: int = 1024, d: int = 1024, f: int = 384, e: int = 16,
+                 k: int = 4):  # fmt: skip
+        super().__init__()
+        import primus_turbo.pytorch as turbo
+
+        self.turbo, self.name, self.e, self.k = turbo, name, e, k
+        self.layer = turbo.modules.MoELayer(d, f, e, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(t, d, device="cuda", dtype=torch.bfloat16)
+        logits = torch.nn.functional.linear(x.float(), self.layer.router_weight.float())
+        _, probs, idx = turbo.ops.moe_router_topk(logits, k, 1, 1, "softmax")
+        self.idx, self.probs = idx, probs.detach()
+        self.lens = torch.bincount(idx.reshape(-1), minlength=e)
+        self.shapes = {"router": (t, e), "permute": (t, d), "gemm": (t * k, d),
+                       "swiglu": (t * k, 2 * f), "unpermute": (t * k, d), "layer": (t, d),
+                       "layer_autograd_grad": (t, d)}  # fmt: skip
+
+    def forward(self, x):
+        ops, n = self.turbo.ops, self.name
+        if n == "router":
+            return ops.moe_router_topk(x, self.k, 1, 1, "softmax")[1]
+        if n == "permute":
+            return ops.moe_permute(x, self.idx, num_local_experts=self.e)[0]
+        if n == "gemm":
+            return ops.grouped_gemm(x, self.layer.w1, self.lens, trans_b=True)
+        if n == "swiglu":
+            return ops.swiglu_with_probs(x, self.probs.reshape(-1)[: x.shape[0]].contiguous())
+        if n == "unpermute":
+            row_map = ops.moe_permute(torch.zeros_like(x[: x.shape[0] // self.k]), self.idx,
+                                      num_local_experts=self.e)[1]  # fmt: skip
+            return ops.moe_unpermute(x, row_map)[0]
+        return self.layer(x)
+
+
+def run_one(name: str) -> str:
+    torch.manual_seed(0)
+    m = Piece(name)
+    shape = m.shapes[name]
+    dtype = torch.float32 if name == "router" else torch.bfloat16
+    sample = torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True)
+    for _ in range(2):
+        m(sample).float().sum().backward()
+    torch.cuda.synchronize()
+    try:
+        if name == "layer_autograd_grad":  # one graph: forward + autograd.grad, as the benches
+            g = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+            params = [p for p in m.parameters() if p.requires_grad]
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                torch.autograd.grad(m(sample), [sample, *params], g)
+            torch.cuda.current_stream().wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                torch.autograd.grad(m(sample), [sample, *params], g)
+            graph.replay()
+        else:
+            graphed = torch.cuda.make_graphed_callables(m, (sample,), allow_unused_input=True)
+            x = torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True)
+            graphed(x).float().sum().backward()
+        torch.cuda.synchronize()
+        return "OK"
+    except Exception:  # noqa: BLE001
+        return "FAIL\n" + traceback.format_exc(limit=-8)
+
+
+def main() -> int:
+    names = sys.argv[1:] or list(PIECES)
+    if len(names) == 1:
+        print(f"{names[0]}: {run_one(names[0])}", flush=True)
+        return 0
+    for n in names:
+        r = subprocess.run([sys.executable, __file__, n], capture_output=True, text=True)
+        print(r.stdout.strip() or f"{n}: no output (rc {r.returncode})\n{r.stderr[-3000:]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
