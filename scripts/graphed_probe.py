@@ -7,6 +7,7 @@ eager warm-up steps; prints OK or the exception per piece.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import traceback
@@ -14,6 +15,8 @@ import traceback
 import torch
 
 PIECES = ("router", "permute", "gemm", "swiglu", "unpermute", "layer", "layer_autograd_grad")
+# NAME[:VAR=VALUE,...] runs NAME with those environment variables; "router_linear" is the
+# layer's fp32 router (linear + top-k), "layer_qwen3" the layer at Qwen3-30B-A3B's shape
 
 
 class Piece(torch.nn.Module):
@@ -31,12 +34,16 @@ class Piece(torch.nn.Module):
         self.lens = torch.bincount(idx.reshape(-1), minlength=e)
         self.shapes = {"router": (t, e), "permute": (t, d), "gemm": (t * k, d),
                        "swiglu": (t * k, 2 * f), "unpermute": (t * k, d), "layer": (t, d),
-                       "layer_autograd_grad": (t, d)}  # fmt: skip
+                       "layer_autograd_grad": (t, d), "router_linear": (t, d),
+                       "layer_qwen3": (t, d)}  # fmt: skip
 
     def forward(self, x):
         ops, n = self.turbo.ops, self.name
         if n == "router":
             return ops.moe_router_topk(x, self.k, 1, 1, "softmax")[1]
+        if n == "router_linear":
+            logits = torch.nn.functional.linear(x.float(), self.layer.router_weight.float())
+            return ops.moe_router_topk(logits, self.k, 1, 1, "softmax")[1]
         if n == "permute":
             return ops.moe_permute(x, self.idx, num_local_experts=self.e)[0]
         if n == "gemm":
@@ -52,7 +59,7 @@ class Piece(torch.nn.Module):
 
 def run_one(name: str) -> str:
     torch.manual_seed(0)
-    m = Piece(name)
+    m = Piece(name, 4096, 2048, 768, 128, 8) if name == "layer_qwen3" else Piece(name)
     shape = m.shapes[name]
     dtype = torch.float32 if name == "router" else torch.bfloat16
     sample = torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True)
@@ -87,9 +94,12 @@ def main() -> int:
     if len(names) == 1:
         print(f"{names[0]}: {run_one(names[0])}", flush=True)
         return 0
-    for n in names:
-        r = subprocess.run([sys.executable, __file__, n], capture_output=True, text=True)
-        print(r.stdout.strip() or f"{n}: no output (rc {r.returncode})\n{r.stderr[-3000:]}")
+    for spec in names:
+        n, _, env_text = spec.partition(":")
+        env = dict(os.environ, **dict(kv.split("=", 1) for kv in env_text.split(",") if kv))
+        r = subprocess.run([sys.executable, __file__, n], capture_output=True, text=True, env=env)
+        out = r.stdout.strip() or f"{n}: no output (rc {r.returncode})\n{r.stderr[-3000:]}"
+        print(f"[{spec}] {out}", flush=True)
     return 0
 
 
