@@ -35,12 +35,15 @@ class Piece(torch.nn.Module):
         self.shapes = {"router": (t, e), "permute": (t, d), "gemm": (t * k, d),
                        "swiglu": (t * k, 2 * f), "unpermute": (t * k, d), "layer": (t, d),
                        "layer_autograd_grad": (t, d), "router_linear": (t, d),
-                       "layer_qwen3": (t, d)}  # fmt: skip
+                       "torch_twice": (t, d), "layer_qwen3": (t, d)}  # fmt: skip
 
     def forward(self, x):
         ops, n = self.turbo.ops, self.name
         if n == "router":
             return ops.moe_router_topk(x, self.k, 1, 1, "softmax")[1]
+        if n == "torch_twice":  # plain torch, x used by two branches
+            r = torch.nn.functional.linear(x, self.layer.router_weight).sum(-1, keepdim=True)
+            return r + x.float().softmax(-1).to(x.dtype)
         if n == "router_linear":
             logits = torch.nn.functional.linear(x.float(), self.layer.router_weight.float())
             return ops.moe_router_topk(logits, self.k, 1, 1, "softmax")[1]
@@ -63,13 +66,16 @@ def run_one(name: str) -> str:
     shape = m.shapes[name]
     dtype = torch.float32 if name == "router" else torch.bfloat16
     sample = torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True)
-    for _ in range(2):
-        m(sample).float().sum().backward()
+    params = [p for p in m.parameters() if p.requires_grad]
+    for _ in range(2):  # PROBE_WARMUP=grad: autograd.grad (no .grad on the leaves)
+        if os.environ.get("PROBE_WARMUP") == "grad":
+            torch.autograd.grad(m(sample).float().sum(), [sample, *params], allow_unused=True)
+        else:
+            m(sample).float().sum().backward()
     torch.cuda.synchronize()
     try:
         if name == "layer_autograd_grad":  # one graph: forward + autograd.grad, as the benches
             g = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
-            params = [p for p in m.parameters() if p.requires_grad]
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):
