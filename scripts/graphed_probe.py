@@ -60,8 +60,28 @@ class Piece(torch.nn.Module):
         return self.layer(x)
 
 
+def _trace_loads() -> list[str]:
+    """PROBE_TRACE=1: log every Triton module load (with the capture state and the Python stack)"""
+    import traceback as tb
+
+    from triton.compiler.compiler import CompiledKernel
+
+    log: list[str] = []
+    orig = CompiledKernel._init_handles
+
+    def traced(self):
+        if getattr(self, "module", None) is None:
+            cap = torch.cuda.is_current_stream_capturing()
+            log.append(f"load {self.name} capturing={cap}\n" + "".join(tb.format_stack(limit=12)))
+        return orig(self)
+
+    CompiledKernel._init_handles = traced
+    return log
+
+
 def run_one(name: str) -> str:
     torch.manual_seed(0)
+    log = _trace_loads() if os.environ.get("PROBE_TRACE") == "1" else []
     m = Piece(name, 4096, 2048, 768, 128, 8) if name == "layer_qwen3" else Piece(name)
     shape = m.shapes[name]
     dtype = torch.float32 if name == "router" else torch.bfloat16
@@ -90,9 +110,10 @@ def run_one(name: str) -> str:
             x = torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True)
             graphed(x).float().sum().backward()
         torch.cuda.synchronize()
-        return "OK"
+        return "OK" + "".join(f"\n{x}" for x in log if "capturing=True" in x)
     except Exception:  # noqa: BLE001
-        return "FAIL\n" + traceback.format_exc(limit=-8)
+        loads = "".join(f"\n{x}" for x in log if "capturing=True" in x)
+        return "FAIL\n" + traceback.format_exc(limit=-8) + f"\nloads while capturing:{loads}"
 
 
 def main() -> int:
