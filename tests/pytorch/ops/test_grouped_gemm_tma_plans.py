@@ -157,3 +157,33 @@ def test_tma_launch_from_a_fresh_thread(monkeypatch, device):
     out = turbo.ops.grouped_gemm(a, b, gl, offs, trans_b=True)
     ga, gb = torch.autograd.grad(out, (a, b), torch.ones_like(out))  # autograd's device thread
     assert ga.shape == a.shape and gb.shape == b.shape
+
+
+def test_plan_lists_memoised(monkeypatch):
+    """``forward_plans`` / ``variable_k_plans`` are memoised per arguments and environment: the
+    same lists as building them, a fresh list per call, and a changed config filter (its cache
+    cleared, as every environment knob is read once) takes effect."""
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_configs as gc
+
+    hop = ArchFamily.HOPPER
+    for family in (hop, ArchFamily.CPU, ArchFamily.CDNA3):
+        for args in [("tune", True, 4096, True, 512, 1536), ("tune", True, 1536, False, 64, 2048),
+                     ("tune", False, 768, True, 2048, 2048), ("flat", True, 4096, True, None, None),
+                     ("tma", True, 100, False, 4096, 8)]:  # fmt: skip
+            got = gc.forward_plans(family, *args)
+            assert got == gc._forward_plans(family, *args)
+            got.clear()  # the caller's copy: the memo is untouched
+            assert gc.forward_plans(family, *args) == gc._forward_plans(family, *args)
+        for args in [("tune", True, 512, 2048, 768), ("tune", True, 4096, 7168, 4096),
+                     ("table", False, 1 << 30, None, None)]:  # fmt: skip
+            assert gc.variable_k_plans(family, *args) == gc._variable_k_plans(family, *args)
+    name = gc.forward_plans(hop, "tune", True, 4096, True)[0][1].name
+    gc.config_filter.cache_clear()
+    try:
+        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_CONFIG", name)
+        gc.config_filter.cache_clear()
+        assert {c.name for _, c in gc.forward_plans(hop, "tune", True, 4096, True)} == {name}
+    finally:
+        monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_CONFIG", raising=False)
+        gc.config_filter.cache_clear()
+    assert len(gc.forward_plans(hop, "tune", True, 4096, True)) > 1
