@@ -10,6 +10,7 @@ KERNEL_MODULES: tuple[str, ...] = (
     "primus_turbo.triton.moe.permute_kernel",
     "primus_turbo.triton.moe.route_map_kernel",
     "primus_turbo.triton.moe.permute_v2_kernel",
+    "primus_turbo.triton.moe.router_kernel",
     "primus_turbo.triton.normalization.rmsnorm_kernel",
     "primus_turbo.triton.quantization.quant_kernel",
     "primus_turbo.triton.quantization.quant_kernel_v2",

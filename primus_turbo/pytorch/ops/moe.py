@@ -7,7 +7,9 @@ by a two-launch counting sort that also gathers the permuted probs
 Data movement runs in the Triton row kernels of ``primus_turbo/triton/moe/permute_kernel.py``. The
 permutation is stable (within an expert, tokens keep their order, then the copy order) and no
 kernel uses atomics, so permute, unpermute and their gradients are bitwise deterministic. The
-router is composed of torch ops (softmax/sigmoid, stable sorts) and is deterministic too.
+router is one fused Triton kernel per direction (``primus_turbo/triton/moe/router_kernel.py``;
+``PRIMUS_TURBO_MOE_ROUTER=torch``, CPU without the interpreter, or more than 4096 experts: a
+composition of torch ops with stable sorts); both are deterministic.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from primus_turbo.pytorch.kernels.moe.permute_impl import (
     moe_route_maps,
 )
 from primus_turbo.pytorch.kernels.moe.permute_v2_impl import permute_impl_choice
+from primus_turbo.pytorch.kernels.moe.router_impl import (
+    fused_router_usable,
+    moe_router_bwd,
+    moe_router_fwd,
+)
 from primus_turbo.pytorch.ops.moe_permute_v2 import permute_v2, unpermute_v2
 
 __all__ = [
@@ -92,6 +99,38 @@ def moe_router_topk(
     """
     op = "moe_router_topk"
     _check_router(op, logits, topk, groups, selected_groups, score_function)
+    if fused_router_usable(logits):
+        x = logits if logits.stride(-1) == 1 else logits.contiguous()
+        return _FusedRouter.apply(x, topk, groups, selected_groups,
+                                  score_function == "sigmoid", float(scaling_factor))  # fmt: skip
+    return _router_torch(logits, topk, groups, selected_groups, score_function, scaling_factor)
+
+
+class _FusedRouter(torch.autograd.Function):
+    """``moe_router_topk`` through the fused Triton kernels (``triton/moe/router_kernel.py``):
+    one launch forward, one backward; ``idx`` has no gradient."""
+
+    @staticmethod
+    def forward(ctx, logits, topk, groups, selected, sigmoid, scale):
+        aux, probs, idx = moe_router_fwd(logits, topk, groups, selected, sigmoid, scale)
+        ctx.save_for_backward(logits, idx)
+        ctx.args = (groups, sigmoid, scale)
+        ctx.mark_non_differentiable(idx)
+        return aux, probs, idx
+
+    @staticmethod
+    def backward(ctx, daux, dprobs, _didx):
+        logits, idx = ctx.saved_tensors
+        groups, sigmoid, scale = ctx.args
+        daux = None if daux is None else daux.float().contiguous()
+        dprobs = None if dprobs is None else dprobs.float().contiguous()
+        dl = moe_router_bwd(logits, idx, dprobs, daux, groups, sigmoid, scale)
+        return dl, None, None, None, None, None
+
+
+def _router_torch(logits, topk, groups, selected_groups, score_function, scaling_factor):
+    """The router as a composition of torch ops (CPU without the interpreter, more than
+    ``MAX_EXPERTS`` experts, or ``PRIMUS_TURBO_MOE_ROUTER=torch``)."""
     s = logits.float()
     t, e = s.shape
     scores = torch.softmax(s, -1) if score_function == "softmax" else torch.sigmoid(s)

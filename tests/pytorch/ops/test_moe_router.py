@@ -140,3 +140,80 @@ def test_router_bad_inputs(device):
         turbo.ops.moe_router_topk(logits, 3, groups=4, selected_groups=2)
     with pytest.raises(TypeError, match="moe_router_topk.*'logits'.*dtype"):
         turbo.ops.moe_router_topk(logits.long(), 2)
+
+
+# (T, E, topk, groups, selected_groups, score_function): padded groups (160 = 8 x 20), a
+# 3-expert row, top-1, every group selected
+FUSED_CASES = [
+    (33, 160, 6, 8, 2, "softmax"),
+    (21, 96, 4, 4, 4, "sigmoid"),
+    (12, 3, 2, 1, 1, "softmax"),
+    (9, 64, 1, 1, 1, "sigmoid"),
+    (40, 256, 8, 8, 4, "sigmoid"),
+]
+
+
+@pytest.mark.parametrize("grads", ["both", "probs", "aux"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("t,e,topk,groups,sel,fn", FUSED_CASES, ids=str)
+def test_router_fused_matches_torch_ops(t, e, topk, groups, sel, fn, dtype, grads, device):
+    """The fused kernels (taken on a GPU and under the interpreter) vs the torch-op router:
+    the same experts, probs and aux scores to fp32 rounding, and the logits gradient from
+    either output alone or both."""
+    from primus_turbo.pytorch.kernels.moe.router_impl import fused_router_usable
+    from primus_turbo.pytorch.ops.moe import _router_torch
+
+    x = (torch.randn(t, e, device=device) * 2).to(dtype).requires_grad_()
+    y = x.detach().clone().requires_grad_()
+    if not fused_router_usable(x):
+        pytest.skip("the fused router needs a GPU or TRITON_INTERPRET=1")
+    got = turbo.ops.moe_router_topk(x, topk, groups, sel, fn, 1.7)
+    want = _router_torch(y, topk, groups, sel, fn, 1.7)
+    assert torch.equal(got[2], want[2])
+    for a, b in zip(got[:2], want[:2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    gp, ga = torch.randn_like(got[1]), torch.randn_like(got[0])
+    for out in (got, want):
+        loss = (out[1] * gp).sum() if grads != "aux" else 0
+        loss = loss + ((out[0] * ga).sum() if grads != "probs" else 0)
+        loss.backward()
+    assert x.grad.dtype == dtype
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 1e-3}
+    torch.testing.assert_close(x.grad.float(), y.grad.float(), **tol)
+
+
+def test_router_fused_ties_match_torch_ops(device):
+    """Quarter-step logits (many exact ties in scores and in two-expert group sums): the fused
+    kernel picks the same experts as the torch ops (lowest index, lowest group on a tie)."""
+    from primus_turbo.pytorch.ops.moe import _router_torch
+
+    logits = (torch.randn(64, 32, device=device) * 4).round() / 4
+    for fn in ("softmax", "sigmoid"):
+        for groups, sel, topk in ((1, 1, 8), (8, 4, 8), (4, 2, 4)):
+            got = turbo.ops.moe_router_topk(logits, topk, groups, sel, fn)
+            want = _router_torch(logits, topk, groups, sel, fn, 1.0)
+            assert torch.equal(got[2], want[2])
+
+
+def test_router_env_torch(monkeypatch, device):
+    """``PRIMUS_TURBO_MOE_ROUTER=torch`` keeps the torch ops (same result); a bad value is a
+    clear error."""
+    from primus_turbo.pytorch.kernels.moe import router_impl
+
+    logits = torch.randn(6, 16, device=device)
+    fused = turbo.ops.moe_router_topk(logits, 4, 4, 2, "sigmoid")
+    router_impl.router_mode.cache_clear()
+    try:
+        monkeypatch.setenv(router_impl.ROUTER_ENV, "torch")
+        router_impl.router_mode.cache_clear()
+        assert not router_impl.fused_router_usable(logits)
+        plain = turbo.ops.moe_router_topk(logits, 4, 4, 2, "sigmoid")
+        assert torch.equal(fused[2], plain[2])
+        torch.testing.assert_close(fused[1], plain[1], rtol=1e-5, atol=1e-6)
+        monkeypatch.setenv(router_impl.ROUTER_ENV, "fast")
+        router_impl.router_mode.cache_clear()
+        with pytest.raises(ValueError, match="PRIMUS_TURBO_MOE_ROUTER.*'auto' or 'torch'"):
+            turbo.ops.moe_router_topk(logits, 4)
+    finally:
+        monkeypatch.delenv(router_impl.ROUTER_ENV, raising=False)
+        router_impl.router_mode.cache_clear()
