@@ -1,6 +1,9 @@
-"""MoE benchmark: ``moe_permute`` / ``moe_unpermute`` (GB/s vs copy bandwidth and vs
+"""MoE benchmark: ``moe_router_topk`` (vs ``torch.compile`` of the torch-op router; its H
+column is the expert count), ``moe_permute`` / ``moe_unpermute`` (GB/s vs copy bandwidth and vs
 ``torch.compile`` of a plain torch permute) and ``modules.MoELayer`` forward+backward vs the
-same layer in plain PyTorch (loop over experts, ``reference.moe.moe_layer_ref``).
+same layer in plain PyTorch (loop over experts, ``reference.moe.moe_layer_ref``). The fused
+router against the torch-op one in a process: ``--variants "PRIMUS_TURBO_MOE_ROUTER=auto;
+PRIMUS_TURBO_MOE_ROUTER=torch"``.
 
 Routing is realistic and non-uniform: router logits get a per-expert bias drawn from a Gamma
 distribution (shape 3, as ``config.moe_group_lens``), so expert loads vary by ~2x and some
@@ -47,7 +50,7 @@ from harness import (  # noqa: E402
 )
 
 import primus_turbo.pytorch as turbo  # noqa: E402
-from primus_turbo.pytorch.reference.moe import moe_layer_ref  # noqa: E402
+from primus_turbo.pytorch.reference.moe import moe_layer_ref, router_ref  # noqa: E402
 
 # (label, tokens T, hidden D, expert ffn F, local experts E, topk, score fn, groups, selected)
 GPU_CASES = [
@@ -111,6 +114,7 @@ class _env:
         for k, v in self.env.items():
             self.old[k] = os.environ.get(k)
             os.environ[k] = v
+        _router_mode_changed()
 
     def __exit__(self, *exc):
         for k, v in self.old.items():
@@ -118,6 +122,35 @@ class _env:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        _router_mode_changed()
+
+
+def _router_mode_changed() -> None:
+    """``PRIMUS_TURBO_MOE_ROUTER`` is read once per process: re-read it for the next variant."""
+    from primus_turbo.pytorch.kernels.moe.router_impl import router_mode
+
+    router_mode.cache_clear()
+
+
+def _router_row(tid, case, args, info, logits, copy_gbs, peer, vname) -> dict:
+    """``moe_router_topk`` (forward, and the backward of ``probs``) vs ``torch.compile`` of the
+    torch-op router. Bytes: forward reads the logits and writes aux scores, probs and ids;
+    backward reads the logits, dprobs and ids and writes dlogits."""
+    label, t, _, _, e, k, fn, groups, sel = case
+    dev = info.device
+    x = logits.detach().clone().requires_grad_()
+    xp = logits.detach().clone().requires_grad_()
+    _, probs, idx = turbo.ops.moe_router_topk(x, k, groups, sel, fn)
+    _, r_probs, r_idx = router_ref(logits.detach(), k, groups, sel, fn)
+    ok = torch.equal(idx, r_idx) and compute_snr(r_probs, probs) > SNR_MIN
+    t_o, t_p = bench_pair(
+        (lambda: turbo.ops.moe_router_topk(x, k, groups, sel, fn)[1], (x,)),
+        (lambda: peer(xp, k, groups, sel, fn, 1.0)[1], (xp,)), torch.randn_like(probs),
+        warmup=args.warmup_ms, rep=args.rep_ms, device=dev,
+    )  # fmt: skip
+    elt, kb = logits.element_size(), t * k * (4 + 8)
+    return _row(tid, label, "router", t, e, e, k, ok, t_o, t_p, copy_gbs,
+                t * e * (elt + 4) + kb, 2 * t * e * elt + kb, vname)  # fmt: skip
 
 
 def bench_permute(tid, case, args, info) -> list[dict]:
@@ -140,8 +173,12 @@ def bench_permute(tid, case, args, info) -> list[dict]:
     yp = y.detach().clone().requires_grad_()
     peer_u = compile_(torch_unpermute)
     ref_u = torch_unpermute(y.detach().float(), idx, probs.float())
+    from primus_turbo.pytorch.ops.moe import _router_torch
+
+    peer_r = compile_(_router_torch)
     for vname, env in _variants(args.variants):
         with _env(env):
+            rows.append(_router_row(tid, case, args, info, logits, copy_gbs, peer_r, vname))
             # permute
             ours = turbo.ops.moe_permute(x, idx, num_local_experts=e)[0]
             ok = torch.equal(ours, torch_permute(x.detach(), idx))
@@ -368,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         keys = [c for c in COLUMNS[part] if " vs " in c]
         if part == "ops":
             for vname, _ in _variants(args.variants):
-                for op in ("permute", "unpermute"):
+                for op in ("router", "permute", "unpermute"):
                     sel = lambda r, op=op, v=vname: (  # noqa: E731
                         r["Check"] == "PASS" and r["Op"] == op and r.get("Variant") == v
                     )
