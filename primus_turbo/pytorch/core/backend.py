@@ -28,6 +28,19 @@ from primus_turbo.pytorch.core.logging import get_logger, reset_warn_once, warn_
 from primus_turbo.pytorch.core.platform import device_name, is_graph_capturing
 
 
+def eager_or_op(impl, op):
+    """A callable that runs ``impl`` directly in eager mode and the ``torch.library`` custom op
+    ``op`` (registered from ``impl``, with its fake) while torch.compile traces: the custom-op
+    dispatch costs tens of microseconds of host time per call (dev CPU: 17 us for the GLU
+    forward), and only the compiler needs the opaque op."""
+
+    def call(*args):
+        return op(*args) if torch.compiler.is_compiling() else impl(*args)
+
+    call.__doc__ = impl.__doc__
+    return call
+
+
 class BackendType(enum.Enum):
     """Kernel providers. CK, TURBO, AITER and DEEP_EP are optional libraries."""
 

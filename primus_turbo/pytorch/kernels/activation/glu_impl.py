@@ -1,10 +1,12 @@
 """SwiGLU/GeGLU custom ops: the Triton kernels on GPU (or under TRITON_INTERPRET=1), the fp32
-reference elsewhere. No dispatcher: one kernel per op, as in the reference system."""
+reference elsewhere. No dispatcher: one kernel per op, as in the reference system. The custom
+ops are what torch.compile sees; eager calls run the implementations directly."""
 
 from __future__ import annotations
 
 import torch
 
+from primus_turbo.pytorch.core.backend import eager_or_op
 from primus_turbo.pytorch.core.platform import triton_interpret
 from primus_turbo.pytorch.reference.activation import glu_bwd_ref, glu_ref
 
@@ -15,8 +17,7 @@ def _use_triton(x: torch.Tensor) -> bool:
     return x.device.type == "cuda" or triton_interpret()
 
 
-@torch.library.custom_op("primus_turbo::glu_fwd_impl", mutates_args=())
-def glu_fwd_impl(
+def _glu_fwd(
     x: torch.Tensor, probs: torch.Tensor | None, row_mask: torch.Tensor | None, act: int
 ) -> torch.Tensor:
     """``x: [T, 2H]`` -> ``[T, H]``; ``act`` indexes ``ACTS``."""
@@ -27,13 +28,15 @@ def glu_fwd_impl(
     return glu_ref(x, probs, row_mask, ACTS[act])
 
 
-@glu_fwd_impl.register_fake
+_glu_fwd_op = torch.library.custom_op("primus_turbo::glu_fwd_impl", _glu_fwd, mutates_args=())
+
+
+@_glu_fwd_op.register_fake
 def _glu_fwd_fake(x, probs, row_mask, act):
     return x.new_empty((x.shape[0], x.shape[1] // 2))
 
 
-@torch.library.custom_op("primus_turbo::glu_bwd_impl", mutates_args=())
-def glu_bwd_impl(
+def _glu_bwd(
     x: torch.Tensor,
     probs: torch.Tensor | None,
     row_mask: torch.Tensor | None,
@@ -52,7 +55,15 @@ def glu_bwd_impl(
     return dx, dp
 
 
-@glu_bwd_impl.register_fake
+_glu_bwd_op = torch.library.custom_op("primus_turbo::glu_bwd_impl", _glu_bwd, mutates_args=())
+
+
+@_glu_bwd_op.register_fake
 def _glu_bwd_fake(x, probs, row_mask, dy, act):
     n = x.shape[0] if probs is not None else 0
     return torch.empty_like(x), x.new_empty((n,), dtype=torch.float32)
+
+
+# eager: the launchers directly; torch.compile: the custom ops (see ``core.backend.eager_or_op``)
+glu_fwd_impl = eager_or_op(_glu_fwd, _glu_fwd_op)
+glu_bwd_impl = eager_or_op(_glu_bwd, _glu_bwd_op)

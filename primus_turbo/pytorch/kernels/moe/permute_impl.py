@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from primus_turbo.pytorch.core.backend import eager_or_op
 from primus_turbo.pytorch.core.platform import triton_interpret
 
 
@@ -137,15 +138,7 @@ def _route_maps_fake(idx, num_experts, pad_multiple, num_out, probs):
     )
 
 
-def _eager_or_op(impl, op):
-    def call(*args):
-        return op(*args) if torch.compiler.is_compiling() else impl(*args)
-
-    call.__doc__ = impl.__doc__
-    return call
-
-
-moe_gather_rows = _eager_or_op(_moe_gather_rows_impl, _moe_gather_rows_op)
-moe_reduce_rows = _eager_or_op(_moe_reduce_rows_impl, _moe_reduce_rows_op)
-moe_reduce_rows_bwd = _eager_or_op(_moe_reduce_rows_bwd_impl, _moe_reduce_rows_bwd_op)
-moe_route_maps = _eager_or_op(_moe_route_maps_impl, _moe_route_maps_op)
+moe_gather_rows = eager_or_op(_moe_gather_rows_impl, _moe_gather_rows_op)
+moe_reduce_rows = eager_or_op(_moe_reduce_rows_impl, _moe_reduce_rows_op)
+moe_reduce_rows_bwd = eager_or_op(_moe_reduce_rows_bwd_impl, _moe_reduce_rows_bwd_op)
+moe_route_maps = eager_or_op(_moe_route_maps_impl, _moe_route_maps_op)

@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from primus_turbo.pytorch.kernels.moe.permute_impl import _eager_or_op
+from primus_turbo.pytorch.core.backend import eager_or_op
 
 IMPL_ENV = "PRIMUS_TURBO_MOE_PERMUTE_IMPL"
 IMPLS = ("v1", "v2")
@@ -149,7 +149,7 @@ def _src_from_rows_v2_fake(row_map, n):
     return row_map.new_empty((n,))
 
 
-moe_permute_fused = _eager_or_op(_permute_fused_impl, _permute_fused_op)
-moe_reduce_v2 = _eager_or_op(_reduce_v2_impl, _reduce_v2_op)
-moe_unpermute_bwd_v2 = _eager_or_op(_unpermute_bwd_v2_impl, _unpermute_bwd_v2_op)
-moe_src_from_rows_v2 = _eager_or_op(_src_from_rows_v2_impl, _src_from_rows_v2_op)
+moe_permute_fused = eager_or_op(_permute_fused_impl, _permute_fused_op)
+moe_reduce_v2 = eager_or_op(_reduce_v2_impl, _reduce_v2_op)
+moe_unpermute_bwd_v2 = eager_or_op(_unpermute_bwd_v2_impl, _unpermute_bwd_v2_op)
+moe_src_from_rows_v2 = eager_or_op(_src_from_rows_v2_impl, _src_from_rows_v2_op)

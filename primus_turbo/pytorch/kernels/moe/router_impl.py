@@ -8,8 +8,8 @@ import os
 
 import torch
 
+from primus_turbo.pytorch.core.backend import eager_or_op
 from primus_turbo.pytorch.core.platform import triton_interpret
-from primus_turbo.pytorch.kernels.moe.permute_impl import _eager_or_op
 
 ROUTER_ENV = "PRIMUS_TURBO_MOE_ROUTER"
 
@@ -78,5 +78,5 @@ def _router_bwd_fake(logits, idx, dprobs, daux, groups, sigmoid, scale):
     return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
 
-moe_router_fwd = _eager_or_op(_router_fwd_impl, _router_fwd_op)
-moe_router_bwd = _eager_or_op(_router_bwd_impl, _router_bwd_op)
+moe_router_fwd = eager_or_op(_router_fwd_impl, _router_fwd_op)
+moe_router_bwd = eager_or_op(_router_bwd_impl, _router_bwd_op)
