@@ -393,26 +393,23 @@ def _env_state() -> tuple:
 
 
 # Plan lists are memoised per (arguments, environment): building one took 23-33 us of host
-# time per GEMM call on the dev CPU (six per MoE layer step), a lookup 0.6 us.
+# time per GEMM call on the dev CPU (six per MoE layer step), a lookup 1.6 us.
 _PLAN_MEMO = 4096
 
 
-def forward_plans(
-    family: ArchFamily,
-    mode: str,
-    tma_ok: bool,
-    k: int,
-    trans_b: bool,
-    avg_rows: int | None = None,
-    n: int | None = None,
-) -> list[tuple[str, GemmConfig]]:
-    """``_forward_plans``, memoised (a fresh list per call)."""
-    return list(_forward_plans_memo(family, mode, tma_ok, k, trans_b, avg_rows, n, _env_state()))
+def _memoised(build):
+    """``build`` (a plan-list builder) memoised per arguments and ``_env_state()``; every call
+    gets a fresh list."""
+    memo = functools.lru_cache(maxsize=_PLAN_MEMO)(
+        lambda env, *args, **kwargs: tuple(build(*args, **kwargs))
+    )
 
+    @functools.wraps(build)
+    def call(*args, **kwargs):
+        return list(memo(_env_state(), *args, **kwargs))
 
-@functools.lru_cache(maxsize=_PLAN_MEMO)
-def _forward_plans_memo(family, mode, tma_ok, k, trans_b, avg_rows, n, _env) -> tuple:
-    return tuple(_forward_plans(family, mode, tma_ok, k, trans_b, avg_rows, n))
+    call.cache_clear = memo.cache_clear
+    return call
 
 
 def _forward_plans(
@@ -463,6 +460,9 @@ def _forward_plans(
     return _filtered(plans, var, family, "fwd", 1 << 30 if avg_rows is None else avg_rows)
 
 
+forward_plans = _memoised(_forward_plans)
+
+
 # Large experts (``VK_STORE_MIN_AVG_ROWS``, as for the wgrad): the forward and the dgrad take
 # the GROUP_M 16 TMA tile without timing. Graph timing with L2 flushed ranks it first where
 # the tuner's back-to-back launches (warm L2) rank it last: forward, call 8.1, vs the tuner's
@@ -501,23 +501,6 @@ def mid_expert_forward() -> bool:
 DGRAD_CONFIG_VAR = "PRIMUS_TURBO_GROUPED_GEMM_DGRAD_CONFIG"
 
 
-def variable_k_plans(
-    family: ArchFamily,
-    mode: str,
-    tma_ok: bool,
-    avg_rows: int = 1 << 30,
-    p: int | None = None,
-    q: int | None = None,
-) -> list[tuple[str, GemmConfig]]:
-    """``_variable_k_plans``, memoised (a fresh list per call)."""
-    return list(_variable_k_plans_memo(family, mode, tma_ok, avg_rows, p, q, _env_state()))
-
-
-@functools.lru_cache(maxsize=_PLAN_MEMO)
-def _variable_k_plans_memo(family, mode, tma_ok, avg_rows, p, q, _env) -> tuple:
-    return tuple(_variable_k_plans(family, mode, tma_ok, avg_rows, p, q))
-
-
 def _variable_k_plans(
     family: ArchFamily,
     mode: str,
@@ -543,6 +526,9 @@ def _variable_k_plans(
         if candidate_set() != "all" and ("tmavs", pick[1]) in plans:  # tmavd: same tiles
             return [pick]
     return _filtered(plans, var, family, "vk", avg_rows)
+
+
+variable_k_plans = _memoised(_variable_k_plans)
 
 
 def _filtered(plans: list, var: str, family: ArchFamily, gemm: str, avg_rows: int) -> list:
