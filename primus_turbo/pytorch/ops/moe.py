@@ -8,8 +8,9 @@ Data movement runs in the Triton row kernels of ``primus_turbo/triton/moe/permut
 permutation is stable (within an expert, tokens keep their order, then the copy order) and no
 kernel uses atomics, so permute, unpermute and their gradients are bitwise deterministic. The
 router is one fused Triton kernel per direction (``primus_turbo/triton/moe/router_kernel.py``;
-``PRIMUS_TURBO_MOE_ROUTER=torch``, CPU without the interpreter, or more than 4096 experts: a
-composition of torch ops with stable sorts); both are deterministic.
+``PRIMUS_TURBO_MOE_ROUTER=torch``, CPU without the interpreter, more than 4096 experts, or a
+top-k / group count above 32: a composition of torch ops with stable sorts); both are
+deterministic.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def moe_router_topk(
     """
     op = "moe_router_topk"
     _check_router(op, logits, topk, groups, selected_groups, score_function)
-    if fused_router_usable(logits):
+    if fused_router_usable(logits, topk, groups):
         x = logits if logits.stride(-1) == 1 else logits.contiguous()
         return _FusedRouter.apply(x, topk, groups, selected_groups,
                                   score_function == "sigmoid", float(scaling_factor))  # fmt: skip

@@ -22,6 +22,7 @@ import triton.language as tl
 from primus_turbo.triton.aot import AotSpec
 
 MAX_EXPERTS = 4096  # rows up to this many experts are held in registers (else the torch ops)
+MAX_TOPK = 32  # selection rounds are unrolled: larger top-k / group counts take the torch ops
 # logits per program: ROWS = _TILE // padded E (1-16). AOT (sm_90 / gfx942 / gfx950, 128 and 256
 # experts): 512 compiles without spills (at most 128 registers); 2048 spilled on all three.
 _TILE = 512

@@ -165,7 +165,7 @@ def test_router_fused_matches_torch_ops(t, e, topk, groups, sel, fn, dtype, grad
 
     x = (torch.randn(t, e, device=device) * 2).to(dtype).requires_grad_()
     y = x.detach().clone().requires_grad_()
-    if not fused_router_usable(x):
+    if not fused_router_usable(x, topk, groups):
         pytest.skip("the fused router needs a GPU or TRITON_INTERPRET=1")
     got = turbo.ops.moe_router_topk(x, topk, groups, sel, fn, 1.7)
     want = _router_torch(y, topk, groups, sel, fn, 1.7)
@@ -217,3 +217,17 @@ def test_router_env_torch(monkeypatch, device):
     finally:
         monkeypatch.delenv(router_impl.ROUTER_ENV, raising=False)
         router_impl.router_mode.cache_clear()
+
+
+def test_router_large_topk_takes_torch_ops(device):
+    """A top-k above ``MAX_TOPK`` (unrolled selection rounds) takes the torch ops: same result
+    as the reference."""
+    from primus_turbo.pytorch.kernels.moe.router_impl import fused_router_usable
+    from primus_turbo.triton.moe.router_kernel import MAX_TOPK
+
+    logits = torch.randn(4, 64, device=device)
+    assert not fused_router_usable(logits, MAX_TOPK + 1, 1)
+    _, probs, idx = turbo.ops.moe_router_topk(logits, MAX_TOPK + 1, score_function="softmax")
+    _, r_probs, r_idx = router_ref(logits, MAX_TOPK + 1, score_function="softmax")
+    assert torch.equal(idx, r_idx)
+    torch.testing.assert_close(probs, r_probs, rtol=1e-5, atol=1e-6)

@@ -25,10 +25,14 @@ def router_mode() -> str:
     return mode
 
 
-def fused_router_usable(logits: torch.Tensor) -> bool:
-    from primus_turbo.triton.moe.router_kernel import MAX_EXPERTS
+def fused_router_usable(logits: torch.Tensor, topk: int = 1, groups: int = 1) -> bool:
+    """The fused kernels run here: ``auto`` mode, a GPU or the interpreter, at most
+    ``MAX_EXPERTS`` experts, ``topk`` and ``groups`` at most ``MAX_TOPK`` (unrolled rounds)."""
+    from primus_turbo.triton.moe.router_kernel import MAX_EXPERTS, MAX_TOPK
 
     if router_mode() != "auto" or logits.shape[1] > MAX_EXPERTS:
+        return False
+    if max(topk, groups) > MAX_TOPK:
         return False
     return logits.device.type == "cuda" or triton_interpret()
 
