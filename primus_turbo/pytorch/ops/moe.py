@@ -130,8 +130,9 @@ class _FusedRouter(torch.autograd.Function):
 
 
 def _router_torch(logits, topk, groups, selected_groups, score_function, scaling_factor):
-    """The router as a composition of torch ops (CPU without the interpreter, more than
-    ``MAX_EXPERTS`` experts, or ``PRIMUS_TURBO_MOE_ROUTER=torch``)."""
+    """The router as a composition of torch ops: where ``fused_router_usable`` says no (CPU
+    without the interpreter, more than ``MAX_EXPERTS`` experts, a top-k or group count above
+    ``MAX_TOPK``, ``PRIMUS_TURBO_MOE_ROUTER=torch``)."""
     s = logits.float()
     t, e = s.shape
     scores = torch.softmax(s, -1) if score_function == "softmax" else torch.sigmoid(s)

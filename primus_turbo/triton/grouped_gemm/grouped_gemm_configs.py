@@ -408,7 +408,6 @@ def _memoised(build):
     def call(*args, **kwargs):
         return list(memo(_env_state(), *args, **kwargs))
 
-    call.cache_clear = memo.cache_clear
     return call
 
 
