@@ -160,19 +160,20 @@ class MoELayer(torch.nn.Module):
                 w.uniform_(-bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Drop the previous call's scores before anything touches ``x``: they hold that call's
+        # autograd graph, and with it the gradient accumulator nodes of the parameters and of
+        # a reused input, which autograd hands to every new node (even the ``reshape`` below)
+        # while any graph holds them. A node remembers the stream it was made on, so one made
+        # by an eager call on the legacy default stream would make a later CUDA-graph capture
+        # of the backward (torch.cuda.make_graphed_callables) wait on that stream: "operation
+        # would make the legacy stream depend on a capturing blocking stream" (H200 call 14.5;
+        # call 15.1: dropping them after the reshape still kept the input's node).
+        self.last_aux_scores = None
         check_tensor("MoELayer", "x", x, dtypes=(torch.bfloat16, torch.float16))
         check(x.shape[-1] == self.hidden_size, "MoELayer", "x", f"last dim {self.hidden_size}",
               f"shape {tuple(x.shape)}")  # fmt: skip
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        # Drop the previous call's scores first: they hold that call's autograd graph, and
-        # with it the parameters' (and a reused input's) gradient accumulator nodes, which
-        # autograd keeps reusing while any graph holds them. A node remembers the stream it
-        # was created on, so one made by an eager call on the legacy default stream would make
-        # a later CUDA-graph capture of the backward (torch.cuda.make_graphed_callables) wait
-        # on that stream: "operation would make the legacy stream depend on a capturing
-        # blocking stream" (H200 call 14.5).
-        self.last_aux_scores = None
         logits = F.linear(x2.float(), self.router_weight.float())  # router in fp32
         aux, probs, idx = moe_router_topk(
             logits, self.topk, self.groups, self.selected_groups, self.score_function,

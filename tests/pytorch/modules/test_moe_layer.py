@@ -186,20 +186,24 @@ def test_moe_layer_make_graphed_callables(granularity, device):
 
 def test_moe_layer_releases_previous_graph(device):
     """A call drops the previous call's ``last_aux_scores`` (and with it that call's autograd
-    graph) before its router runs, so the parameters get fresh gradient accumulator nodes,
-    made on the stream current now (what lets a CUDA-graph capture follow eager calls,
-    ``test_moe_layer_make_graphed_callables``); the new scores are kept for an aux loss."""
+    graph) before it touches its input, so the parameters and a reused input get fresh
+    gradient accumulator nodes, made on the stream current now (what lets a CUDA-graph capture
+    follow eager calls, ``test_moe_layer_make_graphed_callables``); the new scores are kept
+    for an aux loss."""
 
     def accumulator(p):
         return p.view_as(p).grad_fn.next_functions[0][0]
 
     layer = turbo.modules.MoELayer(16, 8, 4, 2, device=device, dtype=torch.bfloat16)
-    x = torch.randn(5, 16, device=device, dtype=torch.bfloat16)
+    x = torch.randn(5, 16, device=device, dtype=torch.bfloat16, requires_grad=True)
+    leaves = [x, *layer.parameters()]
     layer(x)  # its output is dropped; its scores (and graph) stay on the layer
-    accumulator(layer.router_weight).metadata["call"] = 1
-    assert accumulator(layer.router_weight).metadata.get("call") == 1  # held by the scores
+    for t in (x, layer.router_weight):  # (no reference to a node may outlive this line)
+        accumulator(t).metadata["call"] = 1
+    # the scores hold the input's and the router weight's nodes
+    assert [accumulator(t).metadata.get("call") for t in (x, layer.router_weight)] == [1, 1]
     out = layer(x)
-    assert "call" not in accumulator(layer.router_weight).metadata
+    assert not any("call" in accumulator(t).metadata for t in leaves)
     aux = layer.last_aux_scores
     assert aux is not None and aux.shape == (5, 4) and aux.requires_grad
     (out.float().sum() + aux.sum()).backward()
