@@ -41,20 +41,34 @@ def _tile_coords(pid, T, E, PER_G, ROWS: tl.constexpr, GROUPS: tl.constexpr, PER
 
 @triton.jit
 def _scores(logits_ptr, rows, e, ok, stride_l, SIGMOID: tl.constexpr):
-    """fp32 scores of the tile (0 off the valid mask)."""
+    """fp32 scores of the tile (0 off the valid mask), and the softmax's row max and row sum
+    (zeros for sigmoid) for ``_score_at``."""
     x = tl.load(logits_ptr + rows.to(tl.int64)[:, None, None] * stride_l + e, mask=ok,
                 other=0.0).to(tl.float32)  # fmt: skip
     if SIGMOID:
-        z = tl.exp(-tl.abs(x))  # no overflow on either side
-        s = tl.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
+        m = tl.zeros((x.shape[0],), dtype=tl.float32)
+        total = m
+        s = _score_at(x, m[:, None, None], total[:, None, None], SIGMOID)
     else:
         x = tl.where(ok, x, float("-inf"))
         m = tl.max(tl.max(x, axis=2), axis=1)
         m = tl.where(m == float("-inf"), 0.0, m)  # rows past T: nothing valid
-        ex = tl.where(ok, tl.exp(x - m[:, None, None]), 0.0)
-        total = tl.sum(tl.sum(ex, axis=2), axis=1)
-        s = ex / tl.where(total == 0.0, 1.0, total)[:, None, None]
-    return tl.where(ok, s, 0.0)
+        total = tl.sum(tl.sum(tl.where(ok, tl.exp(x - m[:, None, None]), 0.0), axis=2), axis=1)
+        total = tl.where(total == 0.0, 1.0, total)
+        s = _score_at(x, m[:, None, None], total[:, None, None], SIGMOID)
+    return tl.where(ok, s, 0.0), m, total
+
+
+@triton.jit
+def _score_at(x, m, total, SIGMOID: tl.constexpr):
+    """The score of fp32 logits ``x`` (any shape; ``m`` / ``total``: the softmax's row max and
+    nonzero row sum, broadcast to it): the tile's arithmetic, so the same bits."""
+    if SIGMOID:
+        z = tl.exp(-tl.abs(x))  # no overflow on either side
+        s = tl.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
+    else:
+        s = tl.exp(x - m) / total
+    return s
 
 
 @triton.jit
@@ -65,7 +79,7 @@ def router_fwd_kernel(
 ):  # fmt: skip
     pid = tl.program_id(0)
     rows, e, ok = _tile_coords(pid, T, E, PER_G, ROWS, GROUPS, PER)
-    s = _scores(logits_ptr, rows, e, ok, stride_l, SIGMOID)
+    s, _, _ = _scores(logits_ptr, rows, e, ok, stride_l, SIGMOID)
     big = E + 1
     sel = tl.where(ok, s, -1.0)  # scores lie in [0, 1]: -1 is never picked
     if GROUPS > 1:
@@ -114,34 +128,40 @@ def router_fwd_kernel(
 @triton.jit
 def router_bwd_kernel(
     logits_ptr, idx_ptr, dprobs_ptr, daux_ptr, dlogits_ptr, T, E, PER_G, stride_l, stride_d,
-    scale, TOPK: tl.constexpr, K_PAD: tl.constexpr, GROUPS: tl.constexpr, PER: tl.constexpr,
+    scale, TOPK: tl.constexpr, GROUPS: tl.constexpr, PER: tl.constexpr,
     ROWS: tl.constexpr, SIGMOID: tl.constexpr, HAS_DPROBS: tl.constexpr, HAS_DAUX: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     rows, e, ok = _tile_coords(pid, T, E, PER_G, ROWS, GROUPS, PER)
-    s = _scores(logits_ptr, rows, e, ok, stride_l, SIGMOID)
+    s, m, total = _scores(logits_ptr, rows, e, ok, stride_l, SIGMOID)
     r64 = rows.to(tl.int64)
     ds = tl.zeros((ROWS, GROUPS, PER), dtype=tl.float32)
     if HAS_DPROBS:
-        kcol = tl.arange(0, K_PAD)[None, :]
-        kin = (rows[:, None] < T) & (kcol < TOPK)
-        ids = tl.load(idx_ptr + r64[:, None] * TOPK + kcol, mask=kin, other=-1)
-        dp = tl.load(dprobs_ptr + r64[:, None] * TOPK + kcol, mask=kin, other=0.0)
-        sk = tl.zeros((ROWS, K_PAD), dtype=tl.float32)
+        # per pick k: its expert, score (gathered from the logits: no reduction over the tile)
+        # and dprobs as [ROWS] vectors, scattered onto the tile by comparison. With
+        # p_k = c s_k / S, S = sum_j s_j + 1e-20: ds_k = c dp_k / S - c (sum_j dp_j s_j) / S^2,
+        # i.e. a * (dp scattered) - b * (picked mask), with a and b known after the loop.
+        live = rows < T
+        sum_s = tl.zeros((ROWS,), dtype=tl.float32)
+        dot = tl.zeros((ROWS,), dtype=tl.float32)
+        picked = tl.zeros((ROWS, GROUPS, PER), dtype=tl.float32)
         for k in tl.static_range(TOPK):
-            ik = tl.sum(tl.where(kcol == k, ids, 0), axis=1)
-            v = tl.sum(tl.sum(tl.where(e == ik[:, None, None], s, 0.0), axis=2), axis=1)
-            sk = tl.where(kcol == k, v[:, None], sk)
-        if TOPK > 1:  # p_k = c s_k / S, S = sum s_j + 1e-20
-            total = tl.sum(sk, axis=1) + 1e-20
-            dot = tl.sum(dp * sk, axis=1)
-            dsk = scale * (dp / total[:, None] - (dot / (total * total))[:, None])
+            ik = tl.load(idx_ptr + r64 * TOPK + k, mask=live, other=0).to(tl.int32)
+            dpk = tl.load(dprobs_ptr + r64 * TOPK + k, mask=live, other=0.0)
+            hit = e == ik[:, None, None]
+            ds = tl.where(hit, ds + dpk[:, None, None], ds)
+            if TOPK > 1:
+                xk = tl.load(logits_ptr + r64 * stride_l + ik, mask=live, other=0.0)
+                sk = _score_at(xk.to(tl.float32), m, total, SIGMOID)
+                sum_s += sk
+                dot += dpk * sk
+                picked = tl.where(hit, picked + 1.0, picked)
+        if TOPK > 1:
+            sum_s += 1e-20
+            ds = ds * (scale / sum_s)[:, None, None] - picked * (
+                scale * dot / (sum_s * sum_s))[:, None, None]
         else:
-            dsk = scale * dp
-        for k in tl.static_range(TOPK):
-            ik = tl.sum(tl.where(kcol == k, ids, 0), axis=1)
-            vk = tl.sum(tl.where(kcol == k, dsk, 0.0), axis=1)
-            ds = tl.where(e == ik[:, None, None], ds + vk[:, None, None], ds)
+            ds = ds * scale
     if HAS_DAUX:
         da = tl.load(daux_ptr + r64[:, None, None] * E + e, mask=ok, other=0.0)
         if SIGMOID:  # aux = s / A, A = sum s
@@ -206,8 +226,7 @@ def router_bwd_triton(
     router_bwd_kernel[(triton.cdiv(t, rows),)](
         logits, idx, dprobs if dprobs is not None else logits,
         daux if daux is not None else logits, dl, t, e, e // groups, logits.stride(0),
-        dl.stride(0), float(scale), TOPK=topk, K_PAD=triton.next_power_of_2(topk),
-        GROUPS=groups, PER=per, ROWS=rows, SIGMOID=sigmoid, HAS_DPROBS=dprobs is not None,
+        dl.stride(0), float(scale), TOPK=topk, GROUPS=groups, PER=per, ROWS=rows, SIGMOID=sigmoid, HAS_DPROBS=dprobs is not None,
         HAS_DAUX=daux is not None, num_warps=4,
     )  # fmt: skip
     return dl
@@ -219,14 +238,13 @@ def aot_specs(target: str) -> list[AotSpec]:
     specs = []
     for name, e, groups, sel, sigmoid in (("ds", 256, 8, 4, True), ("qwen", 128, 1, 1, False)):
         rows, per = router_tile(e, groups)
-        const = {"TOPK": 8, "K_PAD": 8, "GROUPS": groups, "PER": per, "ROWS": rows,
-                 "SIGMOID": sigmoid}  # fmt: skip
+        const = {"TOPK": 8, "GROUPS": groups, "PER": per, "ROWS": rows, "SIGMOID": sigmoid}
         specs.append(AotSpec(
             name=f"moe_router_fwd_{name}", fn=router_fwd_kernel,
             signature={"logits_ptr": "*fp32", "aux_ptr": "*fp32", "probs_ptr": "*fp32",
                        "idx_ptr": "*i64", "T": "i32", "E": "i32", "PER_G": "i32",
                        "stride_l": "i32", "scale": "fp32"},
-            constexprs={**const, "SEL": sel}, options={"num_warps": 4}, default=name == "ds",
+            constexprs={**const, "K_PAD": 8, "SEL": sel}, options={"num_warps": 4}, default=name == "ds",
         ))  # fmt: skip
         specs.append(AotSpec(
             name=f"moe_router_bwd_{name}", fn=router_bwd_kernel,
