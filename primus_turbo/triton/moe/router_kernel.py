@@ -158,8 +158,10 @@ def router_bwd_kernel(
                 picked = tl.where(hit, picked + 1.0, picked)
         if TOPK > 1:
             sum_s += 1e-20
-            ds = ds * (scale / sum_s)[:, None, None] - picked * (
-                scale * dot / (sum_s * sum_s))[:, None, None]
+            ds = (
+                ds * (scale / sum_s)[:, None, None]
+                - picked * (scale * dot / (sum_s * sum_s))[:, None, None]
+            )
         else:
             ds = ds * scale
     if HAS_DAUX:
@@ -226,8 +228,8 @@ def router_bwd_triton(
     router_bwd_kernel[(triton.cdiv(t, rows),)](
         logits, idx, dprobs if dprobs is not None else logits,
         daux if daux is not None else logits, dl, t, e, e // groups, logits.stride(0),
-        dl.stride(0), float(scale), TOPK=topk, GROUPS=groups, PER=per, ROWS=rows, SIGMOID=sigmoid, HAS_DPROBS=dprobs is not None,
-        HAS_DAUX=daux is not None, num_warps=4,
+        dl.stride(0), float(scale), TOPK=topk, GROUPS=groups, PER=per, ROWS=rows,
+        SIGMOID=sigmoid, HAS_DPROBS=dprobs is not None, HAS_DAUX=daux is not None, num_warps=4,
     )  # fmt: skip
     return dl
 
@@ -244,7 +246,8 @@ def aot_specs(target: str) -> list[AotSpec]:
             signature={"logits_ptr": "*fp32", "aux_ptr": "*fp32", "probs_ptr": "*fp32",
                        "idx_ptr": "*i64", "T": "i32", "E": "i32", "PER_G": "i32",
                        "stride_l": "i32", "scale": "fp32"},
-            constexprs={**const, "K_PAD": 8, "SEL": sel}, options={"num_warps": 4}, default=name == "ds",
+            constexprs={**const, "K_PAD": 8, "SEL": sel}, options={"num_warps": 4},
+            default=name == "ds",
         ))  # fmt: skip
         specs.append(AotSpec(
             name=f"moe_router_bwd_{name}", fn=router_bwd_kernel,
