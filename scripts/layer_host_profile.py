@@ -28,12 +28,13 @@ from bench_moe_turbo import GPU_CASES, _fp8_config  # noqa: E402
 import primus_turbo.pytorch as turbo  # noqa: E402
 
 
-def _layer(case, fp8: str):
+def _layer(case, fp8: str, router: str = "fp32"):
     label, t, d, f, e, k, fn, groups, sel = case
     torch.manual_seed(0)
+    rdt = torch.float32 if router == "fp32" else None
     layer = turbo.modules.MoELayer(d, f, e, k, score_function=fn, groups=groups,
                                    selected_groups=sel, device="cuda", dtype=torch.bfloat16,
-                                   fp8_config=_fp8_config(fp8))  # fmt: skip
+                                   fp8_config=_fp8_config(fp8), router_dtype=rdt)  # fmt: skip
     x = torch.randn(t, d, device="cuda", dtype=torch.bfloat16).requires_grad_()
     return layer, x
 
@@ -115,9 +116,9 @@ def _cprofile(fn, n: int, top: int) -> str:
     return buf.getvalue()
 
 
-def _measure(case, fp8: str, args) -> list[str]:
+def _measure(case, fp8: str, router: str, args) -> list[str]:
     """One case and mode: the timings line, and with ``--profile`` the cProfile tables."""
-    layer, x = _layer(case, fp8)
+    layer, x = _layer(case, fp8, router)
     g = torch.randn_like(x)
 
     def step():
@@ -144,7 +145,8 @@ def _measure(case, fp8: str, args) -> list[str]:
         out.append(f"  graph timing failed: {type(exc).__name__}: {exc}")
     launches = (_launches(fwd), _launches(step))
     text = ", ".join(f"{k} {v:.3f} ms" for k, v in row.items())
-    out.insert(0, f"{case[0]} {fp8}: {text}; kernels fwd {launches[0]} step {launches[1]}")
+    label = f"{case[0]} {fp8} router {router}"
+    out.insert(0, f"{label}: {text}; kernels fwd {launches[0]} step {launches[1]}")
     print(out[0], flush=True)
     if args.profile:
         out.append(f"--- cProfile {case[0]} {fp8}: {args.n} steps")
@@ -158,6 +160,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--cases", nargs="+", default=["Qwen3-30B-A3B", "DeepSeek-V3 (EP8)"])
     p.add_argument("--fp8", nargs="+", default=["off", "rowwise"])
+    p.add_argument("--router-dtype", nargs="+", default=["fp32"], choices=["fp32", "none"],
+                   help="MoELayer(router_dtype=torch.float32 | None)")
     p.add_argument("--n", type=int, default=5)
     p.add_argument("--top", type=int, default=35)
     p.add_argument("--profile", action="store_true", help="print cProfile tables")
@@ -167,8 +171,9 @@ def main() -> int:
     cases = [c for c in GPU_CASES if any(c[0].startswith(n) for n in args.cases)]
     for case in cases:
         for fp8 in args.fp8:
-            lines += _measure(case, fp8, args)
-            torch.cuda.empty_cache()
+            for router in args.router_dtype:
+                lines += _measure(case, fp8, router, args)
+                torch.cuda.empty_cache()
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -60,6 +60,7 @@ from primus_turbo.pytorch.ops.activation import (
     swiglu_with_probs_fp8,
 )
 from primus_turbo.pytorch.ops.fp8_delayed import refuse_delayed
+from primus_turbo.pytorch.ops.gemm import gemm
 from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm
 from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_gemm_fp8
 from primus_turbo.pytorch.ops.moe import moe_permute, moe_router_topk, moe_unpermute
@@ -70,6 +71,30 @@ __all__ = ["MoELayer"]
 _ACTS = {"swiglu": swiglu_with_probs, "geglu": geglu_with_probs}
 _ACTS_FP8 = {"swiglu": swiglu_with_probs_fp8, "geglu": geglu_with_probs_fp8}
 _FP8_ACT_ENV = "PRIMUS_TURBO_MOE_FP8_ACT"
+
+
+class _Fp32RouterLinear(torch.autograd.Function):
+    """``logits = x @ w^T`` in fp32 from 16-bit ``x`` and ``w``: the forward is the 16-bit GEMM
+    with fp32 accumulation and output (every product of two 16-bit values is exact in fp32: the
+    fp32 GEMM of their casts, without the ``[T, D]`` fp32 copy of the tokens kept for the
+    backward, or the fp32 units' speed); the backward is the fp32 GEMMs of the casts, as
+    autograd of ``F.linear(x.float(), w.float())`` runs them (the gradients are rounded to
+    16 bits only at the end)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return gemm(x, w, trans_b=True, out_dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, dlogits):
+        x, w = ctx.saved_tensors
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = (dlogits @ w.float()).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            dw = (dlogits.t() @ x.float()).to(w.dtype)
+        return dx, dw
 
 
 class MoELayer(torch.nn.Module):
@@ -92,6 +117,11 @@ class MoELayer(torch.nn.Module):
         fp8_weight_cache: keep the expert weights' fp8 copies from one optimizer step to the
             next, refreshed in place right after each step (see the module doc). None
             (default) = True in fp8 mode; False: off.
+        router_dtype: ``torch.float32`` (default): fp32 router logits (as Megatron's
+            ``moe_router_dtype="fp32"``; from the 16-bit GEMM with fp32 accumulation and
+            output, whose products are exact, and fp32 backward GEMMs); None: the router GEMM
+            in the tokens' dtype, forward and backward (Megatron's default), the scores and
+            selection still in fp32 (``ops.moe_router_topk``).
     Parameters: ``router_weight [E, D]``, ``w1 [E, 2F, D]`` (gate rows then up rows),
     ``w2 [E, D, F]``; the ``[out, in]`` layout of ``GroupedLinear`` (``trans_b=True``).
 
@@ -115,6 +145,7 @@ class MoELayer(torch.nn.Module):
         dtype: torch.dtype | None = None,
         fp8_act: str | None = None,
         fp8_weight_cache: bool | None = None,
+        router_dtype: torch.dtype | None = torch.float32,
     ) -> None:
         super().__init__()
         op = "MoELayer"
@@ -144,6 +175,9 @@ class MoELayer(torch.nn.Module):
         if fp8_weight_cache is None:  # default: on in fp8 mode
             fp8_weight_cache = fp8_config is not None
         self.fp8_act, self.fp8_weight_cache = fp8_act, fp8_weight_cache
+        check(router_dtype in (torch.float32, None), op, "router_dtype", "torch.float32 or None",
+              repr(router_dtype))  # fmt: skip
+        self.router_dtype = router_dtype
         self._fp8_cached = Fp8WeightCache(fp8_config)
         kw = {"device": device, "dtype": dtype}
         e, d, f = num_experts, hidden_size, ffn_hidden_size
@@ -174,7 +208,7 @@ class MoELayer(torch.nn.Module):
               f"shape {tuple(x.shape)}")  # fmt: skip
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        logits = F.linear(x2.float(), self.router_weight.float())  # router in fp32
+        logits = self._router_logits(x2)
         aux, probs, idx = moe_router_topk(
             logits, self.topk, self.groups, self.selected_groups, self.score_function,
             self.scaling_factor,
@@ -191,6 +225,14 @@ class MoELayer(torch.nn.Module):
             y = self._expert_gemm(a, "w2", tokens_per_expert, x2.dtype)
         out, _ = moe_unpermute(y, row_map)
         return out.reshape(shape)
+
+    def _router_logits(self, x2: torch.Tensor) -> torch.Tensor:
+        w = self.router_weight
+        if self.router_dtype is None:
+            return F.linear(x2, w.to(x2.dtype))
+        if w.dtype == x2.dtype:  # 16-bit weights and tokens
+            return _Fp32RouterLinear.apply(x2, w)
+        return F.linear(x2.float(), w.float())
 
     @torch._dynamo.disable
     def _fp8_fused_experts(self, x2, idx, probs):
@@ -225,6 +267,7 @@ class MoELayer(torch.nn.Module):
             f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
             f"num_experts={self.num_experts}, topk={self.topk}, "
             f"score_function={self.score_function!r}, activation={self.activation!r}, "
+            f"router_dtype={self.router_dtype}, "
             f"fp8={self.fp8_config is not None}"
             + (f", fp8_act={self.fp8_act!r}, fp8_weight_cache={self.fp8_weight_cache}"
                if self.fp8_config is not None else "")

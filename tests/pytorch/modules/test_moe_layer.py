@@ -105,6 +105,33 @@ def test_moe_layer_bad_inputs(device):
         layer(torch.randn(3, 7, device=device, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="MoELayer.*'x'.*dtype"):
         layer(torch.randn(3, 8, device=device))
+    with pytest.raises(ValueError, match="MoELayer.*'router_dtype'.*torch.float32 or None"):
+        turbo.modules.MoELayer(8, 4, 2, 1, router_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_moe_layer_router_dtype(dtype, device):
+    """fp32 router (default): the logits of the 16-bit GEMM with fp32 output match the fp32
+    GEMM of the casts (exact products; only the summation order may differ) and the backward is
+    bitwise that of ``F.linear(x.float(), w.float())`` (the same fp32 GEMMs); ``None``: the
+    GEMM in the tokens' dtype, forward and backward."""
+    t, d, e = (37, 48, 8) if device == "cpu" else (1031, 2048, 128)
+    layer = turbo.modules.MoELayer(d, 16, e, 2, device=device, dtype=dtype)
+    x = torch.randn(t, d, device=device, dtype=dtype, requires_grad=True)
+    g = torch.randn(t, e, device=device)
+    logits = layer._router_logits(x)
+    assert logits.dtype == torch.float32
+    (dx, dw) = torch.autograd.grad(logits, [x, layer.router_weight], g)
+    x_ref = x.detach().requires_grad_()
+    w_ref = layer.router_weight.detach().requires_grad_()
+    ref = torch.nn.functional.linear(x_ref.float(), w_ref.float())
+    torch.testing.assert_close(logits, ref, rtol=1e-5, atol=1e-5)
+    ref.backward(g)
+    assert same_bits(dx, x_ref.grad) and same_bits(dw, w_ref.grad)
+    layer.router_dtype = None
+    low = layer._router_logits(x)
+    assert low.dtype == dtype
+    torch.testing.assert_close(low, torch.nn.functional.linear(x, layer.router_weight))
 
 
 @pytest.mark.parametrize("granularity", ["TENSORWISE", "ROWWISE"])
