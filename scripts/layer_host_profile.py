@@ -160,8 +160,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--cases", nargs="+", default=["Qwen3-30B-A3B", "DeepSeek-V3 (EP8)"])
     p.add_argument("--fp8", nargs="+", default=["off", "rowwise"])
-    p.add_argument("--router-dtype", nargs="+", default=["fp32"], choices=["fp32", "none"],
-                   help="MoELayer(router_dtype=torch.float32 | None)")
+    p.add_argument(
+        "--router-dtype",
+        nargs="+",
+        default=["fp32"],
+        choices=["fp32", "none"],
+        help="MoELayer(router_dtype=torch.float32 | None)",
+    )
     p.add_argument("--n", type=int, default=5)
     p.add_argument("--top", type=int, default=35)
     p.add_argument("--profile", action="store_true", help="print cProfile tables")
