@@ -116,6 +116,23 @@ def _cprofile(fn, n: int, top: int) -> str:
     return buf.getvalue()
 
 
+def _torch_profile(fn, n: int, top: int) -> str:
+    """Host time per op across threads (the backward runs on autograd's device thread, which
+    cProfile does not see): torch.profiler's CPU ranges, while the GPU sleeps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000 // 1000 * 200)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(n):
+            fn()
+    torch.cuda.synchronize()
+    table = prof.key_averages().table(
+        sort_by="cpu_time_total", row_limit=top, max_name_column_width=70
+    )
+    return table
+
+
 def _measure(case, fp8: str, router: str, args) -> list[str]:
     """One case and mode: the timings line, and with ``--profile`` the cProfile tables."""
     layer, x = _layer(case, fp8, router)
@@ -153,6 +170,9 @@ def _measure(case, fp8: str, router: str, args) -> list[str]:
         out.append(_cprofile(step, args.n, args.top))
         out.append(f"--- cProfile {case[0]} {fp8}: {args.n} forwards (no grad)")
         out.append(_cprofile(fwd, args.n, args.top))
+    if args.torch_profile:
+        out.append(f"--- torch.profiler (CPU) {label}: {args.n} steps")
+        out.append(_torch_profile(step, args.n, args.top))
     return out
 
 
@@ -170,6 +190,11 @@ def main() -> int:
     p.add_argument("--n", type=int, default=5)
     p.add_argument("--top", type=int, default=35)
     p.add_argument("--profile", action="store_true", help="print cProfile tables")
+    p.add_argument(
+        "--torch-profile",
+        action="store_true",
+        help="print torch.profiler's host time per op (every thread)",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args()
     lines = [f"torch {torch.__version__}, {torch.cuda.get_device_name()}"]
