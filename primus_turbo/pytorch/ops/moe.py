@@ -113,19 +113,19 @@ class _FusedRouter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, topk, groups, selected, sigmoid, scale):
-        aux, probs, idx = moe_router_fwd(logits, topk, groups, selected, sigmoid, scale)
-        ctx.save_for_backward(logits, idx)
+        aux, probs, idx, ssum = moe_router_fwd(logits, topk, groups, selected, sigmoid, scale)
+        ctx.save_for_backward(logits, idx, probs, ssum)
         ctx.args = (groups, sigmoid, scale)
         ctx.mark_non_differentiable(idx)
         return aux, probs, idx
 
     @staticmethod
     def backward(ctx, daux, dprobs, _didx):
-        logits, idx = ctx.saved_tensors
+        logits, idx, probs, ssum = ctx.saved_tensors
         groups, sigmoid, scale = ctx.args
         daux = None if daux is None else daux.float().contiguous()
         dprobs = None if dprobs is None else dprobs.float().contiguous()
-        dl = moe_router_bwd(logits, idx, dprobs, daux, groups, sigmoid, scale)
+        dl = moe_router_bwd(logits, idx, probs, ssum, dprobs, daux, groups, sigmoid, scale)
         return dl, None, None, None, None, None
 
 

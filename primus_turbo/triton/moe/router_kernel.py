@@ -41,45 +41,31 @@ def _tile_coords(pid, T, E, PER_G, ROWS: tl.constexpr, GROUPS: tl.constexpr, PER
 
 @triton.jit
 def _scores(logits_ptr, rows, e, ok, stride_l, SIGMOID: tl.constexpr):
-    """fp32 scores of the tile (0 off the valid mask), and the softmax's row max and row sum
-    (zeros for sigmoid) for ``_score_at``."""
+    """fp32 scores of the tile (0 off the valid mask)."""
     x = tl.load(logits_ptr + rows.to(tl.int64)[:, None, None] * stride_l + e, mask=ok,
                 other=0.0).to(tl.float32)  # fmt: skip
-    if SIGMOID:
-        m = tl.zeros((x.shape[0],), dtype=tl.float32)
-        total = m
-        s = _score_at(x, m[:, None, None], total[:, None, None], SIGMOID)
-    else:
-        x = tl.where(ok, x, float("-inf"))
-        m = tl.max(tl.max(x, axis=2), axis=1)
-        m = tl.where(m == float("-inf"), 0.0, m)  # rows past T: nothing valid
-        total = tl.sum(tl.sum(tl.where(ok, tl.exp(x - m[:, None, None]), 0.0), axis=2), axis=1)
-        total = tl.where(total == 0.0, 1.0, total)
-        s = _score_at(x, m[:, None, None], total[:, None, None], SIGMOID)
-    return tl.where(ok, s, 0.0), m, total
-
-
-@triton.jit
-def _score_at(x, m, total, SIGMOID: tl.constexpr):
-    """The score of fp32 logits ``x`` (any shape; ``m`` / ``total``: the softmax's row max and
-    nonzero row sum, broadcast to it): the tile's arithmetic, so the same bits."""
     if SIGMOID:
         z = tl.exp(-tl.abs(x))  # no overflow on either side
         s = tl.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
     else:
-        s = tl.exp(x - m) / total
-    return s
+        x = tl.where(ok, x, float("-inf"))
+        m = tl.max(tl.max(x, axis=2), axis=1)
+        m = tl.where(m == float("-inf"), 0.0, m)  # rows past T: nothing valid
+        ex = tl.where(ok, tl.exp(x - m[:, None, None]), 0.0)
+        total = tl.sum(tl.sum(ex, axis=2), axis=1)
+        s = ex / tl.where(total == 0.0, 1.0, total)[:, None, None]
+    return tl.where(ok, s, 0.0)
 
 
 @triton.jit
 def router_fwd_kernel(
-    logits_ptr, aux_ptr, probs_ptr, idx_ptr, T, E, PER_G, stride_l, scale,
+    logits_ptr, aux_ptr, probs_ptr, idx_ptr, ssum_ptr, T, E, PER_G, stride_l, scale,
     TOPK: tl.constexpr, K_PAD: tl.constexpr, GROUPS: tl.constexpr, SEL: tl.constexpr,
     PER: tl.constexpr, ROWS: tl.constexpr, SIGMOID: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     rows, e, ok = _tile_coords(pid, T, E, PER_G, ROWS, GROUPS, PER)
-    s, _, _ = _scores(logits_ptr, rows, e, ok, stride_l, SIGMOID)
+    s = _scores(logits_ptr, rows, e, ok, stride_l, SIGMOID)
     big = E + 1
     sel = tl.where(ok, s, -1.0)  # scores lie in [0, 1]: -1 is never picked
     if GROUPS > 1:
@@ -112,7 +98,9 @@ def router_fwd_kernel(
         ids = tl.where(kcol == k, first[:, None].to(tl.int64), ids)
         sel = tl.where(hit, -2.0, sel)
     if TOPK > 1:
-        p = p / (tl.sum(p, axis=1)[:, None] + 1e-20)
+        total = tl.sum(p, axis=1) + 1e-20
+        p = p / total[:, None]
+        tl.store(ssum_ptr + rows, total, mask=rows < T)  # for the backward
     p = p * scale
     out = (rows[:, None] < T) & (kcol < TOPK)
     offs = rows.to(tl.int64)[:, None] * TOPK + kcol
@@ -127,41 +115,35 @@ def router_fwd_kernel(
 
 @triton.jit
 def router_bwd_kernel(
-    logits_ptr, idx_ptr, dprobs_ptr, daux_ptr, dlogits_ptr, T, E, PER_G, stride_l, stride_d,
+    logits_ptr, idx_ptr, probs_ptr, ssum_ptr, dprobs_ptr, daux_ptr, dlogits_ptr, T, E, PER_G,
+    stride_l, stride_d,
     scale, TOPK: tl.constexpr, GROUPS: tl.constexpr, PER: tl.constexpr,
     ROWS: tl.constexpr, SIGMOID: tl.constexpr, HAS_DPROBS: tl.constexpr, HAS_DAUX: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     rows, e, ok = _tile_coords(pid, T, E, PER_G, ROWS, GROUPS, PER)
-    s, m, total = _scores(logits_ptr, rows, e, ok, stride_l, SIGMOID)
+    s = _scores(logits_ptr, rows, e, ok, stride_l, SIGMOID)
     r64 = rows.to(tl.int64)
     ds = tl.zeros((ROWS, GROUPS, PER), dtype=tl.float32)
     if HAS_DPROBS:
-        # per pick k: its expert, score (gathered from the logits: no reduction over the tile)
-        # and dprobs as [ROWS] vectors, scattered onto the tile by comparison. With
-        # p_k = c s_k / S, S = sum_j s_j + 1e-20: ds_k = c dp_k / S - c (sum_j dp_j s_j) / S^2,
-        # i.e. a * (dp scattered) - b * (picked mask), with a and b known after the loop.
+        # With p_k = c s_k / S (S = sum_j s_j + 1e-20, saved by the forward) the score gradient
+        # at pick k is (c dp_k - sum_j dp_j p_j) / S: per pick, its expert id, dprobs and probs
+        # are [ROWS] vectors (no reduction over the tile, no gather), scattered onto the tile
+        # by comparison as dp (scattered) and the picked mask, scaled once after the loop.
         live = rows < T
-        sum_s = tl.zeros((ROWS,), dtype=tl.float32)
         dot = tl.zeros((ROWS,), dtype=tl.float32)
         picked = tl.zeros((ROWS, GROUPS, PER), dtype=tl.float32)
         for k in tl.static_range(TOPK):
-            ik = tl.load(idx_ptr + r64 * TOPK + k, mask=live, other=0).to(tl.int32)
+            ik = tl.load(idx_ptr + r64 * TOPK + k, mask=live, other=-1).to(tl.int32)
             dpk = tl.load(dprobs_ptr + r64 * TOPK + k, mask=live, other=0.0)
             hit = e == ik[:, None, None]
             ds = tl.where(hit, ds + dpk[:, None, None], ds)
             if TOPK > 1:
-                xk = tl.load(logits_ptr + r64 * stride_l + ik, mask=live, other=0.0)
-                sk = _score_at(xk.to(tl.float32), m, total, SIGMOID)
-                sum_s += sk
-                dot += dpk * sk
+                dot += dpk * tl.load(probs_ptr + r64 * TOPK + k, mask=live, other=0.0)
                 picked = tl.where(hit, picked + 1.0, picked)
         if TOPK > 1:
-            sum_s += 1e-20
-            ds = (
-                ds * (scale / sum_s)[:, None, None]
-                - picked * (scale * dot / (sum_s * sum_s))[:, None, None]
-            )
+            inv = 1.0 / tl.load(ssum_ptr + rows, mask=live, other=1.0)
+            ds = (ds * scale - picked * dot[:, None, None]) * inv[:, None, None]
         else:
             ds = ds * scale
     if HAS_DAUX:
@@ -191,34 +173,40 @@ def router_tile(e: int, groups: int) -> tuple[int, int]:
 def router_fwd_triton(
     logits: torch.Tensor, topk: int, groups: int, selected: int, sigmoid: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(aux [T, E] fp32, probs [T, topk] fp32, idx [T, topk] int64)`` of ``logits [T, E]``
-    (unit stride along E; ``groups`` a power of two dividing E)."""
+    """``(aux [T, E] fp32, probs [T, topk] fp32, idx [T, topk] int64, ssum [T] fp32)`` of
+    ``logits [T, E]`` (unit stride along E; ``groups`` a power of two dividing E); ``ssum``: the
+    picks' score sum + 1e-20 per token (``topk > 1``; what the backward needs), unset for
+    ``topk == 1``."""
     t, e = logits.shape
     dev = logits.device
     aux = torch.empty((t, e), dtype=torch.float32, device=dev)
     probs = torch.empty((t, topk), dtype=torch.float32, device=dev)
     idx = torch.empty((t, topk), dtype=torch.int64, device=dev)
+    ssum = torch.empty((t,), dtype=torch.float32, device=dev)
     if t == 0:
-        return aux, probs, idx
+        return aux, probs, idx, ssum
     rows, per = router_tile(e, groups)
     router_fwd_kernel[(triton.cdiv(t, rows),)](
-        logits, aux, probs, idx, t, e, e // groups, logits.stride(0), float(scale),
+        logits, aux, probs, idx, ssum, t, e, e // groups, logits.stride(0), float(scale),
         TOPK=topk, K_PAD=triton.next_power_of_2(topk), GROUPS=groups, SEL=selected, PER=per,
         ROWS=rows, SIGMOID=sigmoid, num_warps=4,
     )  # fmt: skip
-    return aux, probs, idx
+    return aux, probs, idx, ssum
 
 
 def router_bwd_triton(
     logits: torch.Tensor,
     idx: torch.Tensor,
+    probs: torch.Tensor,
+    ssum: torch.Tensor,
     dprobs: torch.Tensor | None,
     daux: torch.Tensor | None,
     groups: int,
     sigmoid: bool,
     scale: float,
 ) -> torch.Tensor:
-    """``dlogits [T, E]`` in the logits' dtype (``dprobs`` / ``daux``: contiguous fp32 or None)."""
+    """``dlogits [T, E]`` in the logits' dtype (``probs`` / ``ssum``: the forward's outputs;
+    ``dprobs`` / ``daux``: contiguous fp32 or None)."""
     t, e = logits.shape
     topk = idx.shape[1]
     dl = torch.empty((t, e), dtype=logits.dtype, device=logits.device)
@@ -226,7 +214,7 @@ def router_bwd_triton(
         return dl
     rows, per = router_tile(e, groups)
     router_bwd_kernel[(triton.cdiv(t, rows),)](
-        logits, idx, dprobs if dprobs is not None else logits,
+        logits, idx, probs, ssum, dprobs if dprobs is not None else logits,
         daux if daux is not None else logits, dl, t, e, e // groups, logits.stride(0),
         dl.stride(0), float(scale), TOPK=topk, GROUPS=groups, PER=per, ROWS=rows,
         SIGMOID=sigmoid, HAS_DPROBS=dprobs is not None, HAS_DAUX=daux is not None, num_warps=4,
@@ -244,14 +232,15 @@ def aot_specs(target: str) -> list[AotSpec]:
         specs.append(AotSpec(
             name=f"moe_router_fwd_{name}", fn=router_fwd_kernel,
             signature={"logits_ptr": "*fp32", "aux_ptr": "*fp32", "probs_ptr": "*fp32",
-                       "idx_ptr": "*i64", "T": "i32", "E": "i32", "PER_G": "i32",
-                       "stride_l": "i32", "scale": "fp32"},
+                       "idx_ptr": "*i64", "ssum_ptr": "*fp32", "T": "i32", "E": "i32",
+                       "PER_G": "i32", "stride_l": "i32", "scale": "fp32"},
             constexprs={**const, "K_PAD": 8, "SEL": sel}, options={"num_warps": 4},
             default=name == "ds",
         ))  # fmt: skip
         specs.append(AotSpec(
             name=f"moe_router_bwd_{name}", fn=router_bwd_kernel,
-            signature={"logits_ptr": "*fp32", "idx_ptr": "*i64", "dprobs_ptr": "*fp32",
+            signature={"logits_ptr": "*fp32", "idx_ptr": "*i64", "probs_ptr": "*fp32",
+                       "ssum_ptr": "*fp32", "dprobs_ptr": "*fp32",
                        "daux_ptr": "*fp32", "dlogits_ptr": "*fp32",
                        "T": "i32", "E": "i32", "PER_G": "i32", "stride_l": "i32",
                        "stride_d": "i32", "scale": "fp32"},

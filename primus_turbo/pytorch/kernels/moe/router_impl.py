@@ -39,7 +39,7 @@ def fused_router_usable(logits: torch.Tensor, topk: int = 1, groups: int = 1) ->
 
 def _router_fwd_impl(
     logits: torch.Tensor, topk: int, groups: int, selected: int, sigmoid: bool, scale: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from primus_turbo.triton.moe.router_kernel import router_fwd_triton
 
     return router_fwd_triton(logits, topk, groups, selected, sigmoid, scale)
@@ -55,12 +55,15 @@ def _router_fwd_fake(logits, topk, groups, selected, sigmoid, scale):
     t, e = logits.shape
     f32 = {"dtype": torch.float32, "device": logits.device}
     return (torch.empty((t, e), **f32), torch.empty((t, topk), **f32),
-            torch.empty((t, topk), dtype=torch.int64, device=logits.device))  # fmt: skip
+            torch.empty((t, topk), dtype=torch.int64, device=logits.device),
+            torch.empty((t,), **f32))  # fmt: skip
 
 
 def _router_bwd_impl(
     logits: torch.Tensor,
     idx: torch.Tensor,
+    probs: torch.Tensor,
+    ssum: torch.Tensor,
     dprobs: torch.Tensor | None,
     daux: torch.Tensor | None,
     groups: int,
@@ -69,7 +72,7 @@ def _router_bwd_impl(
 ) -> torch.Tensor:
     from primus_turbo.triton.moe.router_kernel import router_bwd_triton
 
-    return router_bwd_triton(logits, idx, dprobs, daux, groups, sigmoid, scale)
+    return router_bwd_triton(logits, idx, probs, ssum, dprobs, daux, groups, sigmoid, scale)
 
 
 _router_bwd_op = torch.library.custom_op(
@@ -78,7 +81,7 @@ _router_bwd_op = torch.library.custom_op(
 
 
 @_router_bwd_op.register_fake
-def _router_bwd_fake(logits, idx, dprobs, daux, groups, sigmoid, scale):
+def _router_bwd_fake(logits, idx, probs, ssum, dprobs, daux, groups, sigmoid, scale):
     return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
 
