@@ -7,9 +7,11 @@ groups, each group's score is the sum of its ``TOPK // SEL`` best scores (taken 
 reference's order) and the ``SEL`` best groups stay eligible; then ``TOPK`` rounds of "largest
 eligible score, lowest expert index on a tie", the picked score normalised by the picks' sum
 (+1e-20, ``TOPK > 1``) and scaled. Writes ``aux [T, E]`` (softmax scores, or the sigmoid scores
-normalised over all experts), ``probs [T, TOPK]`` fp32 and ``idx [T, TOPK]`` int64. The
-backward recomputes the scores from the logits (the same arithmetic, so the same values) and
-writes ``dlogits`` in the logits' dtype from ``dprobs`` and ``daux`` (either may be absent).
+normalised over all experts), ``probs [T, TOPK]`` fp32, ``idx [T, TOPK]`` int64 and the picks'
+sum ``[T]`` fp32 (for the backward). The backward recomputes the scores from the logits (the
+same arithmetic, so the same values), takes the normalisation's gradient from the saved probs
+and sums, and writes ``dlogits`` in the logits' dtype from ``dprobs`` and ``daux`` (either may
+be absent).
 No atomics: bitwise deterministic. Semantics: ``reference.moe.router_ref``.
 """
 
@@ -116,8 +118,7 @@ def router_fwd_kernel(
 @triton.jit
 def router_bwd_kernel(
     logits_ptr, idx_ptr, probs_ptr, ssum_ptr, dprobs_ptr, daux_ptr, dlogits_ptr, T, E, PER_G,
-    stride_l, stride_d,
-    scale, TOPK: tl.constexpr, GROUPS: tl.constexpr, PER: tl.constexpr,
+    stride_l, stride_d, scale, TOPK: tl.constexpr, GROUPS: tl.constexpr, PER: tl.constexpr,
     ROWS: tl.constexpr, SIGMOID: tl.constexpr, HAS_DPROBS: tl.constexpr, HAS_DAUX: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -172,7 +173,7 @@ def router_tile(e: int, groups: int) -> tuple[int, int]:
 
 def router_fwd_triton(
     logits: torch.Tensor, topk: int, groups: int, selected: int, sigmoid: bool, scale: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(aux [T, E] fp32, probs [T, topk] fp32, idx [T, topk] int64, ssum [T] fp32)`` of
     ``logits [T, E]`` (unit stride along E; ``groups`` a power of two dividing E); ``ssum``: the
     picks' score sum + 1e-20 per token (``topk > 1``; what the backward needs), unset for
