@@ -134,8 +134,9 @@ def _router_mode_changed() -> None:
 
 def _router_row(tid, case, args, info, logits, copy_gbs, peer, vname) -> dict:
     """``moe_router_topk`` (forward, and the backward of ``probs``) vs ``torch.compile`` of the
-    torch-op router. Bytes: forward reads the logits and writes aux scores, probs and ids;
-    backward reads the logits, dprobs and ids and writes dlogits."""
+    torch-op router. Bytes: forward reads the logits and writes aux scores, probs, ids and the
+    picks' per-token sums; backward reads the logits, dprobs, ids, probs and sums and writes
+    dlogits."""
     label, t, _, _, e, k, fn, groups, sel = case
     dev = info.device
     x = logits.detach().clone().requires_grad_()
@@ -148,9 +149,9 @@ def _router_row(tid, case, args, info, logits, copy_gbs, peer, vname) -> dict:
         (lambda: peer(xp, k, groups, sel, fn, 1.0)[1], (xp,)), torch.randn_like(probs),
         warmup=args.warmup_ms, rep=args.rep_ms, device=dev,
     )  # fmt: skip
-    elt, kb = logits.element_size(), t * k * (4 + 8)
+    elt, kb = logits.element_size(), t * k * (4 + 8) + t * 4
     return _row(tid, label, "router", t, e, e, k, ok, t_o, t_p, copy_gbs,
-                t * e * (elt + 4) + kb, 2 * t * e * elt + kb, vname)  # fmt: skip
+                t * e * (elt + 4) + kb, 2 * t * e * elt + kb + t * k * 4, vname)  # fmt: skip
 
 
 def bench_permute(tid, case, args, info) -> list[dict]:
