@@ -48,10 +48,16 @@ def _fwd(layer, x, g):
         layer(x)
 
 
+def _hold_gpu() -> None:
+    """Drain the queue, then keep the GPU busy for ~0.2 s (at ~2 GHz) so that the host's calls
+    that follow are timed without ever waiting on the device."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(400_000_000)
+
+
 def _enqueue_ms(fn, n: int) -> float:
     """Host milliseconds per call while the GPU sleeps (the launch queue never blocks)."""
-    torch.cuda.synchronize()
-    torch.cuda._sleep(2_000_000_000 // 1000 * 200)  # ~ >= 0.2 s of GPU time at ~2 GHz
+    _hold_gpu()
     t0 = time.perf_counter()
     for _ in range(n):
         fn()
@@ -100,8 +106,7 @@ def _launches(fn) -> int:
 
 
 def _cprofile(fn, n: int, top: int) -> str:
-    torch.cuda.synchronize()
-    torch.cuda._sleep(2_000_000_000 // 1000 * 200)
+    _hold_gpu()
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(n):
@@ -121,8 +126,7 @@ def _torch_profile(fn, n: int, top: int) -> str:
     cProfile does not see): torch.profiler's CPU ranges, while the GPU sleeps."""
     from torch.profiler import ProfilerActivity, profile
 
-    torch.cuda.synchronize()
-    torch.cuda._sleep(2_000_000_000 // 1000 * 200)
+    _hold_gpu()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(n):
             fn()
